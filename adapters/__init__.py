@@ -1,0 +1,1 @@
+"""The stateful world: torch.optim-style BFO optimizers (coming with the adapters issue)."""

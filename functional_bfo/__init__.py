@@ -1,0 +1,45 @@
+"""Bacterial Foraging Optimization for PyTorch: pure functions over pytrees.
+
+``opt = bfo(...)`` gives ``opt.init(params, key=...) -> state`` and
+``opt.update(state, loss_fn, *args) -> state``; ``run`` drives updates to a budget.
+"""
+
+from . import evaluate as evaluate
+from . import random as random
+from ._base import InitFn as InitFn
+from ._base import Key as Key
+from ._base import LossFn as LossFn
+from ._base import Optimizer as Optimizer
+from ._base import Params as Params
+from ._base import PyTree as PyTree
+from ._base import UpdateFn as UpdateFn
+from ._bfo import BFOHyperparams as BFOHyperparams
+from ._bfo import BFOState as BFOState
+from ._bfo import bfo as bfo
+from ._module import module_loss as module_loss
+from ._run import run as run
+from ._state import load as load
+from ._state import save as save
+from ._state import with_hyperparams as with_hyperparams
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BFOHyperparams",
+    "BFOState",
+    "InitFn",
+    "Key",
+    "LossFn",
+    "Optimizer",
+    "Params",
+    "PyTree",
+    "UpdateFn",
+    "bfo",
+    "evaluate",
+    "load",
+    "module_loss",
+    "random",
+    "run",
+    "save",
+    "with_hyperparams",
+]

@@ -1,0 +1,47 @@
+"""The optimizer contract: a NamedTuple of two pure functions, as optax's GradientTransformation."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+from torch import Tensor
+
+PyTree = Any
+"""Any optree pytree: nested dicts, lists, tuples and NamedTuples with tensor leaves."""
+Params = PyTree
+"""The user's parameters: a pytree whose every leaf is a floating tensor."""
+Key = Tensor
+"""A random key: an int64 tensor of shape (2,), see ``functional_bfo.random``."""
+
+
+class LossFn(Protocol):
+    """``loss_fn(params, *args) -> Tensor``: one floating scalar for one set of parameters."""
+
+    def __call__(self, params: Params, *args: Any) -> Tensor: ...
+
+
+class InitFn(Protocol):
+    """``init(params, *, key) -> state``.
+
+    Builds the optimizer state around ``params`` (which become the first bacterium) without
+    evaluating any loss. Pure: the same params and key give the same state.
+    """
+
+    def __call__(self, params: Params, *, key: Key) -> Any: ...
+
+
+class UpdateFn(Protocol):
+    """``update(state, loss_fn, *args) -> state``.
+
+    One chemotactic step of the whole population. Pure: never mutates ``state``, reads no
+    global state, makes no host sync; ``args`` are passed unchanged to every ``loss_fn`` call.
+    """
+
+    def __call__(self, state: Any, loss_fn: LossFn, *args: Any) -> Any: ...
+
+
+class Optimizer(NamedTuple):
+    """A pair of pure functions built by a factory such as :func:`functional_bfo.bfo`."""
+
+    init: InitFn
+    update: UpdateFn

@@ -1,0 +1,107 @@
+"""Box bounds: validation, per-leaf resolution, and projection by clip, reflect or wrap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optree
+import torch
+from torch import Tensor
+
+from ._checks import path_str
+
+BOUNDARY_MODES = ("clip", "reflect", "wrap")
+BOUNDS_FORM_MSG = (
+    "bounds must be None, a (low, high) pair of numbers or tensors applied to every leaf, "
+    "or a pytree shaped like params with a (low, high) pair at each leaf"
+)
+
+LeafBounds = tuple[Tensor, Tensor]
+
+
+def _is_pair(x: Any) -> bool:
+    return (isinstance(x, (tuple, list)) and len(x) == 2
+            and not any(isinstance(v, (tuple, list, dict)) for v in x))
+
+
+def _check_pair(pair: Any, where: str) -> None:
+    if not _is_pair(pair):
+        raise ValueError(f"Invalid bounds {where}: {pair!r}; {BOUNDS_FORM_MSG}.")
+    low, high = (torch.as_tensor(v, dtype=torch.float64) for v in pair)
+    if torch.isnan(low).any() or torch.isnan(high).any() or not bool((low < high).all()):
+        raise ValueError(f"Invalid bounds {where}: {pair!r}; expected low < high everywhere "
+                         "(use -inf/inf for an open side).")
+
+
+def check_bounds(bounds: Any) -> Any:
+    """``bounds`` after checking its form and that low < high; runs once, in the factory."""
+    if bounds is None:
+        return None
+    if _is_pair(bounds):
+        _check_pair(bounds, "")
+        return bounds
+    pairs = optree.tree_leaves(bounds, is_leaf=_is_pair)
+    if not pairs:
+        raise ValueError(f"Invalid bounds: {bounds!r}; {BOUNDS_FORM_MSG}.")
+    for pair in pairs:
+        _check_pair(pair, "entry")
+    return bounds
+
+
+def resolve(bounds: Any, params: Any, dtype: torch.dtype) -> list[LeafBounds | None]:
+    """One ``(low, high)`` pair of ``dtype`` tensors per leaf of ``params`` (None: unbounded)."""
+    paths, leaves, spec = optree.tree_flatten_with_path(params)
+    if bounds is None:
+        return [None] * len(leaves)
+    if _is_pair(bounds):
+        pairs = [bounds] * len(leaves)
+    else:
+        try:
+            pairs = spec.flatten_up_to(bounds)
+        except ValueError as e:
+            raise ValueError(f"bounds does not match the structure of params: {e}. "
+                             f"params is {spec}; {BOUNDS_FORM_MSG}.") from None
+    out = []
+    for path, leaf, pair in zip(paths, leaves, pairs):
+        if not _is_pair(pair):  # values were checked by check_bounds; this stays sync-free
+            raise ValueError(f"Invalid bounds at {path_str(path)}: {pair!r}; {BOUNDS_FORM_MSG}.")
+        low, high = (torch.as_tensor(v, dtype=dtype, device=leaf.device) for v in pair)
+        for v in (low, high):
+            try:
+                torch.broadcast_shapes(v.shape, leaf.shape)
+            except RuntimeError:
+                raise ValueError(f"bounds at {path_str(path)} have shape {tuple(v.shape)}, which "
+                                 f"does not broadcast to the leaf's shape {tuple(leaf.shape)}."
+                                 ) from None
+        out.append((low, high))
+    return out
+
+
+def project(x: Tensor, bounds: LeafBounds | None, mode: str) -> Tensor:
+    """``x`` (any dtype) moved into the box; coordinates with an infinite side are clipped."""
+    if bounds is None:
+        return x
+    low, high = bounds
+    width = high - low
+    if mode != "clip":
+        period = 2 * width if mode == "reflect" else width
+        y = torch.remainder(x - low, torch.where(torch.isfinite(period), period, 1.0))
+        if mode == "reflect":
+            y = torch.where(y > width, period - y, y)
+        x = torch.where(torch.isfinite(width), low + y, x)
+    # The final clamp also catches rounding at the faces, so no position ever leaves the box.
+    return torch.minimum(torch.maximum(x, low), high)
+
+
+def sample_domain(anchor: Tensor, z: Tensor, bounds: LeafBounds | None, scale: Tensor) -> Tensor:
+    """New positions from standard normals ``z``.
+
+    Uniform in the box where it is finite (through the normal CDF, so one draw serves both
+    cases), else ``anchor + scale * z``.
+    """
+    around = anchor + scale * z
+    if bounds is None:
+        return around
+    low, high = bounds
+    inside = low + (high - low) * torch.special.ndtr(z)
+    return torch.where(torch.isfinite(low) & torch.isfinite(high), inside, around)

@@ -1,0 +1,102 @@
+"""Eager validation of hyperparameters, params and loss outputs; errors name the fix.
+
+Everything here runs on shapes, dtypes and Python values only, so it costs no host sync and
+is safe to call inside ``torch.compile``d and vmapped code.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import optree
+import torch
+from torch import Tensor
+
+EMPTY_PARAMS_MSG = (
+    "params is an empty pytree; BFO needs at least one floating tensor leaf, "
+    "e.g. {'w': torch.zeros(3)}."
+)
+LOSS_SHAPE_MSG = (
+    "loss_fn must return one floating scalar (a 0-d tensor) per set of parameters; "
+    "got {what}. Reduce it, e.g. with .mean() or .sum()."
+)
+
+
+def check_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int >= ``minimum``, or a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"Invalid {name}: {value!r}; expected an int >= {minimum}.")
+    return value
+
+
+def check_float(
+    name: str, value: Any, low: float, high: float = math.inf, *, low_open: bool = False
+) -> float:
+    """``value`` as a finite float in ``[low, high]`` (``(low, high]`` with ``low_open``)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok:
+        value = float(value)
+        ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise ValueError(f"Invalid {name}: {value!r}; expected a finite float in "
+                         f"{bracket}{low}, {high}].")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``, else a ValueError listing them."""
+    if value not in choices:
+        raise ValueError(f"Invalid {name}: {value!r}; expected one of {', '.join(choices)}.")
+    return value
+
+
+def path_str(path: tuple) -> str:
+    """``('b', 1)`` as ``params['b'][1]``, the way users would index the leaf."""
+    return "params" + "".join(f"[{p!r}]" for p in path)
+
+
+def check_params(params: Any) -> tuple[list[Tensor], optree.PyTreeSpec]:
+    """The leaves and treespec of ``params``, after checking it is a usable BFO pytree.
+
+    Raises:
+        ValueError: the pytree is empty, or its leaves are on different devices.
+        TypeError: a leaf is not a floating tensor.
+    """
+    paths, leaves, spec = optree.tree_flatten_with_path(params)
+    if not leaves:
+        raise ValueError(EMPTY_PARAMS_MSG)
+    for path, leaf in zip(paths, leaves):
+        if not isinstance(leaf, Tensor):
+            raise TypeError(f"Expected a tensor leaf, got {leaf!r} at {path_str(path)}; "
+                            "convert it with torch.as_tensor(value, dtype=torch.float32).")
+        if not leaf.dtype.is_floating_point:
+            raise TypeError(f"Expected a floating tensor leaf, got dtype {leaf.dtype} at "
+                            f"{path_str(path)}; BFO moves parameters continuously, so cast it "
+                            "with .float() or keep it out of params (pass it through *args).")
+    devices = {leaf.device for leaf in leaves}
+    if len(devices) > 1:
+        where = ", ".join(f"{path_str(p)} on {x.device}" for p, x in zip(paths, leaves))
+        raise ValueError(f"params leaves are on different devices ({where}); move them to one "
+                         "device, e.g. optree.tree_map(lambda x: x.to('cuda'), params).")
+    return leaves, spec
+
+
+def check_losses(losses: Any, population_size: int) -> Tensor:
+    """``losses`` if it holds one floating scalar per bacterium, else a ValueError/TypeError."""
+    if not isinstance(losses, Tensor):
+        raise TypeError(LOSS_SHAPE_MSG.format(what=f"{type(losses).__name__} {losses!r}"))
+    if tuple(losses.shape) != (population_size,):
+        per = tuple(losses.shape[1:])
+        raise ValueError(LOSS_SHAPE_MSG.format(what=f"shape {per} per bacterium "
+                                               f"({tuple(losses.shape)} for the population)"))
+    if not losses.dtype.is_floating_point:
+        raise TypeError(LOSS_SHAPE_MSG.format(what=f"dtype {losses.dtype}") +
+                        " Integer and boolean losses cannot rank candidates finely; cast to float.")
+    return losses
+
+
+def compute_dtype(leaves: list[Tensor]) -> torch.dtype:
+    """float64 if any leaf is float64, else float32: losses and step math never go below float32."""
+    return torch.float64 if any(x.dtype == torch.float64 for x in leaves) else torch.float32

@@ -1,0 +1,39 @@
+"""Population-axis pytree helpers: every population leaf carries a leading bacterium axis."""
+
+from __future__ import annotations
+
+import optree
+import torch
+from torch import Tensor
+
+from ._base import PyTree
+
+
+def _expand(mask: Tensor, like: Tensor) -> Tensor:
+    """``mask`` of shape (P,) viewed to broadcast against a population leaf (P, ...)."""
+    return mask.reshape(mask.shape + (1,) * (like.dim() - mask.dim()))
+
+
+def where(mask: Tensor, a: PyTree, b: PyTree) -> PyTree:
+    """Per bacterium: leaf rows of ``a`` where ``mask`` (shape (P,)) holds, else of ``b``."""
+    return optree.tree_map(lambda x, y: torch.where(_expand(mask, x), x, y), a, b)
+
+
+def take(tree: PyTree, index: Tensor) -> PyTree:
+    """Rows ``index`` (a 1-d int64 tensor) of every leaf along the population axis.
+
+    ``index_select`` rather than ``x[index]``: indexing is not traced as a tensor op when
+    the index is 0-d, which would make ``torch.compile`` read its value on the host.
+    """
+    return optree.tree_map(lambda x: x.index_select(0, index), tree)
+
+
+def stack(first: PyTree, rest: PyTree) -> PyTree:
+    """A population whose bacterium 0 is ``first`` (unbatched) followed by the rows of ``rest``."""
+    return optree.tree_map(lambda x, r: torch.cat([x.unsqueeze(0), r]), first, rest)
+
+
+def sq_norms(tree: PyTree, dtype: torch.dtype) -> Tensor:
+    """Squared Euclidean norm of each bacterium over all leaves, shape (P,), in ``dtype``."""
+    leaves = optree.tree_leaves(tree)
+    return sum(x.to(dtype).flatten(1).square().sum(1) for x in leaves)

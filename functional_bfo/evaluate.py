@@ -1,0 +1,95 @@
+"""Population evaluators: how ``loss_fn`` is applied to every bacterium of a population.
+
+An evaluator is any callable ``evaluator(loss_fn, population, *args) -> Tensor`` returning one
+loss per bacterium, shape ``(P,)``. ``vmap`` (the default) batches the whole population into
+one call of ``loss_fn`` through ``torch.func.vmap``, optionally in chunks to bound memory;
+``loop`` calls ``loss_fn`` once per bacterium, for losses that cannot be vmapped. A distributed
+evaluator implements the same protocol (it may shard the population across processes), which
+is why bacterium randomness never depends on how the population is split.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import optree
+import torch
+from torch import Tensor
+
+from ._base import LossFn, Params
+from ._checks import LOSS_SHAPE_MSG, check_int, check_losses
+
+__all__ = ["Evaluator", "loop", "vmap"]
+
+VMAP_FAILED_MSG = (
+    "loss_fn failed under torch.func.vmap over the population ({cause}). Losses that call "
+    ".item() or .tolist(), branch in Python on tensor values, update captured tensors in place, "
+    "or use ops without a vmap rule cannot be batched: build the optimizer with "
+    "evaluator=functional_bfo.evaluate.loop() (slower, calls loss_fn once per bacterium), or "
+    "rewrite the branch with torch.where."
+)
+
+
+class Evaluator(Protocol):
+    """``evaluator(loss_fn, population, *args) -> losses`` of shape ``(P,)``.
+
+    ``population`` has a leading bacterium axis on every leaf; ``args`` go to ``loss_fn``
+    unbatched. Must be pure and sync-free to keep ``update`` compilable.
+    """
+
+    def __call__(self, loss_fn: LossFn, population: Params, *args: Any) -> Tensor:
+        """Losses of every bacterium, shape (P,)."""
+        ...
+
+
+def _population_size(population: Params) -> int:
+    return optree.tree_leaves(population)[0].shape[0]
+
+
+def vmap(chunk_size: int | None = None) -> Evaluator:
+    """Evaluate the population with ``torch.func.vmap(loss_fn)``.
+
+    Args:
+        chunk_size: evaluate at most this many bacteria at once (bounds peak memory of large
+            models); None evaluates the whole population in one batch. Results do not
+            depend on it.
+    """
+    if chunk_size is not None:
+        check_int("chunk_size", chunk_size, 1)
+
+    def evaluate(loss_fn: LossFn, population: Params, *args: Any) -> Tensor:
+        in_dims = (0,) + (None,) * len(args)
+        batched = torch.func.vmap(loss_fn, in_dims=in_dims, chunk_size=chunk_size)
+        if torch.compiler.is_compiling():
+            losses = batched(population, *args)
+        else:
+            try:
+                losses = batched(population, *args)
+            except RuntimeError as e:
+                cause = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
+                raise RuntimeError(VMAP_FAILED_MSG.format(cause=cause)) from e
+        return check_losses(losses, _population_size(population))
+
+    return evaluate
+
+
+def loop() -> Evaluator:
+    """Evaluate the population with one ``loss_fn`` call per bacterium, in a Python loop.
+
+    For losses that ``vmap`` cannot batch. Under ``torch.compile`` the loop is unrolled, so
+    prefer small populations there.
+    """
+
+    def evaluate(loss_fn: LossFn, population: Params, *args: Any) -> Tensor:
+        size = _population_size(population)
+        losses = []
+        for i in range(size):
+            loss = loss_fn(optree.tree_map(lambda x, i=i: x[i], population), *args)
+            if not isinstance(loss, Tensor):
+                raise TypeError(LOSS_SHAPE_MSG.format(what=f"{type(loss).__name__} {loss!r}"))
+            if loss.dim() != 0:
+                raise ValueError(LOSS_SHAPE_MSG.format(what=f"shape {tuple(loss.shape)}"))
+            losses.append(loss)
+        return check_losses(torch.stack(losses), size)
+
+    return evaluate

@@ -1,0 +1,186 @@
+"""Counter-based random numbers in pure tensor ops: Threefry-2x32 (20 rounds), as in JAX.
+
+Salmon, Moraes, Dror & Shaw, "Parallel random numbers: as easy as 1, 2, 3", SC 2011
+(https://www.thesalmons.org/john/random123/papers/random123sc11.pdf).
+
+A key is an ``int64`` tensor of shape ``(2,)`` holding two unsigned 32-bit words. Every
+function here is a pure function of its arguments: the global torch RNG is never read or
+advanced, results are bitwise identical on every device, eager or under ``torch.compile``,
+and every function works under ``torch.func.vmap`` over keys. ``key``, ``split`` and
+``fold_in`` follow JAX's original (non-partitionable) Threefry scheme, so
+``split(key(0))`` equals ``jax.random.split(jax.random.PRNGKey(0))`` with
+``jax_threefry_partitionable=False``.
+
+The 32-bit words are carried in ``int64`` tensors with explicit masking: torch's ``uint32``
+supports too few ops, and signed 32-bit overflow is undefined behaviour in generated C++.
+"""
+
+from __future__ import annotations
+
+import math
+
+import optree
+import torch
+from torch import Tensor
+
+__all__ = [
+    "bits",
+    "fold_in",
+    "key",
+    "normal",
+    "split",
+    "threefry2x32",
+    "tree_normal_like",
+    "uniform",
+]
+
+_MASK32 = 0xFFFFFFFF
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_KS_PARITY = 0x1BD11BDA
+
+
+def _rotl(x: Tensor, r: int) -> Tensor:
+    return ((x << r) | (x >> (32 - r))) & _MASK32
+
+
+def threefry2x32(key: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
+    """The Threefry-2x32 block function (20 rounds) on counter words ``(x0, x1)``.
+
+    Args:
+        key: ``(2,)`` int64 key.
+        x0: int64 tensor of 32-bit counter words (any shape, broadcast with ``x1``).
+        x1: int64 tensor of 32-bit counter words.
+
+    Returns:
+        The two output words, each shaped like ``x0 + x1``.
+    """
+    k0, k1 = key[0], key[1]
+    ks = (k0, k1, k0 ^ k1 ^ _KS_PARITY)
+    x0 = (x0 + ks[0]) & _MASK32
+    x1 = (x1 + ks[1]) & _MASK32
+    for block in range(5):
+        for r in _ROTATIONS[block % 2]:
+            x0 = (x0 + x1) & _MASK32
+            x1 = _rotl(x1, r) ^ x0
+        x0 = (x0 + ks[(block + 1) % 3]) & _MASK32
+        x1 = (x1 + ks[(block + 2) % 3] + block + 1) & _MASK32
+    return x0, x1
+
+
+def key(seed: int, *, device: torch.device | str | None = None) -> Tensor:
+    """A key from an integer seed (its low 64 bits, as ``jax.random.PRNGKey``).
+
+    Examples:
+        >>> import functional_bfo as fb
+        >>> fb.random.key(0)
+        tensor([0, 0])
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"Invalid seed: {seed!r}; expected a Python int.")
+    seed &= (1 << 64) - 1
+    return torch.tensor([seed >> 32, seed & _MASK32], dtype=torch.int64, device=device)
+
+
+def check_key(k: Tensor) -> None:
+    if not isinstance(k, Tensor) or k.dtype != torch.int64 or k.shape[-1:] != (2,):
+        got = f"{k.dtype} tensor of shape {tuple(k.shape)}" if isinstance(k, Tensor) else repr(k)
+        raise TypeError(f"Expected a key (int64 tensor of shape (2,)), got {got}; "
+                        "make one with functional_bfo.random.key(seed).")
+
+
+def bits(key: Tensor, num: int) -> Tensor:
+    """``num`` random 32-bit words (as int64 in ``[0, 2**32)``) from counters ``0..num-1``."""
+    check_key(key)
+    half = (num + 1) // 2
+    counters = torch.arange(2 * half, dtype=torch.int64, device=key.device)
+    if num % 2:  # JAX pads an odd count with one zero counter
+        counters = torch.cat([counters[:-1], counters.new_zeros(1)])
+    y0, y1 = threefry2x32(key, counters[:half], counters[half:])
+    return torch.cat([y0, y1])[:num]
+
+
+def split(key: Tensor, num: int = 2) -> Tensor:
+    """``num`` independent keys, shape ``(num, 2)``."""
+    if isinstance(num, bool) or not isinstance(num, int) or num < 1:
+        raise ValueError(f"Invalid num: {num!r}; expected an int >= 1.")
+    return bits(key, 2 * num).reshape(num, 2)
+
+
+def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
+    """A new key that mixes ``data`` (an int or an integer tensor of any shape) into ``key``.
+
+    With tensor ``data`` of shape ``s`` the result has shape ``s + (2,)``; this is how a step
+    counter or a bacterium index turns into a stream of its own without a host sync.
+    """
+    check_key(key)
+    data = torch.as_tensor(data, dtype=torch.int64, device=key.device)
+    y0, y1 = threefry2x32(key, torch.zeros_like(data), data & _MASK32)
+    return torch.stack([y0, y1], dim=-1)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def _unit_interval(words: Tensor, dtype: torch.dtype, *, open_low: bool) -> Tensor:
+    """Floats in ``[0, 1)`` (or ``(0, 1)`` with ``open_low``) from 32-bit words.
+
+    float64 takes 53 bits from two words per value; every other dtype is computed from 24 bits
+    in float32, then rounded to ``dtype`` and kept below 1.
+    """
+    if dtype == torch.float64:
+        n = words.shape[0] // 2
+        m = ((words[:n] >> 11) << 32) | words[n:]  # 21 + 32 = 53 bits
+        return (m.to(torch.float64) + (0.5 if open_low else 0.0)) * 2.0**-53
+    u = ((words >> 8).to(torch.float32) + (0.5 if open_low else 0.0)) * 2.0**-24
+    if dtype != torch.float32:
+        u = u.to(dtype).clamp(max=1.0 - torch.finfo(dtype).eps / 2)
+    return u
+
+
+def _words_per_value(dtype: torch.dtype) -> int:
+    if not dtype.is_floating_point:
+        raise TypeError(f"Invalid dtype: {dtype}; expected a floating dtype.")
+    return 2 if dtype == torch.float64 else 1
+
+
+def uniform(
+    key: Tensor,
+    shape: tuple[int, ...] = (),
+    dtype: torch.dtype = torch.float32,
+    low: float | Tensor = 0.0,
+    high: float | Tensor = 1.0,
+) -> Tensor:
+    """Uniform samples in ``[low, high)`` of the given shape and floating dtype."""
+    shape = tuple(shape)
+    n = _numel(shape)
+    u = _unit_interval(bits(key, n * _words_per_value(dtype)), dtype, open_low=False)
+    return (low + (high - low) * u).reshape(shape)
+
+
+def normal(key: Tensor, shape: tuple[int, ...] = (), dtype: torch.dtype = torch.float32) -> Tensor:
+    """Standard normal samples, by the inverse CDF of an open-interval uniform (as JAX).
+
+    Low-precision dtypes are drawn in float32 and rounded, so their tails match float32's.
+    """
+    shape = tuple(shape)
+    n = _numel(shape)
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    u = _unit_interval(bits(key, n * _words_per_value(compute)), compute, open_low=True)
+    z = math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)
+    return z.reshape(shape).to(dtype)
+
+
+def tree_normal_like(key: Tensor, tree, dtype: torch.dtype | None = None):
+    """Standard normals shaped and placed like every leaf of ``tree``.
+
+    Leaf ``i`` (in optree's flatten order) draws from ``fold_in(key, i)``, so adding a leaf
+    never changes the draws of the leaves before it. Each leaf keeps its dtype unless
+    ``dtype`` is given.
+    """
+    leaves, spec = optree.tree_flatten(tree)
+    out = [
+        normal(fold_in(key, i), tuple(x.shape), dtype or x.dtype).to(x.device)
+        for i, x in enumerate(leaves)
+    ]
+    return optree.tree_unflatten(spec, out)
