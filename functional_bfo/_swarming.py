@@ -30,7 +30,8 @@ class SwarmingWeights(NamedTuple):
 
 def pairwise_sq_distances(a: Params, b: Params, b_sq: Tensor, dtype: torch.dtype) -> Tensor:
     """(P_a, P_b) squared distances between the bacteria of two populations."""
-    cross = sum(x.to(dtype).flatten(1) @ y.to(dtype).flatten(1).T
+    cross = sum(torch.einsum("pd,qd->pq", x.to(dtype).reshape(x.shape[0], -1),
+                             y.to(dtype).reshape(y.shape[0], -1))
                 for x, y in zip(optree.tree_leaves(a), optree.tree_leaves(b)))
     return (sq_norms(a, dtype).unsqueeze(1) + b_sq.unsqueeze(0) - 2 * cross).clamp_min(0)
 

@@ -36,4 +36,4 @@ def stack(first: PyTree, rest: PyTree) -> PyTree:
 def sq_norms(tree: PyTree, dtype: torch.dtype) -> Tensor:
     """Squared Euclidean norm of each bacterium over all leaves, shape (P,), in ``dtype``."""
     leaves = optree.tree_leaves(tree)
-    return sum(x.to(dtype).flatten(1).square().sum(1) for x in leaves)
+    return sum(x.to(dtype).reshape(x.shape[0], -1).square().sum(1) for x in leaves)

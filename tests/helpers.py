@@ -1,0 +1,151 @@
+"""Problem bank with known minima, and a slow loop-based reference BFO to check the core against."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+import functional_bfo as fb
+
+
+@dataclass(frozen=True)
+class Problem:
+    name: str
+    loss: Callable[[dict], torch.Tensor]  # loss({"x": tensor(D)}) -> 0-d tensor
+    dim: int
+    minimum: float
+    bounds: tuple[float, float]
+
+
+def _shift(dim: int) -> torch.Tensor:
+    """A fixed shift so that no optimum sits at the origin (where BFO starts)."""
+    return torch.linspace(-0.7, 0.9, dim, dtype=torch.float64)
+
+
+def sphere(dim: int = 5) -> Problem:
+    s = _shift(dim)
+    return Problem("sphere", lambda p: (p["x"] - s.to(p["x"].dtype)).square().sum(), dim, 0.0,
+                   (-5.0, 5.0))
+
+
+def rosenbrock(dim: int = 2) -> Problem:
+    s = _shift(dim)
+
+    def loss(p):
+        x = p["x"] - s.to(p["x"].dtype) + 1.0  # the minimum (all ones) moves to x = shift
+        return (100 * (x[1:] - x[:-1].square()).square() + (1 - x[:-1]).square()).sum()
+    return Problem("rosenbrock", loss, dim, 0.0, (-2.0, 2.0))
+
+
+def rastrigin(dim: int = 5) -> Problem:
+    s = _shift(dim)
+
+    def loss(p):
+        x = p["x"] - s.to(p["x"].dtype)
+        return 10 * dim + (x.square() - 10 * torch.cos(2 * math.pi * x)).sum()
+    return Problem("rastrigin", loss, dim, 0.0, (-5.12, 5.12))
+
+
+def reference_update(opt_kwargs: dict, state: fb.BFOState, loss: Callable, *, leaf="x"):
+    """One canonical BFO step written bacterium by bacterium, straight from Passino (2002).
+
+    Params must be ``{leaf: 1-d tensor}``. Randomness is re-derived here from the documented
+    stream layout: bacterium i at step s draws from ``fold_in(fold_in(state.key, s), i)``,
+    split into (tumble, coin, place); the tumble key splits into (direction, length).
+    """
+    rnd = fb.random
+    size = opt_kwargs["population_size"]
+    swims = opt_kwargs.get("swim_length", 4)
+    n_c = opt_kwargs.get("chemotaxis_steps", 100)
+    n_re = opt_kwargs.get("reproduction_steps", 4)
+    bounds = opt_kwargs.get("bounds")
+    sign = -1.0 if opt_kwargs.get("maximize", False) else 1.0
+    hp = state.hyperparams
+    c, p_ed, scale = float(hp.step_size), float(hp.elimination_prob), float(hp.init_scale)
+    dtype = state.losses.dtype
+
+    pop = [state.population[leaf][i].clone() for i in range(size)]
+    cost = [sign * float(v) for v in state.losses]
+    health = [float(v) for v in state.health]
+    best_x, best = state.best_params[leaf].clone(), sign * float(state.best_loss)
+    step = int(state.step)
+
+    def bound(x):
+        return x if bounds is None else x.clamp(bounds[0], bounds[1])
+
+    keys = [rnd.fold_in(rnd.fold_in(state.key, step), i) for i in range(size)]
+    streams = [rnd.split(k, 3) for k in keys]
+
+    if step > 0 and step % n_c == 0:  # reproduction: healthiest half splits
+        order = sorted(range(size), key=lambda i: (health[i], i))
+        src = order[: size - size // 2] + order[: size // 2]
+        pop, cost, health = [pop[j] for j in src], [cost[j] for j in src], [0.0] * size
+    if step > 0 and step % (n_c * n_re) == 0:  # elimination-dispersal
+        for i in range(size):
+            if float(rnd.uniform(streams[i][1], (), dtype)) < p_ed:
+                z = rnd.normal(streams[i][2], pop[i].shape, dtype)
+                if bounds is None:
+                    pop[i] = (best_x.to(dtype) + scale * z).to(pop[i].dtype)
+                else:
+                    u = torch.special.ndtr(z)
+                    pop[i] = (bounds[0] + (bounds[1] - bounds[0]) * u).to(pop[i].dtype)
+                cost[i] = math.nan
+
+    swarm = [x.clone() for x in pop]
+
+    def jcc(x):
+        if not opt_kwargs.get("swarming", False):
+            return 0.0
+        total = 0.0
+        for y in swarm:
+            d2 = float((x.to(dtype) - y.to(dtype)).square().sum())
+            total += (-float(hp.d_attract) * math.exp(-float(hp.w_attract) * d2)
+                      + float(hp.h_repel) * math.exp(-float(hp.w_repel) * d2))
+        return total
+
+    def cost_of(x):
+        v = float(loss({leaf: x}))
+        return sign * v if math.isfinite(v) else math.inf
+
+    new_pop, new_cost, evals = [], [], 0
+    for i in range(size):
+        direction_key, length_key = rnd.split(streams[i][0])
+        z = rnd.normal(direction_key, pop[i].shape, dtype)
+        phi = z / z.square().sum().sqrt()
+        length = 1.0
+        if opt_kwargs.get("tumble", "gaussian") == "levy":
+            beta = float(hp.levy_beta)
+            u, v = rnd.normal(length_key, (2,), dtype).tolist()
+            sigma = (math.gamma(1 + beta) * math.sin(math.pi * beta / 2)
+                     / (math.gamma((1 + beta) / 2) * beta * 2 ** ((beta - 1) / 2))) ** (1 / beta)
+            length = min(sigma * abs(u) / abs(v) ** (1 / beta), 1e3)
+        known = not math.isnan(cost[i])
+        j_last = cost[i] + jcc(pop[i]) if known else math.inf
+        start = 1 if known else 0
+        xs, raws, js = [], [], []
+        for k in range(swims + 1):  # the whole swim ray is evaluated
+            x = bound(pop[i].to(dtype) + (start + k) * (c * length) * phi).to(pop[i].dtype)
+            r = cost_of(x)
+            evals += 1
+            if r < best:
+                best, best_x = r, x.clone()
+            xs.append(x)
+            raws.append(r)
+            js.append(r + jcc(x))
+        k = 0  # Passino: keep swimming while the last step improved on the one before
+        while k < swims and js[k] < (j_last if k == 0 else js[k - 1]):
+            k += 1
+        new_pop.append(xs[k])
+        new_cost.append(raws[k])
+        health[i] += js[k]
+    return {
+        "population": torch.stack(new_pop),
+        "losses": torch.tensor([sign * v for v in new_cost], dtype=dtype),
+        "health": torch.tensor(health, dtype=dtype),
+        "best_params": best_x,
+        "best_loss": sign * best,
+        "num_evals": int(state.num_evals) + evals,
+    }

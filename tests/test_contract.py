@@ -1,0 +1,164 @@
+"""What every optimizer variant must do: one registry, one suite (see tests/variants.py)."""
+
+import optree
+import pytest
+import torch
+from helpers import rastrigin, rosenbrock, sphere
+from variants import VARIANTS
+
+import functional_bfo as fb
+
+variants = pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+
+
+def params(dtype=torch.float32):
+    return {"w": torch.zeros(3, dtype=dtype), "b": (torch.zeros(2, 2, dtype=dtype),
+                                                    torch.zeros((), dtype=dtype))}
+
+
+def loss_fn(p):
+    return ((p["w"] - 0.5).square().sum() + (p["b"][0] + 0.25).square().sum()
+            + (p["b"][1] - 1.0).square())
+
+
+def clone(tree):
+    return optree.tree_map(torch.clone, tree)
+
+
+def assert_trees_equal(a, b):
+    assert optree.tree_structure(a) == optree.tree_structure(b)
+    for x, y in zip(optree.tree_leaves(a), optree.tree_leaves(b)):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        assert torch.equal(x.nan_to_num(), y.nan_to_num())
+        assert torch.equal(x.isnan(), y.isnan())
+
+
+def run_updates(opt, state, n, fn=loss_fn):
+    for _ in range(n):
+        state = opt.update(state, fn)
+    return state
+
+
+@variants
+def test_update_keeps_state_structure(variant):
+    opt = variant.make()
+    state = opt.init(params(), key=fb.random.key(0))
+    new = opt.update(state, loss_fn)
+    assert type(new) is type(state)
+    assert optree.tree_structure(new) == optree.tree_structure(state)
+    for x, y in zip(optree.tree_leaves(state), optree.tree_leaves(new)):
+        assert (x.shape, x.dtype, x.device) == (y.shape, y.dtype, y.device)
+    assert all(isinstance(x, torch.Tensor) for x in optree.tree_leaves(new))
+
+
+@variants
+def test_update_does_not_mutate_inputs(variant):
+    opt = variant.make()
+    p = params()
+    p_copy = clone(p)
+    state = opt.init(p, key=fb.random.key(1))
+    state = opt.update(state, loss_fn)
+    before = clone(state)
+    opt.update(state, loss_fn)
+    assert_trees_equal(state, before)
+    assert_trees_equal(p, p_copy)
+
+
+@variants
+def test_best_loss_never_increases_and_matches_best_params(variant):
+    opt = variant.make()
+    state = opt.init(params(), key=fb.random.key(2))
+    previous = float("inf")
+    for _ in range(12):
+        state = opt.update(state, loss_fn)
+        assert float(state.best_loss) <= previous
+        previous = float(state.best_loss)
+        torch.testing.assert_close(loss_fn(state.best_params), state.best_loss)
+
+
+@variants
+def test_same_key_same_result_different_key_different_result(variant):
+    opt = variant.make()
+    a = run_updates(opt, opt.init(params(), key=fb.random.key(3)), 5)
+    b = run_updates(opt, opt.init(params(), key=fb.random.key(3)), 5)
+    c = run_updates(opt, opt.init(params(), key=fb.random.key(4)), 5)
+    assert_trees_equal(a, b)
+    assert not torch.equal(a.population["w"], c.population["w"])
+
+
+@variants
+def test_initial_params_are_evaluated_first(variant):
+    """The first update evaluates the initial params, so the best is never worse than them."""
+    opt = variant.make()
+    p = {"w": torch.tensor([0.5, 0.5, 0.5]), "b": (torch.full((2, 2), -0.25), torch.tensor(1.0))}
+    state = opt.update(opt.init(p, key=fb.random.key(5)), loss_fn)
+    assert float(state.best_loss) == 0.0
+
+
+@variants
+def test_vmap_over_states_equals_separate_runs(variant):
+    opt = variant.make()
+    keys = fb.random.split(fb.random.key(6), 4)
+    states = torch.func.vmap(lambda k: opt.init(params(), key=k))(keys)
+    step = torch.func.vmap(opt.update, in_dims=(0, None))
+    for _ in range(3):
+        states = step(states, loss_fn)
+    for i in range(4):
+        single = run_updates(opt, opt.init(params(), key=keys[i]), 3)
+        assert_trees_equal(optree.tree_map(lambda x, i=i: x[i], states), single)
+
+
+@variants
+def test_checkpoint_resume_is_bitwise_identical(variant, tmp_path):
+    opt = variant.make()
+    state = run_updates(opt, opt.init(params(), key=fb.random.key(8)), 3)
+    fb.save(state, tmp_path / "state.pt")
+    torch.load(tmp_path / "state.pt", weights_only=True)  # plain tensors only
+    like = opt.init(params(), key=fb.random.key(0))
+    resumed = fb.load(tmp_path / "state.pt", like=like)
+    assert_trees_equal(run_updates(opt, resumed, 4), run_updates(opt, state, 4))
+
+
+@variants
+def test_compile_fullgraph_has_no_graph_breaks_and_matches_eager(variant):
+    torch._dynamo.reset()
+    opt = variant.make()
+    state = opt.update(opt.init(params(), key=fb.random.key(9)), loss_fn)
+    explain = torch._dynamo.explain(opt.update)(state, loss_fn)
+    assert explain.graph_break_count == 0, explain.break_reasons
+    assert explain.graph_count == 1
+
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    compiled = torch.compile(opt.update, fullgraph=True, backend=counter)
+    eager_state, compiled_state = state, state
+    for i in range(3):
+        eager_state = opt.update(eager_state, loss_fn)
+        compiled_state = compiled(compiled_state, loss_fn)
+        if i == 0:  # a changed hyperparameter is a tensor value: no recompile either
+            eager_state = fb.with_hyperparams(eager_state, step_size=0.15)
+            compiled_state = fb.with_hyperparams(compiled_state, step_size=0.15)
+    assert counter.frame_count == 1  # compiled once, reused on later calls
+    torch.testing.assert_close(compiled_state.population, eager_state.population,
+                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(compiled_state.best_loss, eager_state.best_loss,
+                               rtol=1e-4, atol=1e-6)
+    assert torch.equal(compiled_state.num_evals, eager_state.num_evals)
+
+
+CONVERGENCE = [  # (problem, max_evals, tolerance on best loss - minimum)
+    (sphere(5), 20_000, 0.05),
+    (rosenbrock(2), 20_000, 0.05),
+    (rastrigin(3), 30_000, 1.5),
+]
+
+
+@pytest.mark.slow
+@variants
+@pytest.mark.parametrize("case", CONVERGENCE, ids=lambda c: c[0].name)
+def test_converges(variant, case):
+    problem, budget, tol = case
+    opt = variant.make(population_size=20, chemotaxis_steps=20, reproduction_steps=4,
+                       elimination_prob=0.1, bounds=problem.bounds, step_size=0.05)
+    state = opt.init({"x": torch.zeros(problem.dim, dtype=torch.float64)}, key=fb.random.key(0))
+    state = fb.run(opt, state, problem.loss, max_evals=budget)
+    assert float(state.best_loss) - problem.minimum < tol

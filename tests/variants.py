@@ -1,0 +1,28 @@
+"""The registry of optimizer variants that every contract test runs over (later variants join)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import functional_bfo as fb
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    factory: Callable
+    kwargs: dict
+    flags: dict = field(default_factory=dict)  # e.g. uses_gradients=True
+
+    def make(self, **overrides):
+        return self.factory(**{**self.kwargs, **overrides})
+
+
+VARIANTS = [
+    Variant("bfo", fb.bfo, dict(population_size=12, chemotaxis_steps=3, reproduction_steps=2,
+                                elimination_prob=0.5, step_size=0.2)),
+    Variant("bfo_levy_swarming_bounded", fb.bfo,
+            dict(population_size=9, chemotaxis_steps=2, reproduction_steps=2, tumble="levy",
+                 swarming=True, bounds=(-3.0, 3.0), boundary="reflect", step_size=0.2)),
+]
