@@ -90,14 +90,14 @@ def run(
         per_update, evals = new_evals - evals, new_evals
         stalled = 0 if best_cost - sign * best > min_delta else stalled + 1
         best_cost = min(best_cost, sign * best)
-        if log_now:
-            report(_info(state, steps, evals, best, mean, started))
         if target_loss is not None and sign * best <= sign * target_loss:
             reason = "target_loss"
             break
         if patience is not None and stalled >= patience:
             reason = "patience"
             break
+        if log_now:
+            report(_info(state, steps, evals, best, mean, started))
     if report is not None:
         info = _info(state, steps, evals, best, _read(state, with_mean=True)[2], started)
         report({**info, "stopped": reason})
@@ -131,9 +131,11 @@ def _reporter(progress: Progress) -> Callable[[dict], None] | None:
 
 
 def _print_line(info: dict) -> None:
-    line = (f"step {info['step']:6d}  evals {info['num_evals']:9d}  "
-            f"best {info['best_loss']:.6g}  mean {info['mean_loss']:.6g}  "
-            f"{info['seconds']:.1f}s")
     if "stopped" in info:
-        line += f"  stopped: {info['stopped']}"
-    print(line, flush=True)
+        print(f"stopped by {info['stopped']} after {info['updates']} updates "
+              f"({info['num_evals']} evaluations, {info['seconds']:.1f}s): "
+              f"best {info['best_loss']:.6g}", flush=True)
+        return
+    print(f"step {info['step']:6d}  evals {info['num_evals']:9d}  "
+          f"best {info['best_loss']:.6g}  mean {info['mean_loss']:.6g}  "
+          f"{info['seconds']:.1f}s", flush=True)
