@@ -1,0 +1,172 @@
+"""Behaviour of the canonical BFO beyond the contract: bounds, dtypes, non-finite losses,
+the run driver, evaluators, hyperparameters and the module helper."""
+
+from typing import NamedTuple
+
+import optree
+import pytest
+import torch
+from torch import nn
+
+import functional_bfo as fb
+from functional_bfo._bounds import project
+
+
+def sq(p):
+    return sum((x.float() - 0.3).square().sum() for x in optree.tree_leaves(p))
+
+
+@pytest.mark.parametrize("mode", ["clip", "reflect", "wrap"])
+def test_positions_never_leave_the_box(mode):
+    opt = fb.bfo(population_size=16, step_size=2.0, bounds=(-1.0, 0.5), boundary=mode,
+                 chemotaxis_steps=2, reproduction_steps=1, elimination_prob=0.5, tumble="levy")
+    state = opt.init({"x": torch.zeros(4)}, key=fb.random.key(0))
+
+    def far(p):
+        return (p["x"] - 3.0).square().sum()  # pulls everyone into the upper face
+    for _ in range(10):
+        state = opt.update(state, far)
+        x = state.population["x"]
+        assert (x >= -1.0).all() and (x <= 0.5).all()
+        assert (state.best_params["x"] <= 0.5).all()
+
+
+def test_projection_modes_by_hand():
+    low, high = torch.tensor(0.0), torch.tensor(1.0)
+    x = torch.tensor([-0.25, 0.5, 1.25, 2.5, -1.75])
+    assert torch.equal(project(x, (low, high), "clip"), torch.tensor([0.0, 0.5, 1.0, 1.0, 0.0]))
+    assert torch.equal(project(x, (low, high), "reflect"),
+                       torch.tensor([0.25, 0.5, 0.75, 0.5, 0.25]))
+    assert torch.equal(project(x, (low, high), "wrap"),
+                       torch.tensor([0.75, 0.5, 0.25, 0.5, 0.25]))
+    half_open = (torch.tensor(0.0), torch.tensor(torch.inf))
+    assert torch.equal(project(x, half_open, "reflect"), torch.tensor([0.0, 0.5, 1.25, 2.5, 0.0]))
+
+
+def test_per_leaf_bounds_pytree_and_uniform_initial_population():
+    params = {"a": torch.zeros(3), "b": torch.zeros(2)}
+    bounds = {"a": (-1.0, 1.0), "b": (torch.tensor([0.0, 5.0]), torch.tensor([1.0, 6.0]))}
+    opt = fb.bfo(population_size=200, bounds=bounds)
+    state = opt.init(params, key=fb.random.key(1))
+    b = state.population["b"]
+    assert torch.equal(b[0], torch.tensor([0.0, 5.0]))  # params clipped into the box
+    assert (b[:, 1] >= 5.0).all() and (b[:, 1] <= 6.0).all()
+    assert abs(b[1:, 1].mean().item() - 5.5) < 0.06  # uniform in the box
+    assert abs(state.population["a"][1:].mean().item()) < 0.1
+
+
+class Pair(NamedTuple):
+    weight: torch.Tensor
+    scale: torch.Tensor
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_leaf_dtypes_are_kept_and_losses_are_at_least_float32(dtype):
+    params = [Pair(torch.zeros(3, dtype=dtype), torch.ones((), dtype=dtype))]
+    opt = fb.bfo(population_size=6, step_size=0.2)
+    state = opt.init(params, key=fb.random.key(2))
+    for _ in range(3):
+        state = opt.update(state, sq)
+    assert state.population[0].weight.dtype == dtype
+    assert state.best_params[0].scale.dtype == dtype
+    want = torch.float64 if dtype == torch.float64 else torch.float32
+    assert state.losses.dtype == want and state.best_loss.dtype == want
+    assert isinstance(state.best_params[0], Pair)
+
+
+def test_non_finite_losses_rank_last_and_never_become_best():
+    """Half the space returns NaN or inf; the best stays finite and in the good half."""
+    def loss(p):
+        x = p["x"]
+        bad = torch.where(x[0] > 0, torch.nan, torch.inf)
+        return torch.where(x[1] > 0, bad, x.square().sum())
+    opt = fb.bfo(population_size=8, step_size=0.5, chemotaxis_steps=2, reproduction_steps=1)
+    state = opt.init({"x": torch.tensor([0.0, 1.0])}, key=fb.random.key(3))
+    for _ in range(8):
+        state = opt.update(state, loss)
+        assert torch.isfinite(state.best_loss)
+        assert state.best_params["x"][1] <= 0
+        assert not torch.isnan(state.losses).any()
+
+
+def test_all_nan_first_generation_keeps_best_at_inf():
+    """If every candidate is NaN, nothing becomes best and the losses rank as +inf."""
+    opt = fb.bfo(population_size=3, swim_length=1)
+    state = opt.update(opt.init({"x": torch.zeros(2)}, key=fb.random.key(4)),
+                       lambda p: p["x"].sum() * torch.nan)
+    assert state.best_loss == torch.inf
+    assert torch.equal(state.losses, torch.full((3,), torch.inf))
+    assert torch.equal(state.best_params["x"], torch.zeros(2))
+
+
+def test_maximize_reports_the_maximum():
+    opt = fb.bfo(population_size=8, maximize=True, step_size=0.3)
+    state = opt.init({"x": torch.zeros(2)}, key=fb.random.key(5))
+    state = fb.run(opt, state, lambda p: -(p["x"] - 1).square().sum(), max_steps=30)
+    assert float(state.best_loss) > -0.2
+    assert (state.best_params["x"] - 1).abs().max() < 0.45
+    assert torch.equal(state.best_loss, state.losses.max().maximum(state.best_loss))
+
+
+def test_run_respects_budgets_and_stopping_rules():
+    opt = fb.bfo(population_size=4, swim_length=1)  # 8 evaluations per update
+    state = opt.init({"x": torch.zeros(2)}, key=fb.random.key(6))
+    assert int(fb.run(opt, state, sq, max_evals=100).num_evals) == 96
+    assert int(fb.run(opt, state, sq, max_steps=3).step) == 3
+    reports = []
+    fb.run(opt, state, sq, max_steps=50, target_loss=1e9, progress=reports.append)
+    assert reports[-1]["stopped"] == "target_loss" and reports[-1]["updates"] == 1
+    stalled = fb.run(opt, state, lambda p: p["x"].sum() * 0, max_steps=50, patience=3)
+    assert int(stalled.step) == 4  # the first update improves on +inf, then 3 stall
+
+
+def test_run_progress_prints(capsys):
+    opt = fb.bfo(population_size=4, swim_length=1)
+    state = opt.init({"x": torch.zeros(2)}, key=fb.random.key(7))
+    fb.run(opt, state, sq, max_steps=4, progress=True, log_every=2)
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in out[:2]] == ["1", "2"]
+    assert out[-1].startswith("stopped by max_steps after 4 updates")
+
+
+def test_loop_evaluator_matches_vmap_and_handles_item():
+    def branchy(p):  # data-dependent Python control flow: vmap cannot batch it
+        return p["x"].square().sum() if p["x"].sum().item() > 0 else p["x"].abs().sum()
+    vm = fb.bfo(population_size=5)
+    lp = fb.bfo(population_size=5, evaluator=fb.evaluate.loop())
+    a = vm.update(vm.init({"x": torch.zeros(3)}, key=fb.random.key(8)), sq)
+    b = lp.update(lp.init({"x": torch.zeros(3)}, key=fb.random.key(8)), sq)
+    torch.testing.assert_close(a.population, b.population)
+    state = lp.update(lp.init({"x": torch.zeros(3)}, key=fb.random.key(8)), branchy)
+    assert torch.isfinite(state.best_loss)
+
+
+def test_data_args_reach_the_loss_and_module_loss_trains():
+    torch.manual_seed(0)
+    x = torch.randn(64, 3)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5]])
+    model = nn.Linear(3, 1)
+    params, loss_fn = fb.module_loss(model, nn.functional.mse_loss)
+    opt = fb.bfo(population_size=16, step_size=0.1, chemotaxis_steps=5, init_scale=0.5)
+    state = opt.init(params, key=fb.random.key(9))
+    start = float(loss_fn(params, x, y))
+    state = fb.run(opt, state, loss_fn, x, y, max_steps=60)
+    assert float(state.best_loss) < 0.2 * start
+    model.load_state_dict(state.best_params)
+    torch.testing.assert_close(nn.functional.mse_loss(model(x), y), state.best_loss)
+
+
+def test_with_hyperparams_changes_the_step_size():
+    opt = fb.bfo(population_size=4, swim_length=0)
+    state = opt.update(opt.init({"x": torch.zeros(3)}, key=fb.random.key(10)), sq)
+    small = opt.update(fb.with_hyperparams(state, step_size=1e-3), sq)
+    moved = (small.population["x"] - state.population["x"]).norm(dim=1)
+    assert (moved <= 1e-3 + 1e-7).all()
+    assert small.hyperparams.step_size.dtype == torch.float32
+
+
+def test_update_never_touches_the_global_rng():
+    opt = fb.bfo(population_size=4)
+    before = torch.get_rng_state()
+    opt.update(opt.init({"x": torch.zeros(3)}, key=fb.random.key(11)), sq)
+    assert torch.equal(torch.get_rng_state(), before)
