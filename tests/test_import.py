@@ -3,8 +3,6 @@
 import importlib
 import pathlib
 
-import functional_bfo as fb
-
 PUBLIC = {
     "functional_bfo": {
         "BFOHyperparams", "BFOState", "InitFn", "Key", "LossFn", "Optimizer", "Params",
@@ -17,6 +15,8 @@ PUBLIC = {
     },
     "functional_bfo.evaluate": {"Evaluator", "loop", "vmap"},
 }
+
+ALIASES = {"Key", "Params", "PyTree"}  # type aliases of Tensor / Any: documented in _base.py
 
 
 def test_public_names_are_pinned():
@@ -32,7 +32,7 @@ def test_every_public_callable_has_a_docstring():
         mod = importlib.import_module(module)
         for name in names:
             obj = getattr(mod, name)
-            if callable(obj) and not isinstance(obj, type(fb.PyTree)):
+            if callable(obj) and name not in ALIASES:
                 assert (obj.__doc__ or "").strip(), f"{module}.{name} has no docstring"
 
 
