@@ -16,11 +16,11 @@ from . import random
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import BOUNDARY_MODES, check_bounds, project, resolve
 from ._checks import check_choice, check_float, check_int, check_params, compute_dtype
-from ._chemotaxis import TUMBLES, draw_tumble, ray_point, swim_stop
+from ._chemotaxis import TUMBLES, ray_point, swim_stop, tumble_directions
 from ._dispersal import dispersal_mask, sample_population
 from ._reproduction import reproduction_index
 from ._swarming import SwarmingWeights, cell_to_cell
-from ._tree import sq_norms, stack, take, where
+from ._tree import sq_norms, stack, take, unflatten_like, where
 from .evaluate import Evaluator
 from .evaluate import vmap as vmap_evaluator
 
@@ -55,7 +55,7 @@ class BFOState(NamedTuple):
     health: Tensor  # (P,) cost accumulated since the last reproduction (lower is healthier)
     best_params: Params  # like params: the best position ever evaluated
     best_loss: Tensor  # () its loss
-    key: Key  # (2,) int64; step s of bacterium i draws from fold_in(fold_in(key, s), i)
+    key: Key  # (2,) int64; see _bacterium_noise for how each step draws from it
     step: Tensor  # () int64, chemotactic steps taken (updates)
     num_evals: Tensor  # () int64, loss evaluations so far
     hyperparams: BFOHyperparams
@@ -201,7 +201,9 @@ def bfo(
         hp = BFOHyperparams(**{k: torch.tensor(v, dtype=dtype, device=device)
                                for k, v in hyper.items()})
         rest_keys = random.fold_in(init_key, torch.arange(1, size, device=device))
-        rest = sample_population(rest_keys, first, box, hp.init_scale, dtype)
+        n = sum(x.numel() for x in leaves)
+        z = torch.func.vmap(lambda k: random.normal(k, (n,), dtype))(rest_keys)
+        rest = sample_population(unflatten_like(z, first), first, box, hp.init_scale, dtype)
         return BFOState(
             population=stack(first, rest),
             losses=torch.full((size,), torch.nan, dtype=dtype, device=device),
@@ -216,11 +218,9 @@ def bfo(
 
     def update_fn(state: BFOState, loss_fn: LossFn, *args: Any) -> BFOState:
         _check_state(state, size)
-        hp, dtype, device = state.hyperparams, state.losses.dtype, state.losses.device
+        hp, dtype = state.hyperparams, state.losses.dtype
         box = resolve(bounds, state.best_params, dtype)
-        keys = random.fold_in(random.fold_in(state.key, state.step),
-                              torch.arange(size, device=device))
-        tumble_keys, coin_keys, place_keys = torch.func.vmap(random.split, (0, None), 1)(keys, 3)
+        noise = _bacterium_noise(state.key, state.step, size, state.best_params, dtype)
 
         # Reproduction and elimination–dispersal happen on cycle boundaries, by counter.
         reproduce = (state.step > 0) & (state.step % n_c == 0)
@@ -229,8 +229,8 @@ def bfo(
         population = take(state.population, source)
         cost = sign * state.losses[source]  # NaN where never evaluated
         health = torch.where(reproduce, torch.zeros_like(state.health), state.health)
-        dispersed = dispersal_mask(coin_keys, hp.elimination_prob, disperse)
-        fresh = sample_population(place_keys, state.best_params, box, hp.init_scale, dtype)
+        dispersed = dispersal_mask(noise.coin, hp.elimination_prob, disperse)
+        fresh = sample_population(noise.place, state.best_params, box, hp.init_scale, dtype)
         population = where(dispersed, fresh, population)
         known = ~torch.isnan(cost) & ~dispersed
 
@@ -241,8 +241,8 @@ def bfo(
             return cell_to_cell(positions, population, swarm_sq, weights, dtype)
 
         swarm_sq = sq_norms(population, dtype) if swarming else None
-        direction, length = torch.func.vmap(
-            lambda k: draw_tumble(k, state.best_params, tumble, hp.levy_beta, dtype))(tumble_keys)
+        direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
+                                              tumble, hp.levy_beta)
         step_length = hp.step_size * length
         start = known.to(dtype)  # an unknown bacterium first evaluates where it stands
         last = torch.where(known, cost + swarm_cost(population), torch.inf)
@@ -275,6 +275,34 @@ def bfo(
         )
 
     return Optimizer(init_fn, update_fn)
+
+
+class _Noise(NamedTuple):
+    direction: Params  # standard normals like the population, for the tumble
+    place: Params  # standard normals like the population, for dispersal
+    levy_u: Tensor  # (P,) normals for Mantegna's step length
+    levy_v: Tensor  # (P,)
+    coin: Tensor  # (P,) uniforms for the dispersal decision
+
+
+def _bacterium_noise(key: Key, step: Tensor, size: int, template: Params, dtype) -> _Noise:
+    """Every random number of one update, from one Threefry call per bacterium.
+
+    Bacterium ``i`` at step ``s`` draws ``z = normal(fold_in(fold_in(key, s), i), (2n + 3,))``
+    (``n`` the number of parameters): ``z[:n]`` is its tumble, ``z[n:2n]`` its dispersal
+    place, ``z[2n], z[2n+1]`` its Lévy normals and ``ndtr(z[2n+2])`` its dispersal coin.
+    Nothing depends on how the population is chunked or sharded.
+    """
+    n = sum(x.numel() for x in optree.tree_leaves(template))
+    keys = random.fold_in(random.fold_in(key, step), torch.arange(size, device=key.device))
+    z = torch.func.vmap(lambda k: random.normal(k, (2 * n + 3,), dtype))(keys)
+    return _Noise(
+        direction=unflatten_like(z[:, :n], template),
+        place=unflatten_like(z[:, n : 2 * n], template),
+        levy_u=z[:, 2 * n],
+        levy_v=z[:, 2 * n + 1],
+        coin=torch.special.ndtr(z[:, 2 * n + 2]),
+    )
 
 
 def _keep_best(best_params: Params, best_cost: Tensor, candidates: Params, costs: Tensor):

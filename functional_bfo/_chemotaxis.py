@@ -16,9 +16,9 @@ import optree
 import torch
 from torch import Tensor
 
-from . import random
 from ._base import Params
 from ._bounds import LeafBounds, project
+from ._tree import sq_norms
 
 TUMBLES = ("gaussian", "levy")
 LEVY_MAX_LENGTH = 1e3  # Mantegna's ratio has no finite variance; cap it so f16 stays finite
@@ -31,20 +31,19 @@ def mantegna_sigma(beta: Tensor) -> Tensor:
     return (torch.exp(log_ratio) * rest) ** (1 / beta)
 
 
-def draw_tumble(key: Tensor, template: Params, kind: str, levy_beta: Tensor, dtype: torch.dtype):
-    """One bacterium's unit direction and step-length multiplier.
+def tumble_directions(z: Params, u: Tensor, v: Tensor, kind: str, levy_beta: Tensor):
+    """Unit directions and step-length multipliers of the whole population.
 
-    The direction is a pytree like ``template`` in ``dtype``; the multiplier is 1 for
-    Gaussian tumbles and a Lévy–Mantegna draw otherwise.
+    ``z`` is a population pytree of standard normals: normalizing each bacterium's draw over
+    all leaves gives a direction uniform on the sphere. The multiplier is 1 for Gaussian
+    tumbles, else Mantegna's ``sigma |u| / |v|^(1/beta)`` from the normals ``u``, ``v`` (P,).
     """
-    direction_key, length_key = random.split(key)
-    z = random.tree_normal_like(direction_key, template, dtype=dtype)
-    inv_norm = torch.rsqrt(sum(x.square().sum() for x in optree.tree_leaves(z)))
-    direction = optree.tree_map(lambda x: x * inv_norm, z)
+    inv_norm = torch.rsqrt(sq_norms(z, u.dtype))
+    direction = optree.tree_map(lambda x: x * inv_norm.reshape(-1, *([1] * (x.dim() - 1))), z)
     if kind == "gaussian":
-        return direction, torch.ones((), dtype=dtype, device=inv_norm.device)
-    u, v = random.normal(length_key, (2,), dtype).unbind()
-    length = mantegna_sigma(levy_beta.to(dtype)) * u.abs() / v.abs() ** (1 / levy_beta.to(dtype))
+        return direction, torch.ones_like(u)
+    beta = levy_beta.to(u.dtype)
+    length = mantegna_sigma(beta) * u.abs() / v.abs() ** (1 / beta)
     return direction, length.clamp(max=LEVY_MAX_LENGTH)
 
 

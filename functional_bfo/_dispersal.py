@@ -11,20 +11,21 @@ import optree
 import torch
 from torch import Tensor
 
-from . import random
 from ._base import Params
 from ._bounds import LeafBounds, sample_domain
 
 
 def sample_population(
-    keys: Tensor,
+    z: Params,
     anchor: Params,
     bounds: list[LeafBounds | None],
     scale: Tensor,
     dtype: torch.dtype,
 ) -> Params:
-    """One new position per key (keys (N, 2)), spread over the search domain around ``anchor``."""
-    z = torch.func.vmap(lambda k: random.tree_normal_like(k, anchor, dtype=dtype))(keys)
+    """New positions from a population pytree of standard normals ``z``.
+
+    They spread over the search domain around ``anchor`` (unbatched, like params).
+    """
     leaves, spec = optree.tree_flatten(anchor)
     out = [
         sample_domain(a.to(dtype), zi, b, scale.to(dtype)).to(a.dtype)
@@ -33,11 +34,10 @@ def sample_population(
     return optree.tree_unflatten(spec, out)
 
 
-def dispersal_mask(keys: Tensor, elimination_prob: Tensor, disperse: Tensor) -> Tensor:
+def dispersal_mask(coins: Tensor, elimination_prob: Tensor, disperse: Tensor) -> Tensor:
     """Which bacteria are dispersed this step, shape (P,).
 
-    Each with probability ``elimination_prob``, and only when ``disperse`` (a 0-d bool from
-    the step counter) holds.
+    Each whose uniform ``coin`` falls below ``elimination_prob``, and only when ``disperse``
+    (a 0-d bool from the step counter) holds.
     """
-    coins = torch.func.vmap(lambda k: random.uniform(k, (), elimination_prob.dtype))(keys)
     return disperse & (coins < elimination_prob)

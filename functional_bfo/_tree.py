@@ -33,6 +33,17 @@ def stack(first: PyTree, rest: PyTree) -> PyTree:
     return optree.tree_map(lambda x, r: torch.cat([x.unsqueeze(0), r]), first, rest)
 
 
+def unflatten_like(flat: Tensor, template: PyTree) -> PyTree:
+    """Cut ``flat`` (P, n) into a population pytree shaped like ``template``.
+
+    ``n`` is the total size of ``template``; leaves take consecutive slices in optree's
+    flatten order and keep the leading P axis.
+    """
+    leaves, spec = optree.tree_flatten(template)
+    chunks = torch.split(flat, [x.numel() for x in leaves], dim=-1)
+    return spec.unflatten([c.reshape(flat.shape[:-1] + x.shape) for c, x in zip(chunks, leaves)])
+
+
 def sq_norms(tree: PyTree, dtype: torch.dtype) -> Tensor:
     """Squared Euclidean norm of each bacterium over all leaves, shape (P,), in ``dtype``."""
     leaves = optree.tree_leaves(tree)

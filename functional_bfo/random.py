@@ -23,6 +23,8 @@ import optree
 import torch
 from torch import Tensor
 
+from ._tree import unflatten_like
+
 __all__ = [
     "bits",
     "fold_in",
@@ -218,13 +220,9 @@ def tree_normal_like(key: Tensor, tree, dtype: torch.dtype | None = None):
     order; each keeps its dtype unless ``dtype`` is given (draws are made in float64 if any
     leaf is float64, else float32, then rounded).
     """
-    leaves, spec = optree.tree_flatten(tree)
+    leaves = optree.tree_leaves(tree)
     dtypes = [dtype or x.dtype for x in leaves]
     draw_dtype = torch.float64 if torch.float64 in dtypes else torch.float32
-    sizes = [x.numel() for x in leaves]
-    flat = normal(key, (sum(sizes),), draw_dtype)
-    out = [
-        chunk.reshape(x.shape).to(dtype=d, device=x.device)
-        for chunk, x, d in zip(torch.split(flat, sizes), leaves, dtypes)
-    ]
-    return optree.tree_unflatten(spec, out)
+    flat = normal(key, (sum(x.numel() for x in leaves),), draw_dtype)
+    cast = lambda z, x: z.to(dtype=dtype or x.dtype, device=x.device)  # noqa: E731
+    return optree.tree_map(cast, unflatten_like(flat, tree), tree)

@@ -53,8 +53,8 @@ def reference_update(opt_kwargs: dict, state: fb.BFOState, loss: Callable, *, le
     """One canonical BFO step written bacterium by bacterium, straight from Passino (2002).
 
     Params must be ``{leaf: 1-d tensor}``. Randomness is re-derived here from the documented
-    stream layout: bacterium i at step s draws from ``fold_in(fold_in(state.key, s), i)``,
-    split into (tumble, coin, place); the tumble key splits into (direction, length).
+    layout: bacterium i at step s draws ``normal(fold_in(fold_in(state.key, s), i), (2n+3,))``
+    = tumble (n) | dispersal place (n) | Lévy u, v | dispersal coin (through the normal CDF).
     """
     rnd = fb.random
     size = opt_kwargs["population_size"]
@@ -76,8 +76,9 @@ def reference_update(opt_kwargs: dict, state: fb.BFOState, loss: Callable, *, le
     def bound(x):
         return x if bounds is None else x.clamp(bounds[0], bounds[1])
 
+    n = pop[0].numel()
     keys = [rnd.fold_in(rnd.fold_in(state.key, step), i) for i in range(size)]
-    streams = [rnd.split(k, 3) for k in keys]
+    noise = [rnd.normal(k, (2 * n + 3,), dtype) for k in keys]  # tumble | place | u, v | coin
 
     if step > 0 and step % n_c == 0:  # reproduction: healthiest half splits
         order = sorted(range(size), key=lambda i: (health[i], i))
@@ -85,8 +86,8 @@ def reference_update(opt_kwargs: dict, state: fb.BFOState, loss: Callable, *, le
         pop, cost, health = [pop[j] for j in src], [cost[j] for j in src], [0.0] * size
     if step > 0 and step % (n_c * n_re) == 0:  # elimination-dispersal
         for i in range(size):
-            if float(rnd.uniform(streams[i][1], (), dtype)) < p_ed:
-                z = rnd.normal(streams[i][2], pop[i].shape, dtype)
+            if float(torch.special.ndtr(noise[i][2 * n + 2])) < p_ed:
+                z = noise[i][n : 2 * n]
                 if bounds is None:
                     pop[i] = (best_x.to(dtype) + scale * z).to(pop[i].dtype)
                 else:
@@ -112,13 +113,12 @@ def reference_update(opt_kwargs: dict, state: fb.BFOState, loss: Callable, *, le
 
     new_pop, new_cost, evals = [], [], 0
     for i in range(size):
-        direction_key, length_key = rnd.split(streams[i][0])
-        z = rnd.normal(direction_key, pop[i].shape, dtype)
+        z = noise[i][:n]
         phi = z / z.square().sum().sqrt()
         length = 1.0
         if opt_kwargs.get("tumble", "gaussian") == "levy":
             beta = float(hp.levy_beta)
-            u, v = rnd.normal(length_key, (2,), dtype).tolist()
+            u, v = noise[i][2 * n : 2 * n + 2].tolist()
             sigma = (math.gamma(1 + beta) * math.sin(math.pi * beta / 2)
                      / (math.gamma((1 + beta) / 2) * beta * 2 ** ((beta - 1) / 2))) ** (1 / beta)
             length = min(sigma * abs(u) / abs(v) ** (1 / beta), 1e3)
