@@ -6,6 +6,7 @@ IEEE Control Systems Magazine 22(3), 2002 (https://doi.org/10.1109/MCS.2002.1004
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import optree
@@ -15,7 +16,15 @@ from torch import Tensor
 from . import random
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import BOUNDARY_MODES, check_bounds, project, resolve
-from ._checks import check_choice, check_float, check_int, check_params, compute_dtype
+from ._checks import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_losses,
+    check_params,
+    compute_dtype,
+)
 from ._chemotaxis import TUMBLES, ray_point, swim_stop, tumble_directions
 from ._dispersal import dispersal_mask, sample_population
 from ._reproduction import reproduction_index
@@ -40,6 +49,18 @@ class BFOHyperparams(NamedTuple):
     w_attract: Tensor  # J_cc attractant width
     h_repel: Tensor  # J_cc repellent height
     w_repel: Tensor  # J_cc repellent width
+
+    # (low, high, low_open) of each field, checked by bfo() and by with_hyperparams().
+    RANGES = {
+        "step_size": (0.0, math.inf, True),
+        "elimination_prob": (0.0, 1.0, False),
+        "init_scale": (0.0, math.inf, True),
+        "levy_beta": (0.0, 1.99, True),
+        "d_attract": (0.0, math.inf, False),
+        "w_attract": (0.0, math.inf, False),
+        "h_repel": (0.0, math.inf, False),
+        "w_repel": (0.0, math.inf, False),
+    }
 
 
 class BFOState(NamedTuple):
@@ -125,7 +146,7 @@ def bfo(
         w_repel: ``J_cc`` repellent width.
         tumble: ``"gaussian"`` (unit steps) or ``"levy"`` (step lengths drawn by Mantegna's
             algorithm, heavy-tailed, capped at 1000 steps).
-        levy_beta: stability index of Lévy tumbles, in (0, 2).
+        levy_beta: stability index of Lévy tumbles, in (0, 1.99] (Mantegna's range).
         bounds: None; a ``(low, high)`` pair of numbers or tensors for every leaf; or a pytree
             like params with a ``(low, high)`` pair per leaf (use ``±inf`` for an open side).
         boundary: how a step that leaves the box comes back: ``"clip"``, ``"reflect"`` or
@@ -167,21 +188,16 @@ def bfo(
     swims = check_int("swim_length", swim_length, 0)
     n_c = check_int("chemotaxis_steps", chemotaxis_steps, 1)
     n_re = check_int("reproduction_steps", reproduction_steps, 1)
-    hyper = dict(
-        step_size=check_float("step_size", step_size, 0.0, low_open=True),
-        elimination_prob=check_float("elimination_prob", elimination_prob, 0.0, 1.0),
-        init_scale=check_float("init_scale", init_scale, 0.0, low_open=True),
-        levy_beta=check_float("levy_beta", levy_beta, 0.0, 1.99, low_open=True),
-        d_attract=check_float("d_attract", d_attract, 0.0),
-        w_attract=check_float("w_attract", w_attract, 0.0),
-        h_repel=check_float("h_repel", h_repel, 0.0),
-        w_repel=check_float("w_repel", w_repel, 0.0),
-    )
+    given = dict(step_size=step_size, elimination_prob=elimination_prob, init_scale=init_scale,
+                 levy_beta=levy_beta, d_attract=d_attract, w_attract=w_attract,
+                 h_repel=h_repel, w_repel=w_repel)
+    hyper = {name: check_float(name, value, low, high, low_open=low_open)
+             for name, value in given.items()
+             for low, high, low_open in [BFOHyperparams.RANGES[name]]}
     check_choice("tumble", tumble, TUMBLES)
     check_choice("boundary", boundary, BOUNDARY_MODES)
-    for name, flag in (("swarming", swarming), ("maximize", maximize)):
-        if not isinstance(flag, bool):
-            raise ValueError(f"Invalid {name}: {flag!r}; expected True or False.")
+    check_bool("swarming", swarming)
+    check_bool("maximize", maximize)
     bounds = check_bounds(bounds)
     if evaluator is None:
         evaluator = vmap_evaluator()
@@ -218,6 +234,9 @@ def bfo(
 
     def update_fn(state: BFOState, loss_fn: LossFn, *args: Any) -> BFOState:
         _check_state(state, size)
+        if not callable(loss_fn):
+            raise TypeError(f"Invalid loss_fn: {loss_fn!r}; expected a callable "
+                            "loss_fn(params, *args) -> 0-d tensor (call update(state, loss_fn)).")
         hp, dtype = state.hyperparams, state.losses.dtype
         box = resolve(bounds, state.best_params, dtype)
         noise = _bacterium_noise(state.key, state.step, size, state.best_params, dtype)
@@ -252,7 +271,7 @@ def bfo(
         for k in range(swims + 1):
             candidates = ray_point(population, direction, (start + k) * step_length, box, boundary)
             with torch.no_grad():
-                losses = evaluator(loss_fn, candidates, *args).to(dtype)
+                losses = check_losses(evaluator(loss_fn, candidates, *args), size).to(dtype)
             # Non-finite losses rank last and can never become the best.
             raw = torch.where(torch.isfinite(losses), sign * losses, torch.inf)
             best_params, best_cost = _keep_best(best_params, best_cost, candidates, raw)
@@ -318,6 +337,10 @@ def _check_state(state: Any, size: int) -> None:
     """Static check that ``state`` was made by an optimizer of this population size."""
     if not hasattr(state, "population") or not hasattr(state, "losses"):
         raise TypeError(f"Expected the state returned by init/update, got {type(state).__name__}.")
+    if state.losses.dim() != 1:
+        raise ValueError(f"state is batched (losses of shape {tuple(state.losses.shape)}); map "
+                         "update over the batch with torch.func.vmap(opt.update, "
+                         "in_dims=(0, None)).")
     if tuple(state.losses.shape[-1:]) != (size,):
         raise ValueError(f"state has a population of {tuple(state.losses.shape)} bacteria but "
                          f"this optimizer has population_size={size}; use the optimizer that "

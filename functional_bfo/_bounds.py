@@ -24,12 +24,19 @@ def _is_pair(x: Any) -> bool:
             and not any(isinstance(v, (tuple, list, dict)) for v in x))
 
 
+def _is_scalar_like(x: Any) -> bool:
+    return isinstance(x, (int, float, Tensor)) and not isinstance(x, bool)
+
+
 def _check_pair(pair: Any, where: str) -> None:
     if not _is_pair(pair):
-        raise ValueError(f"Invalid bounds {where}: {pair!r}; {BOUNDS_FORM_MSG}.")
+        raise ValueError(f"Invalid bounds{where}: {pair!r}; {BOUNDS_FORM_MSG}.")
+    if not all(_is_scalar_like(v) for v in pair):
+        raise ValueError(f"Invalid bounds{where}: {pair!r}; low and high must be numbers or "
+                         "tensors (use -inf/inf, not None, for an open side).")
     low, high = (torch.as_tensor(v, dtype=torch.float64) for v in pair)
     if torch.isnan(low).any() or torch.isnan(high).any() or not bool((low < high).all()):
-        raise ValueError(f"Invalid bounds {where}: {pair!r}; expected low < high everywhere "
+        raise ValueError(f"Invalid bounds{where}: {pair!r}; expected low < high everywhere "
                          "(use -inf/inf for an open side).")
 
 
@@ -41,15 +48,27 @@ def check_bounds(bounds: Any) -> Any:
         _check_pair(bounds, "")
         return bounds
     pairs = optree.tree_leaves(bounds, is_leaf=_is_pair)
-    if not pairs:
+    flat_scalars = isinstance(bounds, (tuple, list)) and all(map(_is_scalar_like, bounds))
+    if not pairs or flat_scalars:
         raise ValueError(f"Invalid bounds: {bounds!r}; {BOUNDS_FORM_MSG}.")
     for pair in pairs:
-        _check_pair(pair, "entry")
+        _check_pair(pair, " entry")
     return bounds
 
 
+def _round_inward(v: Tensor, dtype: torch.dtype, toward: float) -> Tensor:
+    """``v`` (float64) rounded to ``dtype`` on the side of ``toward``, so the box stays inside."""
+    r = v.to(dtype)
+    outside = r.to(torch.float64) < v if toward > 0 else r.to(torch.float64) > v
+    return torch.where(outside, torch.nextafter(r, torch.full_like(r, toward)), r)
+
+
 def resolve(bounds: Any, params: Any, dtype: torch.dtype) -> list[LeafBounds | None]:
-    """One ``(low, high)`` pair of ``dtype`` tensors per leaf of ``params`` (None: unbounded)."""
+    """One ``(low, high)`` pair of ``dtype`` tensors per leaf of ``params`` (None: unbounded).
+
+    The box is rounded inward to the leaf's own precision, so a position stored in the leaf's
+    dtype is never outside the bounds as given.
+    """
     paths, leaves, spec = optree.tree_flatten_with_path(params)
     if bounds is None:
         return [None] * len(leaves)
@@ -65,14 +84,17 @@ def resolve(bounds: Any, params: Any, dtype: torch.dtype) -> list[LeafBounds | N
     for path, leaf, pair in zip(paths, leaves, pairs):
         if not _is_pair(pair):  # values were checked by check_bounds; this stays sync-free
             raise ValueError(f"Invalid bounds at {path_str(path)}: {pair!r}; {BOUNDS_FORM_MSG}.")
-        low, high = (torch.as_tensor(v, dtype=dtype, device=leaf.device) for v in pair)
+        low, high = (torch.as_tensor(v, dtype=torch.float64, device=leaf.device) for v in pair)
         for v in (low, high):
             try:
-                torch.broadcast_shapes(v.shape, leaf.shape)
+                fits = torch.broadcast_shapes(v.shape, leaf.shape) == leaf.shape
             except RuntimeError:
+                fits = False
+            if not fits:
                 raise ValueError(f"bounds at {path_str(path)} have shape {tuple(v.shape)}, which "
-                                 f"does not broadcast to the leaf's shape {tuple(leaf.shape)}."
-                                 ) from None
+                                 f"does not broadcast to the leaf's shape {tuple(leaf.shape)}.")
+        low = _round_inward(low, leaf.dtype, torch.inf).to(dtype)
+        high = _round_inward(high, leaf.dtype, -torch.inf).to(dtype)
         out.append((low, high))
     return out
 

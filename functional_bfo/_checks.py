@@ -21,6 +21,10 @@ LOSS_SHAPE_MSG = (
     "loss_fn must return one floating scalar (a 0-d tensor) per set of parameters; "
     "got {what}. Reduce it, e.g. with .mean() or .sum()."
 )
+LOSS_TYPE_MSG = (
+    "loss_fn must return one floating scalar (a 0-d tensor) per set of parameters; "
+    "got {what}. Compute it with tensor ops: a Python number can be neither batched nor compiled."
+)
 
 
 def check_int(name: str, value: Any, minimum: int) -> int:
@@ -39,9 +43,9 @@ def check_float(
         value = float(value)
         ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
     if not ok:
-        bracket = "(" if low_open else "["
+        left, right = "(" if low_open else "[", ")" if math.isinf(high) else "]"
         raise ValueError(f"Invalid {name}: {value!r}; expected a finite float in "
-                         f"{bracket}{low}, {high}].")
+                         f"{left}{low}, {high}{right}.")
     return value
 
 
@@ -52,9 +56,16 @@ def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return value
 
 
-def path_str(path: tuple) -> str:
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is a bool, else a ValueError naming it."""
+    if not isinstance(value, bool):
+        raise ValueError(f"Invalid {name}: {value!r}; expected True or False.")
+    return value
+
+
+def path_str(path: tuple, root: str = "params") -> str:
     """``('b', 1)`` as ``params['b'][1]``, the way users would index the leaf."""
-    return "params" + "".join(f"[{p!r}]" for p in path)
+    return root + "".join(f"[{p!r}]" for p in path)
 
 
 def check_params(params: Any) -> tuple[list[Tensor], optree.PyTreeSpec]:
@@ -86,7 +97,7 @@ def check_params(params: Any) -> tuple[list[Tensor], optree.PyTreeSpec]:
 def check_losses(losses: Any, population_size: int) -> Tensor:
     """``losses`` if it holds one floating scalar per bacterium, else a ValueError/TypeError."""
     if not isinstance(losses, Tensor):
-        raise TypeError(LOSS_SHAPE_MSG.format(what=f"{type(losses).__name__} {losses!r}"))
+        raise TypeError(LOSS_TYPE_MSG.format(what=f"{type(losses).__name__} {losses!r}"))
     if tuple(losses.shape) != (population_size,):
         per = tuple(losses.shape[1:])
         raise ValueError(LOSS_SHAPE_MSG.format(what=f"shape {per} per bacterium "

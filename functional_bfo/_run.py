@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ._base import LossFn, Optimizer
-from ._checks import check_float, check_int
+from ._checks import check_bool, check_float, check_int
 
 Progress = bool | Callable[[dict[str, float]], None]
 
@@ -68,6 +68,10 @@ def run(
     if patience is not None:
         check_int("patience", patience, 1)
     check_float("min_delta", min_delta, 0.0)
+    check_bool("maximize", maximize)
+    check_bool("compile", compile)
+    if target_loss is not None:
+        check_float("target_loss", target_loss, -math.inf)
     check_int("log_every", log_every, 1)
     report = _reporter(progress)
     update = torch.compile(opt.update, fullgraph=True) if compile else opt.update

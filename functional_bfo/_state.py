@@ -6,7 +6,9 @@ device, so a compiled update does not recompile.
 
 from __future__ import annotations
 
+import math
 import os
+import pickle
 from typing import IO, Any, TypeVar
 
 import optree
@@ -31,12 +33,31 @@ def with_hyperparams(state: State, **values: Any) -> State:
         >>> float(fb.with_hyperparams(state, step_size=0.05).hyperparams.step_size)
         0.05000000074505806
     """
-    hp = state.hyperparams
+    hp = getattr(state, "hyperparams", None)
+    if hp is None:
+        raise TypeError(f"Expected the state returned by init/update (it has .hyperparams), "
+                        f"got {type(state).__name__}.")
     unknown = sorted(set(values) - set(hp._fields))
     if unknown:
         raise ValueError(f"Unknown hyperparameters {unknown}; this state has {list(hp._fields)}.")
-    cast = {k: torch.as_tensor(v).to(dtype=getattr(hp, k).dtype, device=getattr(hp, k).device)
-            for k, v in values.items()}
+    ranges = getattr(type(hp), "RANGES", {})
+    cast = {}
+    for name, value in values.items():
+        old = getattr(hp, name)
+        new = torch.as_tensor(value).to(dtype=old.dtype, device=old.device)
+        try:  # a batched (vmapped) state takes a scalar or one value per run
+            new = torch.broadcast_to(new, old.shape)
+        except RuntimeError:
+            raise ValueError(f"Invalid {name}: shape {tuple(new.shape)} does not fit the state's "
+                             f"{tuple(old.shape)}.") from None
+        if name in ranges and not torch.compiler.is_compiling():
+            low, high, low_open = ranges[name]
+            above = new > low if low_open else new >= low
+            if not bool((torch.isfinite(new) & above & (new <= high)).all()):
+                left, right = "(" if low_open else "[", ")" if math.isinf(high) else "]"
+                raise ValueError(f"Invalid {name}: {value!r}; expected finite values in "
+                                 f"{left}{low}, {high}{right}.")
+        cast[name] = new
     return state._replace(hyperparams=hp._replace(**cast))
 
 
@@ -48,7 +69,12 @@ def save(state: Any, f: PathOrFile) -> None:
     """
     paths, leaves, _ = optree.tree_flatten_with_path(state)
     torch.save({"format": FORMAT, "type": type(state).__name__,
-                "paths": [path_str(p) for p in paths], "leaves": leaves}, f)
+                "paths": [_state_path(state, p) for p in paths], "leaves": leaves}, f)
+
+
+def _state_path(state: Any, path: tuple) -> str:
+    """A state leaf's path as ``state.population['b'][0]`` (optree names fields by index)."""
+    return f"state.{state._fields[path[0]]}" + path_str(path[1:], root="")
 
 
 def load(f: PathOrFile, like: State, map_location: Any = None) -> State:
@@ -61,19 +87,23 @@ def load(f: PathOrFile, like: State, map_location: Any = None) -> State:
     Raises:
         ValueError: the file is not a saved state, or does not match ``like``.
     """
-    data = torch.load(f, map_location=map_location, weights_only=True)
+    try:
+        data = torch.load(f, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
+        raise ValueError(f"Not a functional_bfo state checkpoint ({type(e).__name__}); write "
+                         "one with functional_bfo.save(state, path).") from e
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"Not a functional_bfo state checkpoint (expected format {FORMAT}); "
                          "write one with functional_bfo.save(state, path).")
     paths, leaves, spec = optree.tree_flatten_with_path(like)
-    if data["type"] != type(like).__name__ or data["paths"] != [path_str(p) for p in paths]:
+    names = [_state_path(like, p) for p in paths]
+    if data["type"] != type(like).__name__ or data["paths"] != names:
         raise ValueError(f"Checkpoint holds a {data['type']} with leaves {data['paths']}, but "
-                         f"like is a {type(like).__name__} with leaves "
-                         f"{[path_str(p) for p in paths]}; pass a state of the same optimizer "
-                         "and params structure.")
-    for path, saved, ref in zip(paths, data["leaves"], leaves):
+                         f"like is a {type(like).__name__} with leaves {names}; pass a state of "
+                         "the same optimizer and params structure.")
+    for name, saved, ref in zip(names, data["leaves"], leaves):
         if saved.shape != ref.shape or saved.dtype != ref.dtype:
-            raise ValueError(f"Checkpoint leaf {path_str(path)} is {saved.dtype} "
+            raise ValueError(f"Checkpoint leaf {name} is {saved.dtype} "
                              f"{tuple(saved.shape)} but like has {ref.dtype} {tuple(ref.shape)}; "
                              "the optimizer (population size) or params differ.")
     return spec.unflatten(data["leaves"])

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ._base import LossFn, Params
-from ._checks import LOSS_SHAPE_MSG, check_int, check_losses
+from ._checks import LOSS_SHAPE_MSG, LOSS_TYPE_MSG, check_int, check_losses
 
 __all__ = ["Evaluator", "loop", "vmap"]
 
@@ -65,6 +65,10 @@ def vmap(chunk_size: int | None = None) -> Evaluator:
         else:
             try:
                 losses = batched(population, *args)
+            except ValueError as e:
+                if "must only return Tensors" not in str(e):
+                    raise
+                raise TypeError(LOSS_TYPE_MSG.format(what="a value that is not a tensor")) from e
             except RuntimeError as e:
                 cause = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
                 raise RuntimeError(VMAP_FAILED_MSG.format(cause=cause)) from e
@@ -86,7 +90,7 @@ def loop() -> Evaluator:
         for i in range(size):
             loss = loss_fn(optree.tree_map(lambda x, i=i: x[i], population), *args)
             if not isinstance(loss, Tensor):
-                raise TypeError(LOSS_SHAPE_MSG.format(what=f"{type(loss).__name__} {loss!r}"))
+                raise TypeError(LOSS_TYPE_MSG.format(what=f"{type(loss).__name__} {loss!r}"))
             if loss.dim() != 0:
                 raise ValueError(LOSS_SHAPE_MSG.format(what=f"shape {tuple(loss.shape)}"))
             losses.append(loss)
