@@ -253,13 +253,15 @@ def bfo(
         population = where(dispersed, fresh, population)
         known = ~torch.isnan(cost) & ~dispersed
 
+        swarm_sq = sq_norms(population, dtype) if swarming else None
+        weights = SwarmingWeights(hp.d_attract, hp.w_attract, hp.h_repel, hp.w_repel)
+
         def swarm_cost(positions: Params) -> Tensor | float:
+            """J_cc against the population as it stands at the start of the step."""
             if not swarming:
                 return 0.0
-            weights = SwarmingWeights(hp.d_attract, hp.w_attract, hp.h_repel, hp.w_repel)
             return cell_to_cell(positions, population, swarm_sq, weights, dtype)
 
-        swarm_sq = sq_norms(population, dtype) if swarming else None
         direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
                                               tumble, hp.levy_beta)
         step_length = hp.step_size * length
