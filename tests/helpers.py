@@ -6,9 +6,23 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import optree
 import torch
 
 import functional_bfo as fb
+
+
+def clone(tree):
+    return optree.tree_map(torch.clone, tree)
+
+
+def assert_trees_equal(a, b):
+    """Same structure, shapes, dtypes, devices and bits (NaN equal to NaN)."""
+    assert optree.tree_structure(a) == optree.tree_structure(b)
+    for x, y in zip(optree.tree_leaves(a), optree.tree_leaves(b)):
+        assert (x.dtype, x.shape, x.device) == (y.dtype, y.shape, y.device)
+        assert torch.equal(x.isnan(), y.isnan())
+        assert torch.equal(x.nan_to_num(), y.nan_to_num())
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 import optree
 import pytest
 import torch
-from helpers import rastrigin, rosenbrock, sphere
+from helpers import assert_trees_equal, clone, rastrigin, rosenbrock, sphere
 from variants import VARIANTS
 
 import functional_bfo as fb
@@ -20,17 +20,6 @@ def loss_fn(p):
     return ((p["w"] - 0.5).square().sum() + (p["b"][0] + 0.25).square().sum()
             + (p["b"][1] - 1.0).square())
 
-
-def clone(tree):
-    return optree.tree_map(torch.clone, tree)
-
-
-def assert_trees_equal(a, b):
-    assert optree.tree_structure(a) == optree.tree_structure(b)
-    for x, y in zip(optree.tree_leaves(a), optree.tree_leaves(b)):
-        assert x.dtype == y.dtype and x.shape == y.shape
-        assert torch.equal(x.nan_to_num(), y.nan_to_num())
-        assert torch.equal(x.isnan(), y.isnan())
 
 
 def run_updates(opt, state, n, fn=loss_fn):

@@ -16,6 +16,7 @@ import numpy as np
 import optree
 import pytest
 import torch
+from helpers import assert_trees_equal, clone
 
 import functional_bfo as fb
 
@@ -37,17 +38,6 @@ def opt(**kwargs):
 def state(**kwargs):
     return opt(**kwargs).init(params(), key=KEY)
 
-
-def clone(tree):
-    return optree.tree_map(torch.clone, tree)
-
-
-def assert_trees_equal(a, b):
-    assert optree.tree_structure(a) == optree.tree_structure(b)
-    for x, y in zip(optree.tree_leaves(a), optree.tree_leaves(b)):
-        assert x.dtype == y.dtype and x.shape == y.shape
-        assert torch.equal(x.nan_to_num(), y.nan_to_num())
-        assert torch.equal(x.isnan(), y.isnan())
 
 
 def update(loss, **kwargs):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import optree
 import torch
+from helpers import assert_trees_equal, clone
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -88,18 +89,6 @@ def loss_fn(p):
 def neg_loss_fn(p):
     return -loss_fn(p)
 
-
-def clone(tree):
-    return optree.tree_map(torch.clone, tree)
-
-
-def assert_trees_equal(a, b):
-    """Same structure, shapes, dtypes and bits (NaN equal to NaN)."""
-    assert optree.tree_structure(a) == optree.tree_structure(b)
-    for x, y in zip(optree.tree_leaves(a), optree.tree_leaves(b)):
-        assert (x.dtype, x.shape, x.device) == (y.dtype, y.shape, y.device)
-        assert torch.equal(x.isnan(), y.isnan())
-        assert torch.equal(x.nan_to_num(), y.nan_to_num())
 
 
 def run_updates(opt, state, n=UPDATES, fn=loss_fn):
