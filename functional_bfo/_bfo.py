@@ -25,7 +25,7 @@ from ._checks import (
     check_params,
     compute_dtype,
 )
-from ._chemotaxis import TUMBLES, ray_point, swim_stop, tumble_directions
+from ._chemotaxis import TUMBLES, swim, tumble_directions
 from ._dispersal import dispersal_mask, sample_population
 from ._reproduction import reproduction_index
 from ._swarming import SwarmingWeights, cell_to_cell
@@ -264,31 +264,25 @@ def bfo(
 
         direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
                                               tumble, hp.levy_beta)
-        step_length = hp.step_size * length
         start = known.to(dtype)  # an unknown bacterium first evaluates where it stands
         last = torch.where(known, cost + swarm_cost(population), torch.inf)
 
-        best_params, best_cost = state.best_params, sign * state.best_loss
-        raw_costs, costs = [], []
-        for k in range(swims + 1):
-            candidates = ray_point(population, direction, (start + k) * step_length, box, boundary)
+        def evaluate(candidates: Params) -> tuple[Tensor, None]:
             with torch.no_grad():
                 losses = check_losses(evaluator(loss_fn, candidates, *args), size).to(dtype)
             # Non-finite losses rank last and can never become the best.
-            raw = torch.where(torch.isfinite(losses), sign * losses, torch.inf)
-            best_params, best_cost = _keep_best(best_params, best_cost, candidates, raw)
-            raw_costs.append(raw)
-            costs.append(raw + swarm_cost(candidates))
-        costs_t = torch.stack(costs, dim=1)
-        stop = swim_stop(costs_t, last)
-        population = ray_point(population, direction, (start + stop) * step_length, box, boundary)
-        final = stop.unsqueeze(1)
+            return torch.where(torch.isfinite(losses), sign * losses, torch.inf), None
+
+        result = swim(population, direction, hp.step_size * length, start, last,
+                      evaluate=evaluate, swarm_cost=swarm_cost, bounds=box, boundary=boundary,
+                      swims=swims, best_params=state.best_params,
+                      best_cost=sign * state.best_loss)
         return BFOState(
-            population=population,
-            losses=sign * torch.stack(raw_costs, dim=1).gather(1, final).squeeze(1),
-            health=health + costs_t.gather(1, final).squeeze(1),
-            best_params=best_params,
-            best_loss=sign * best_cost,
+            population=result.population,
+            losses=sign * result.raw_cost,
+            health=health + result.cost,
+            best_params=result.best_params,
+            best_loss=sign * result.best_cost,
             key=state.key,
             step=state.step + 1,
             num_evals=state.num_evals + size * (swims + 1),
@@ -324,15 +318,6 @@ def _bacterium_noise(key: Key, step: Tensor, size: int, template: Params, dtype)
         levy_v=z[:, 2 * n + 1],
         coin=torch.special.ndtr(z[:, 2 * n + 2]),
     )
-
-
-def _keep_best(best_params: Params, best_cost: Tensor, candidates: Params, costs: Tensor):
-    """The elitist best after one evaluated batch (ties keep the earlier best)."""
-    cost, i = costs.min(dim=0, keepdim=True)
-    better = cost.squeeze(0) < best_cost
-    best_params = optree.tree_map(lambda b, x: torch.where(better, take(x, i).squeeze(0), b),
-                                  best_params, candidates)
-    return best_params, torch.where(better, cost.squeeze(0), best_cost)
 
 
 def _check_state(state: Any, size: int) -> None:

@@ -5,12 +5,15 @@ draws each coordinate in [-1, 1], which favours the cube's diagonals). The swim 
 ray ``theta + k * C * phi`` for ``k = 1 .. N_s + 1`` and stops at the first step that does
 not improve on the previous one. Every point of the ray is evaluated in ``N_s + 1`` batched
 calls, so no evaluation is repeated and the count per update is fixed; points past the stop
-still count towards the best ever seen.
+still count towards the best ever seen. Variants reuse ``swim`` with their own directions,
+step lengths and evaluations.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import optree
 import torch
@@ -18,7 +21,7 @@ from torch import Tensor
 
 from ._base import Params
 from ._bounds import LeafBounds, project
-from ._tree import sq_norms
+from ._tree import sq_norms, take, where
 
 TUMBLES = ("gaussian", "levy")
 LEVY_MAX_LENGTH = 1e3  # Mantegna's ratio has no finite variance; cap it so f16 stays finite
@@ -63,13 +66,66 @@ def ray_point(
     return optree.tree_unflatten(spec, out)
 
 
-def swim_stop(costs: Tensor, last: Tensor) -> Tensor:
-    """Index along the ray where each bacterium ends.
+class SwimResult(NamedTuple):
+    """Where each bacterium ends its swim, and what was learned on the way."""
 
-    That is its first step no better than the one before, else the last. ``costs`` is
-    (P, N_s + 1); ``last`` is the cost at the starting point (+inf when unknown), shape (P,).
+    population: Params  # final positions
+    raw_cost: Tensor  # (P,) sign-adjusted loss there (+inf if non-finite)
+    cost: Tensor  # (P,) the cost the swim compared: raw_cost plus J_cc when swarming
+    aux: Any  # the evaluation's auxiliary output there (e.g. gradients), or None
+    best_params: Params  # the elitist best over every evaluated point
+    best_cost: Tensor
+
+
+def swim(
+    population: Params,
+    direction: Params,
+    step_length: Tensor,
+    start: Tensor,
+    last: Tensor,
+    *,
+    evaluate: Callable[[Params], tuple[Tensor, Any]],
+    swarm_cost: Callable[[Params], Tensor | float],
+    bounds: list[LeafBounds | None],
+    boundary: str,
+    swims: int,
+    best_params: Params,
+    best_cost: Tensor,
+) -> SwimResult:
+    """Tumble and swim: evaluate ``theta + (start + k) C phi`` for ``k = 0 .. swims``.
+
+    A bacterium reaches point ``k + 1`` while each point it reached improved on the one
+    before (``last`` is the cost where it stands, +inf when unknown), so it ends at the
+    first point that does not improve, or the last: Passino's swim. ``evaluate`` maps
+    candidates to ``(sign-adjusted cost, aux)``; ``aux`` is kept at each final point
+    without storing the whole ray.
     """
-    previous = torch.cat([last.unsqueeze(1), costs[:, :-1]], dim=1)
-    improving = (costs < previous)[:, :-1].to(torch.int64)
-    return improving.cumprod(dim=1).sum(dim=1)
+    reached = torch.ones_like(last, dtype=torch.bool)
+    moves = torch.zeros_like(last, dtype=torch.int64)
+    previous = last
+    for k in range(swims + 1):
+        candidates = ray_point(population, direction, (start + k) * step_length, bounds, boundary)
+        raw, aux = evaluate(candidates)
+        best_params, best_cost = keep_best(best_params, best_cost, candidates, raw)
+        cost = raw + swarm_cost(candidates)
+        if k == 0:
+            final_raw, final_cost, final_aux = raw, cost, aux
+        else:
+            final_raw = torch.where(reached, raw, final_raw)
+            final_cost = torch.where(reached, cost, final_cost)
+            final_aux = None if aux is None else where(reached, aux, final_aux)
+        if k < swims:  # does the bacterium swim on to point k + 1?
+            reached = reached & (cost < previous)
+            moves = moves + reached.to(torch.int64)
+            previous = cost
+    final = ray_point(population, direction, (start + moves) * step_length, bounds, boundary)
+    return SwimResult(final, final_raw, final_cost, final_aux, best_params, best_cost)
 
+
+def keep_best(best_params: Params, best_cost: Tensor, candidates: Params, costs: Tensor):
+    """The elitist best after one evaluated batch (ties keep the earlier best)."""
+    cost, i = costs.min(dim=0, keepdim=True)
+    better = cost.squeeze(0) < best_cost
+    best_params = optree.tree_map(lambda b, x: torch.where(better, take(x, i).squeeze(0), b),
+                                  best_params, candidates)
+    return best_params, torch.where(better, cost.squeeze(0), best_cost)
