@@ -21,6 +21,8 @@ from ._run import run as run
 from ._state import load as load
 from ._state import save as save
 from ._state import with_hyperparams as with_hyperparams
+from .telemetry import materialize as materialize
+from .telemetry import metrics as metrics
 
 __version__ = "0.1.0"
 
@@ -37,6 +39,8 @@ __all__ = [
     "bfo",
     "evaluate",
     "load",
+    "materialize",
+    "metrics",
     "module_loss",
     "random",
     "run",

@@ -16,6 +16,7 @@ import torch
 
 from ._base import LossFn, Optimizer
 from ._checks import check_bool, check_float, check_int
+from .telemetry import materialize, metrics
 
 Progress = bool | Callable[[dict[str, float]], None]
 
@@ -110,13 +111,10 @@ def run(
 
 def _read(state: Any, with_mean: bool = False) -> tuple[int, float, float]:
     """num_evals, best_loss and (optionally) the mean finite loss, in one host transfer."""
-    values = [state.num_evals.to(torch.float64), state.best_loss.to(torch.float64)]
-    if with_mean:
-        finite = torch.isfinite(state.losses)
-        total = torch.where(finite, state.losses, 0).sum().to(torch.float64)
-        values.append(total / finite.sum().clamp_min(1))
-    out = torch.stack(values).tolist()
-    return int(out[0]), out[1], out[2] if with_mean else math.nan
+    values = metrics(state) if with_mean else {"num_evals": state.num_evals,
+                                                "best_loss": state.best_loss}
+    out = materialize(values)
+    return int(out["num_evals"]), out["best_loss"], out.get("mean_loss", math.nan)
 
 
 def _info(state: Any, steps: int, evals: int, best: float, mean: float, started: float) -> dict:

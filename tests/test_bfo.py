@@ -170,3 +170,31 @@ def test_update_never_touches_the_global_rng():
     before = torch.get_rng_state()
     opt.update(opt.init({"x": torch.zeros(3)}, key=fb.random.key(11)), sq)
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_metrics_match_direct_computation_and_compile_without_breaks():
+    opt = fb.bfo(population_size=6)
+    state = opt.update(opt.init({"x": torch.ones(3), "y": torch.zeros(2)},
+                                key=fb.random.key(12)), sq)
+    got = fb.materialize(fb.metrics(state))
+    losses = state.losses.double()
+    assert got["best_loss"] == pytest.approx(float(state.best_loss))
+    assert got["mean_loss"] == pytest.approx(float(losses.mean()))
+    assert got["worst_loss"] == pytest.approx(float(losses.max()))
+    assert got["nonfinite_losses"] == 0 and got["num_evals"] == 30 and got["step"] == 1
+    flat = torch.cat([state.population["x"], state.population["y"]], dim=1).double()
+    rms = (flat - flat.mean(0)).square().sum(1).mean().sqrt()
+    assert got["diversity"] == pytest.approx(float(rms), rel=1e-5)
+    assert torch._dynamo.explain(fb.metrics)(state).graph_break_count == 0
+
+
+def test_materialize_makes_exactly_one_transfer(monkeypatch):
+    opt = fb.bfo(population_size=4)
+    values = fb.metrics(opt.init({"x": torch.zeros(2)}, key=fb.random.key(13)))
+    calls = []
+    original = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: calls.append(t) or original(t))
+    monkeypatch.setattr(torch.Tensor, "item", lambda t: pytest.fail("item() is a sync"))
+    out = fb.materialize(values)
+    assert len(calls) == 1 and set(out) == set(values)
+    assert out["nonfinite_losses"] == 4  # before the first update no loss is known

@@ -6,8 +6,8 @@ import pathlib
 PUBLIC = {
     "functional_bfo": {
         "BFOHyperparams", "BFOState", "InitFn", "Key", "LossFn", "Optimizer", "Params",
-        "PyTree", "UpdateFn", "bfo", "evaluate", "load", "module_loss", "random", "run",
-        "save", "with_hyperparams",
+        "PyTree", "UpdateFn", "bfo", "evaluate", "load", "materialize", "metrics", "module_loss",
+        "random", "run", "save", "with_hyperparams",
     },
     "functional_bfo.random": {
         "bits", "fold_in", "key", "normal", "split", "threefry2x32", "tree_normal_like",

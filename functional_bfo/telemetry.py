@@ -1,0 +1,78 @@
+"""Telemetry as tensors: ``metrics(state)`` stays on the device, ``materialize`` syncs once.
+
+``metrics`` builds a dict of 0-d tensors without any host sync, so it can run inside a
+compiled step or every update; ``materialize`` moves them all to Python floats in one
+device-to-host copy, for a logger. All metrics are O(P) except ``diversity``, which reads
+the whole population once (O(P * n_params)).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optree
+import torch
+from torch import Tensor
+
+__all__ = ["materialize", "metrics"]
+
+
+def metrics(state: Any) -> dict[str, Tensor]:
+    """Summary statistics of an optimizer state, as 0-d tensors on the state's device.
+
+    Keys: ``best_loss``, ``mean_loss``, ``median_loss``, ``worst_loss`` (over finite losses
+    of the current population; NaN if none is finite), ``nonfinite_losses`` (count),
+    ``diversity`` (root-mean-square distance of the bacteria to their centroid), ``step``,
+    ``num_evals``, and ``step_size`` (mean, min and max when step sizes are per bacterium).
+    """
+    losses = state.losses
+    finite = torch.isfinite(losses)
+    count = finite.sum()
+    nan = torch.full_like(losses, torch.nan)
+    finite_losses = torch.where(finite, losses, nan)
+    out = {
+        "best_loss": state.best_loss,
+        "mean_loss": torch.where(finite, losses, 0).sum() / count.clamp_min(1)
+        + torch.where(count > 0, 0.0, torch.nan),
+        "median_loss": finite_losses.nanmedian(),
+        "worst_loss": torch.where(finite, losses, -torch.inf).max()
+        + torch.where(count > 0, 0.0, torch.nan),
+        "nonfinite_losses": (~finite).sum(),
+        "diversity": _diversity(state.population, losses.dtype),
+        "step": state.step,
+        "num_evals": state.num_evals,
+    }
+    step_sizes = getattr(state, "step_sizes", None)
+    if step_sizes is None:
+        out["step_size"] = state.hyperparams.step_size
+    else:
+        out.update(step_size=step_sizes.mean(), step_size_min=step_sizes.min(),
+                   step_size_max=step_sizes.max())
+    return out
+
+
+def _diversity(population: Any, dtype: torch.dtype) -> Tensor:
+    """Root-mean-square distance of the bacteria to their centroid, over all leaves."""
+    total = 0.0
+    for x in optree.tree_leaves(population):
+        x = x.to(dtype).reshape(x.shape[0], -1)
+        total = total + (x - x.mean(dim=0)).square().sum(dim=1).mean()
+    return torch.sqrt(torch.as_tensor(total, dtype=dtype))
+
+
+def materialize(values: dict[str, Tensor]) -> dict[str, float]:
+    """The metrics as Python floats, with exactly one device-to-host transfer.
+
+    Examples:
+        >>> import torch, functional_bfo as fb
+        >>> opt = fb.bfo(population_size=4)
+        >>> state = opt.update(opt.init({"x": torch.ones(2)}, key=fb.random.key(0)),
+        ...                    lambda p: p["x"].square().sum())
+        >>> fb.materialize(fb.metrics(state))["num_evals"]
+        20.0
+    """
+    names = list(values)
+    if not names:
+        return {}
+    stacked = torch.stack([torch.as_tensor(values[n]).to(torch.float64).reshape(()) for n in names])
+    return dict(zip(names, stacked.tolist()))
