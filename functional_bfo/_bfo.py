@@ -9,27 +9,24 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-import optree
 import torch
 from torch import Tensor
 
-from . import random
 from ._base import Key, LossFn, Optimizer, Params
-from ._bounds import BOUNDARY_MODES, check_bounds, project, resolve
+from ._bounds import BOUNDARY_MODES, check_bounds, resolve
 from ._checks import (
     check_bool,
     check_choice,
     check_float,
     check_int,
     check_losses,
-    check_params,
-    compute_dtype,
 )
 from ._chemotaxis import TUMBLES, swim, tumble_directions
-from ._dispersal import dispersal_mask, sample_population
+from ._dispersal import dispersal_mask, initial_population, sample_population
+from ._noise import bacterium_noise
 from ._reproduction import reproduction_index
 from ._swarming import SwarmingWeights, cell_to_cell
-from ._tree import sq_norms, stack, take, unflatten_like, where
+from ._tree import sq_norms, take, where
 from .evaluate import Evaluator
 from .evaluate import vmap as vmap_evaluator
 
@@ -76,7 +73,7 @@ class BFOState(NamedTuple):
     health: Tensor  # (P,) cost accumulated since the last reproduction (lower is healthier)
     best_params: Params  # like params: the best position ever evaluated
     best_loss: Tensor  # () its loss
-    key: Key  # (2,) int64; see _bacterium_noise for how each step draws from it
+    key: Key  # (2,) int64; see bacterium_noise for how each step draws from it
     step: Tensor  # () int64, chemotactic steps taken (updates)
     num_evals: Tensor  # () int64, loss evaluations so far
     hyperparams: BFOHyperparams
@@ -207,26 +204,17 @@ def bfo(
     sign = -1.0 if maximize else 1.0
 
     def init_fn(params: Params, *, key: Key) -> BFOState:
-        leaves, spec = check_params(params)
-        random.check_key(key)
-        device, dtype = leaves[0].device, compute_dtype(leaves)
-        init_key, run_key = random.split(key.to(device))
-        box = resolve(bounds, params, dtype)
-        first = spec.unflatten([project(x.detach().to(dtype), b, "clip").to(x.dtype).clone()
-                                for x, b in zip(leaves, box)])
+        start = initial_population(params, key, size, bounds, hyper["init_scale"])
+        dtype, device = start.dtype, start.key.device
         hp = BFOHyperparams(**{k: torch.tensor(v, dtype=dtype, device=device)
                                for k, v in hyper.items()})
-        rest_keys = random.fold_in(init_key, torch.arange(1, size, device=device))
-        n = sum(x.numel() for x in leaves)
-        z = torch.func.vmap(lambda k: random.normal(k, (n,), dtype))(rest_keys)
-        rest = sample_population(unflatten_like(z, first), first, box, hp.init_scale, dtype)
         return BFOState(
-            population=stack(first, rest),
+            population=start.population,
             losses=torch.full((size,), torch.nan, dtype=dtype, device=device),
             health=torch.zeros(size, dtype=dtype, device=device),
-            best_params=first,
+            best_params=start.first,
             best_loss=torch.tensor(sign * torch.inf, dtype=dtype, device=device),
-            key=run_key,
+            key=start.key,
             step=torch.zeros((), dtype=torch.int64, device=device),
             num_evals=torch.zeros((), dtype=torch.int64, device=device),
             hyperparams=hp,
@@ -239,7 +227,7 @@ def bfo(
                             "loss_fn(params, *args) -> 0-d tensor (call update(state, loss_fn)).")
         hp, dtype = state.hyperparams, state.losses.dtype
         box = resolve(bounds, state.best_params, dtype)
-        noise = _bacterium_noise(state.key, state.step, size, state.best_params, dtype)
+        noise = bacterium_noise(state.key, state.step, size, state.best_params, dtype)
 
         # Reproduction and elimination–dispersal happen on cycle boundaries, by counter.
         reproduce = (state.step > 0) & (state.step % n_c == 0)
@@ -290,34 +278,6 @@ def bfo(
         )
 
     return Optimizer(init_fn, update_fn)
-
-
-class _Noise(NamedTuple):
-    direction: Params  # standard normals like the population, for the tumble
-    place: Params  # standard normals like the population, for dispersal
-    levy_u: Tensor  # (P,) normals for Mantegna's step length
-    levy_v: Tensor  # (P,)
-    coin: Tensor  # (P,) uniforms for the dispersal decision
-
-
-def _bacterium_noise(key: Key, step: Tensor, size: int, template: Params, dtype) -> _Noise:
-    """Every random number of one update, from one Threefry call per bacterium.
-
-    Bacterium ``i`` at step ``s`` draws ``z = normal(fold_in(fold_in(key, s), i), (2n + 3,))``
-    (``n`` the number of parameters): ``z[:n]`` is its tumble, ``z[n:2n]`` its dispersal
-    place, ``z[2n], z[2n+1]`` its Lévy normals and ``ndtr(z[2n+2])`` its dispersal coin.
-    Nothing depends on how the population is chunked or sharded.
-    """
-    n = sum(x.numel() for x in optree.tree_leaves(template))
-    keys = random.fold_in(random.fold_in(key, step), torch.arange(size, device=key.device))
-    z = torch.func.vmap(lambda k: random.normal(k, (2 * n + 3,), dtype))(keys)
-    return _Noise(
-        direction=unflatten_like(z[:, :n], template),
-        place=unflatten_like(z[:, n : 2 * n], template),
-        levy_u=z[:, 2 * n],
-        levy_v=z[:, 2 * n + 1],
-        coin=torch.special.ndtr(z[:, 2 * n + 2]),
-    )
 
 
 def _check_state(state: Any, size: int) -> None:

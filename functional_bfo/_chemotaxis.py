@@ -91,34 +91,43 @@ def swim(
     swims: int,
     best_params: Params,
     best_cost: Tensor,
+    stay: tuple[Tensor, Tensor, Any] | None = None,
 ) -> SwimResult:
     """Tumble and swim: evaluate ``theta + (start + k) C phi`` for ``k = 0 .. swims``.
 
     A bacterium reaches point ``k + 1`` while each point it reached improved on the one
-    before (``last`` is the cost where it stands, +inf when unknown), so it ends at the
-    first point that does not improve, or the last: Passino's swim. ``evaluate`` maps
-    candidates to ``(sign-adjusted cost, aux)``; ``aux`` is kept at each final point
-    without storing the whole ray.
+    before (``last`` is the cost where it stands, +inf when unknown). Passino's bacterium
+    ends at the last point it reached, improving or not. With ``stay`` (the raw cost, cost
+    and aux where each bacterium stands) the swim is greedy: a bacterium ends at the last
+    point that improved, or stays. ``evaluate`` maps candidates to ``(sign-adjusted cost,
+    aux)``; ``aux`` is kept at each final point without storing the whole ray.
     """
+    greedy = stay is not None
+    final_raw, final_cost, final_aux = stay if greedy else (None, None, None)
     reached = torch.ones_like(last, dtype=torch.bool)
-    moves = torch.zeros_like(last, dtype=torch.int64)
+    moved = torch.zeros_like(reached)
+    distance = torch.zeros_like(last)
     previous = last
     for k in range(swims + 1):
-        candidates = ray_point(population, direction, (start + k) * step_length, bounds, boundary)
+        along = (start + k) * step_length
+        candidates = ray_point(population, direction, along, bounds, boundary)
         raw, aux = evaluate(candidates)
         best_params, best_cost = keep_best(best_params, best_cost, candidates, raw)
         cost = raw + swarm_cost(candidates)
-        if k == 0:
-            final_raw, final_cost, final_aux = raw, cost, aux
+        improved = reached & (cost < previous)
+        if final_raw is None:  # Passino: every bacterium arrives at its first point
+            final_raw, final_cost, final_aux, arrive = raw, cost, aux, reached
         else:
-            final_raw = torch.where(reached, raw, final_raw)
-            final_cost = torch.where(reached, cost, final_cost)
-            final_aux = None if aux is None else where(reached, aux, final_aux)
-        if k < swims:  # does the bacterium swim on to point k + 1?
-            reached = reached & (cost < previous)
-            moves = moves + reached.to(torch.int64)
-            previous = cost
-    final = ray_point(population, direction, (start + moves) * step_length, bounds, boundary)
+            arrive = improved if greedy else reached
+            final_raw = torch.where(arrive, raw, final_raw)
+            final_cost = torch.where(arrive, cost, final_cost)
+            final_aux = None if aux is None else where(arrive, aux, final_aux)
+        distance = torch.where(arrive, along, distance)
+        moved = moved | arrive
+        reached, previous = improved, cost
+    final = ray_point(population, direction, distance, bounds, boundary)
+    if greedy:
+        final = where(moved, final, population)
     return SwimResult(final, final_raw, final_cost, final_aux, best_params, best_cost)
 
 

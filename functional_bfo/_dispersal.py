@@ -7,12 +7,44 @@ no finite box it is the anchor (the initial params, or the best params so far) p
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import optree
 import torch
 from torch import Tensor
 
+from . import random
 from ._base import Params
-from ._bounds import LeafBounds, sample_domain
+from ._bounds import LeafBounds, project, resolve, sample_domain
+from ._checks import check_params, compute_dtype
+from ._tree import stack, unflatten_like
+
+
+class Start(NamedTuple):
+    """What every variant's ``init`` starts from."""
+
+    first: Params  # the params, detached, copied and clipped into the box: bacterium 0
+    population: Params  # bacterium 0 followed by P - 1 samples of the search domain
+    key: Tensor  # the run key (the init key's second half; the first made the population)
+    dtype: torch.dtype  # the loss and step dtype: float64 if any leaf is, else float32
+
+
+def initial_population(params: Params, key: Tensor, size: int, bounds: Any, init_scale: float
+                       ) -> Start:
+    """Validate ``params`` and ``key`` and build the initial population around the params."""
+    leaves, spec = check_params(params)
+    random.check_key(key)
+    device, dtype = leaves[0].device, compute_dtype(leaves)
+    init_key, run_key = random.split(key.to(device))
+    box = resolve(bounds, params, dtype)
+    first = spec.unflatten([project(x.detach().to(dtype), b, "clip").to(x.dtype).clone()
+                            for x, b in zip(leaves, box)])
+    keys = random.fold_in(init_key, torch.arange(1, size, device=device))
+    n = sum(x.numel() for x in leaves)
+    z = torch.func.vmap(lambda k: random.normal(k, (n,), dtype))(keys)
+    scale = torch.tensor(init_scale, dtype=dtype, device=device)
+    rest = sample_population(unflatten_like(z, first), first, box, scale, dtype)
+    return Start(first, stack(first, rest), run_key, dtype)
 
 
 def sample_population(

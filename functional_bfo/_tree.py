@@ -44,6 +44,14 @@ def unflatten_like(flat: Tensor, template: PyTree) -> PyTree:
     return spec.unflatten([c.reshape(flat.shape[:-1] + x.shape) for c, x in zip(chunks, leaves)])
 
 
+def diversity(population: PyTree, dtype: torch.dtype) -> Tensor:
+    """Root-mean-square distance of the bacteria to their centroid, over all leaves."""
+    total = sum((x - x.mean(dim=0)).square().sum(dim=1).mean()
+                for x in (leaf.to(dtype).reshape(leaf.shape[0], -1)
+                          for leaf in optree.tree_leaves(population)))
+    return torch.sqrt(total)
+
+
 def sq_norms(tree: PyTree, dtype: torch.dtype) -> Tensor:
     """Squared Euclidean norm of each bacterium over all leaves, shape (P,), in ``dtype``."""
     leaves = optree.tree_leaves(tree)

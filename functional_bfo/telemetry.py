@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import optree
 import torch
 from torch import Tensor
+
+from ._tree import diversity
 
 __all__ = ["materialize", "metrics"]
 
@@ -38,7 +39,7 @@ def metrics(state: Any) -> dict[str, Tensor]:
         "worst_loss": torch.where(finite, losses, -torch.inf).max()
         + torch.where(count > 0, 0.0, torch.nan),
         "nonfinite_losses": (~finite).sum(),
-        "diversity": _diversity(state.population, losses.dtype),
+        "diversity": diversity(state.population, losses.dtype),
         "step": state.step,
         "num_evals": state.num_evals,
     }
@@ -49,15 +50,6 @@ def metrics(state: Any) -> dict[str, Tensor]:
         out.update(step_size=step_sizes.mean(), step_size_min=step_sizes.min(),
                    step_size_max=step_sizes.max())
     return out
-
-
-def _diversity(population: Any, dtype: torch.dtype) -> Tensor:
-    """Root-mean-square distance of the bacteria to their centroid, over all leaves."""
-    total = 0.0
-    for x in optree.tree_leaves(population):
-        x = x.to(dtype).reshape(x.shape[0], -1)
-        total = total + (x - x.mean(dim=0)).square().sum(dim=1).mean()
-    return torch.sqrt(torch.as_tensor(total, dtype=dtype))
 
 
 def materialize(values: dict[str, Tensor]) -> dict[str, float]:

@@ -1,0 +1,43 @@
+"""The random numbers of one update: one Threefry draw per bacterium, cut into uses."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import optree
+import torch
+from torch import Tensor
+
+from . import random
+from ._base import Key, Params
+from ._tree import unflatten_like
+
+
+class Noise(NamedTuple):
+    """The random numbers of one update, per bacterium."""
+
+    direction: Params  # standard normals like the population, for the tumble
+    place: Params  # standard normals like the population, for dispersal
+    levy_u: Tensor  # (P,) normals for Mantegna's step length
+    levy_v: Tensor  # (P,)
+    coin: Tensor  # (P,) uniforms for the dispersal decision
+
+
+def bacterium_noise(key: Key, step: Tensor, size: int, template: Params, dtype) -> Noise:
+    """Every random number of one update, from one Threefry call per bacterium.
+
+    Bacterium ``i`` at step ``s`` draws ``z = normal(fold_in(fold_in(key, s), i), (2n + 3,))``
+    (``n`` the number of parameters): ``z[:n]`` is its tumble, ``z[n:2n]`` its dispersal
+    place, ``z[2n], z[2n+1]`` its Lévy normals and ``ndtr(z[2n+2])`` its dispersal coin.
+    Nothing depends on how the population is chunked or sharded.
+    """
+    n = sum(x.numel() for x in optree.tree_leaves(template))
+    keys = random.fold_in(random.fold_in(key, step), torch.arange(size, device=key.device))
+    z = torch.func.vmap(lambda k: random.normal(k, (2 * n + 3,), dtype))(keys)
+    return Noise(
+        direction=unflatten_like(z[:, :n], template),
+        place=unflatten_like(z[:, n : 2 * n], template),
+        levy_u=z[:, 2 * n],
+        levy_v=z[:, 2 * n + 1],
+        coin=torch.special.ndtr(z[:, 2 * n + 2]),
+    )
