@@ -6,6 +6,9 @@
 
 from . import evaluate as evaluate
 from . import random as random
+from ._adaptive import AdaptiveBFOHyperparams as AdaptiveBFOHyperparams
+from ._adaptive import AdaptiveBFOState as AdaptiveBFOState
+from ._adaptive import adaptive_bfo as adaptive_bfo
 from ._base import InitFn as InitFn
 from ._base import Key as Key
 from ._base import LossFn as LossFn
@@ -27,6 +30,8 @@ from .telemetry import metrics as metrics
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveBFOHyperparams",
+    "AdaptiveBFOState",
     "BFOHyperparams",
     "BFOState",
     "InitFn",
@@ -36,6 +41,7 @@ __all__ = [
     "Params",
     "PyTree",
     "UpdateFn",
+    "adaptive_bfo",
     "bfo",
     "evaluate",
     "load",

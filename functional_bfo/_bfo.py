@@ -19,16 +19,15 @@ from ._checks import (
     check_choice,
     check_float,
     check_int,
-    check_losses,
+    check_state,
 )
-from ._chemotaxis import TUMBLES, swim, tumble_directions
+from ._chemotaxis import TUMBLES, costs_by, swim, tumble_directions
 from ._dispersal import dispersal_mask, initial_population, sample_population
 from ._noise import bacterium_noise
 from ._reproduction import reproduction_index
 from ._swarming import SwarmingWeights, cell_to_cell
 from ._tree import sq_norms, take, where
-from .evaluate import Evaluator
-from .evaluate import vmap as vmap_evaluator
+from .evaluate import Evaluator, check_evaluator
 
 
 class BFOHyperparams(NamedTuple):
@@ -196,11 +195,7 @@ def bfo(
     check_bool("swarming", swarming)
     check_bool("maximize", maximize)
     bounds = check_bounds(bounds)
-    if evaluator is None:
-        evaluator = vmap_evaluator()
-    elif not callable(evaluator):
-        raise TypeError(f"Invalid evaluator: {evaluator!r}; expected a callable such as "
-                        "functional_bfo.evaluate.vmap(chunk_size=64).")
+    evaluator = check_evaluator(evaluator)
     sign = -1.0 if maximize else 1.0
 
     def init_fn(params: Params, *, key: Key) -> BFOState:
@@ -221,7 +216,7 @@ def bfo(
         )
 
     def update_fn(state: BFOState, loss_fn: LossFn, *args: Any) -> BFOState:
-        _check_state(state, size)
+        check_state(state, size)
         if not callable(loss_fn):
             raise TypeError(f"Invalid loss_fn: {loss_fn!r}; expected a callable "
                             "loss_fn(params, *args) -> 0-d tensor (call update(state, loss_fn)).")
@@ -255,14 +250,9 @@ def bfo(
         start = known.to(dtype)  # an unknown bacterium first evaluates where it stands
         last = torch.where(known, cost + swarm_cost(population), torch.inf)
 
-        def evaluate(candidates: Params) -> tuple[Tensor, None]:
-            with torch.no_grad():
-                losses = check_losses(evaluator(loss_fn, candidates, *args), size).to(dtype)
-            # Non-finite losses rank last and can never become the best.
-            return torch.where(torch.isfinite(losses), sign * losses, torch.inf), None
-
         result = swim(population, direction, hp.step_size * length, start, last,
-                      evaluate=evaluate, swarm_cost=swarm_cost, bounds=box, boundary=boundary,
+                      evaluate=costs_by(evaluator, loss_fn, args, size, dtype, sign),
+                      swarm_cost=swarm_cost, bounds=box, boundary=boundary,
                       swims=swims, best_params=state.best_params,
                       best_cost=sign * state.best_loss)
         return BFOState(
@@ -278,17 +268,3 @@ def bfo(
         )
 
     return Optimizer(init_fn, update_fn)
-
-
-def _check_state(state: Any, size: int) -> None:
-    """Static check that ``state`` was made by an optimizer of this population size."""
-    if not hasattr(state, "population") or not hasattr(state, "losses"):
-        raise TypeError(f"Expected the state returned by init/update, got {type(state).__name__}.")
-    if state.losses.dim() != 1:
-        raise ValueError(f"state is batched (losses of shape {tuple(state.losses.shape)}); map "
-                         "update over the batch with torch.func.vmap(opt.update, "
-                         "in_dims=(0, None)).")
-    if tuple(state.losses.shape[-1:]) != (size,):
-        raise ValueError(f"state has a population of {tuple(state.losses.shape)} bacteria but "
-                         f"this optimizer has population_size={size}; use the optimizer that "
-                         "made the state.")

@@ -111,3 +111,17 @@ def check_losses(losses: Any, population_size: int) -> Tensor:
 def compute_dtype(leaves: list[Tensor]) -> torch.dtype:
     """float64 if any leaf is float64, else float32: losses and step math never go below float32."""
     return torch.float64 if any(x.dtype == torch.float64 for x in leaves) else torch.float32
+
+
+def check_state(state: Any, size: int) -> None:
+    """Static check that ``state`` was made by an optimizer of this population size."""
+    if not hasattr(state, "population") or not hasattr(state, "losses"):
+        raise TypeError(f"Expected the state returned by init/update, got {type(state).__name__}.")
+    if state.losses.dim() != 1:
+        raise ValueError(f"state is batched (losses of shape {tuple(state.losses.shape)}); map "
+                         "update over the batch with torch.func.vmap(opt.update, "
+                         "in_dims=(0, None)).")
+    if tuple(state.losses.shape[-1:]) != (size,):
+        raise ValueError(f"state has a population of {tuple(state.losses.shape)} bacteria but "
+                         f"this optimizer has population_size={size}; use the optimizer that "
+                         "made the state.")

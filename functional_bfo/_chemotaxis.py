@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ._base import Params
 from ._bounds import LeafBounds, project
+from ._checks import check_losses
 from ._tree import sq_norms, take, where
 
 TUMBLES = ("gaussian", "levy")
@@ -129,6 +130,18 @@ def swim(
     if greedy:
         final = where(moved, final, population)
     return SwimResult(final, final_raw, final_cost, final_aux, best_params, best_cost)
+
+
+def costs_by(evaluator, loss_fn, args: tuple, size: int, dtype: torch.dtype, sign: float):
+    """``evaluate(candidates) -> (cost, None)``: sign-adjusted losses, non-finite as +inf."""
+
+    def evaluate(candidates: Params) -> tuple[Tensor, None]:
+        with torch.no_grad():
+            losses = check_losses(evaluator(loss_fn, candidates, *args), size).to(dtype)
+        # Non-finite losses rank last and can never become the best.
+        return torch.where(torch.isfinite(losses), sign * losses, torch.inf), None
+
+    return evaluate
 
 
 def keep_best(best_params: Params, best_cost: Tensor, candidates: Params, costs: Tensor):

@@ -42,6 +42,16 @@ class Evaluator(Protocol):
         ...
 
 
+def check_evaluator(evaluator: Evaluator | None) -> Evaluator:
+    """The default ``vmap()`` evaluator for None, else ``evaluator`` if it is callable."""
+    if evaluator is None:
+        return vmap()
+    if not callable(evaluator):
+        raise TypeError(f"Invalid evaluator: {evaluator!r}; expected a callable such as "
+                        "functional_bfo.evaluate.vmap(chunk_size=64).")
+    return evaluator
+
+
 def _population_size(population: Params) -> int:
     return optree.tree_leaves(population)[0].shape[0]
 

@@ -148,8 +148,7 @@ CONVERGENCE = [  # (problem, max_evals, tolerance on best loss - minimum)
 @pytest.mark.parametrize("case", CONVERGENCE, ids=lambda c: c[0].name)
 def test_converges(variant, case):
     problem, budget, tol = case
-    opt = variant.make(population_size=20, chemotaxis_steps=20, reproduction_steps=4,
-                       elimination_prob=0.1, bounds=problem.bounds, step_size=0.05)
+    opt = variant.factory(**{**variant.converge, "bounds": problem.bounds})
     state = opt.init({"x": torch.zeros(problem.dim, dtype=torch.float64)}, key=fb.random.key(0))
     state = fb.run(opt, state, problem.loss, max_evals=budget)
     assert float(state.best_loss) - problem.minimum < tol

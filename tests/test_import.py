@@ -5,9 +5,10 @@ import pathlib
 
 PUBLIC = {
     "functional_bfo": {
-        "BFOHyperparams", "BFOState", "InitFn", "Key", "LossFn", "Optimizer", "Params",
-        "PyTree", "UpdateFn", "bfo", "evaluate", "load", "materialize", "metrics", "module_loss",
-        "random", "run", "save", "with_hyperparams",
+        "AdaptiveBFOHyperparams", "AdaptiveBFOState", "BFOHyperparams", "BFOState", "InitFn",
+        "Key", "LossFn", "Optimizer", "Params", "PyTree", "UpdateFn", "adaptive_bfo", "bfo",
+        "evaluate", "load", "materialize", "metrics", "module_loss", "random", "run", "save",
+        "with_hyperparams",
     },
     "functional_bfo.random": {
         "bits", "fold_in", "key", "normal", "split", "threefry2x32", "tree_normal_like",

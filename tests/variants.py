@@ -7,12 +7,16 @@ from dataclasses import dataclass, field
 
 import functional_bfo as fb
 
+CANONICAL_CONVERGE = dict(population_size=20, chemotaxis_steps=20, reproduction_steps=4,
+                          elimination_prob=0.1, step_size=0.05)
+
 
 @dataclass(frozen=True)
 class Variant:
     name: str
     factory: Callable
-    kwargs: dict
+    kwargs: dict  # small and fast, for the contract tests
+    converge: dict  # settings for the convergence tests (bounds are added per problem)
     flags: dict = field(default_factory=dict)  # e.g. uses_gradients=True
 
     def make(self, **overrides):
@@ -21,8 +25,13 @@ class Variant:
 
 VARIANTS = [
     Variant("bfo", fb.bfo, dict(population_size=12, chemotaxis_steps=3, reproduction_steps=2,
-                                elimination_prob=0.5, step_size=0.2)),
+                                elimination_prob=0.5, step_size=0.2), CANONICAL_CONVERGE),
     Variant("bfo_levy_swarming_bounded", fb.bfo,
             dict(population_size=9, chemotaxis_steps=2, reproduction_steps=2, tumble="levy",
-                 swarming=True, bounds=(-3.0, 3.0), boundary="reflect", step_size=0.2)),
+                 swarming=True, bounds=(-3.0, 3.0), boundary="reflect", step_size=0.2),
+            CANONICAL_CONVERGE),
+    Variant("adaptive_bfo", fb.adaptive_bfo,
+            dict(population_size=10, chemotaxis_steps=3, elimination_prob=0.3,
+                 elimination_prob_max=0.9, stagnation_steps=2, step_size=0.2),
+            dict(population_size=20)),
 ]

@@ -1,0 +1,247 @@
+"""Adaptive Bacterial Foraging Optimization: per-bacterium step sizes and pressure-driven dispersal.
+
+Step sizes follow Rechenberg's 1/5th success rule, per bacterium (as the self-adaptive BFO
+of Chen, Zhu & Hu, "Adaptive Bacterial Foraging Optimization", Abstract and Applied
+Analysis 2011, https://doi.org/10.1155/2011/108269, lets each bacterium tune its own run
+length); elimination–dispersal gets likelier as the swarm stagnates or collapses.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from ._base import Key, LossFn, Optimizer, Params
+from ._bounds import BOUNDARY_MODES, check_bounds, resolve
+from ._checks import check_bool, check_choice, check_float, check_int, check_state
+from ._chemotaxis import TUMBLES, costs_by, swim, tumble_directions
+from ._dispersal import dispersal_mask, initial_population, sample_population
+from ._noise import bacterium_noise
+from ._reproduction import reproduction_index
+from ._tree import diversity, take, where
+from .evaluate import Evaluator, check_evaluator
+
+
+class AdaptiveBFOHyperparams(NamedTuple):
+    """Hyperparameters users tune or schedule, as 0-d tensors in the loss dtype."""
+
+    step_size: Tensor  # C_0: initial (and post-dispersal) step size of every bacterium
+    step_size_min: Tensor  # floor of the adapted step sizes
+    step_size_max: Tensor  # ceiling of the adapted step sizes
+    adaptation_rate: Tensor  # a: success multiplies C_i by e^a, failure by e^(-a/4)
+    elimination_prob: Tensor  # P_ed with no stagnation and full diversity
+    elimination_prob_max: Tensor  # P_ed under full pressure
+    init_scale: Tensor  # spread of new bacteria on coordinates with no finite box
+    levy_beta: Tensor  # stability index of Lévy tumbles (used when tumble="levy")
+
+    # (low, high, low_open) of each field, checked by adaptive_bfo() and with_hyperparams().
+    RANGES = {
+        "step_size": (0.0, math.inf, True),
+        "step_size_min": (0.0, math.inf, True),
+        "step_size_max": (0.0, math.inf, True),
+        "adaptation_rate": (0.0, 5.0, False),
+        "elimination_prob": (0.0, 1.0, False),
+        "elimination_prob_max": (0.0, 1.0, False),
+        "init_scale": (0.0, math.inf, True),
+        "levy_beta": (0.0, 1.99, True),
+    }
+
+
+class AdaptiveBFOState(NamedTuple):
+    """State of :func:`adaptive_bfo`: :class:`~functional_bfo.BFOState`'s fields, plus three.
+
+    Population leaves carry a leading axis of size ``P = population_size``.
+    """
+
+    population: Params  # each leaf (P, *leaf.shape), the leaf's dtype
+    losses: Tensor  # (P,) loss at each position (NaN before the first evaluation)
+    health: Tensor  # (P,) cost accumulated since the last reproduction
+    best_params: Params  # like params: the best position ever evaluated
+    best_loss: Tensor  # () its loss
+    key: Key  # (2,) int64
+    step: Tensor  # () int64, updates taken
+    num_evals: Tensor  # () int64, loss evaluations so far
+    step_sizes: Tensor  # (P,) each bacterium's own step size C_i
+    stall: Tensor  # () int64, updates since the best loss last improved
+    reference_diversity: Tensor  # () diversity of the initial population
+    hyperparams: AdaptiveBFOHyperparams
+
+
+def adaptive_bfo(
+    population_size: int = 32,
+    *,
+    step_size: float = 0.1,
+    step_size_min: float = 1e-7,
+    step_size_max: float = 1.0,
+    adaptation_rate: float = 0.3,
+    swim_length: int = 4,
+    chemotaxis_steps: int = 10,
+    elimination_prob: float = 0.02,
+    elimination_prob_max: float = 0.25,
+    stagnation_steps: int = 20,
+    tumble: str = "gaussian",
+    levy_beta: float = 1.5,
+    bounds: Any = None,
+    boundary: str = "reflect",
+    init_scale: float = 1.0,
+    maximize: bool = False,
+    evaluator: Evaluator | None = None,
+) -> Optimizer:
+    r"""Adaptive BFO: self-tuning step sizes and dispersal, with static shapes.
+
+    Each update is a chemotactic step as in :func:`functional_bfo.bfo`, with three changes:
+
+    .. math::
+
+        \begin{aligned}
+        &\theta_i \leftarrow \text{the last improving point of the swim ray
+            } \theta_i + k C_i \phi_i \text{ (or stay)} \\
+        &C_i \leftarrow \operatorname{clip}\big(C_i\, e^{a}\big) \text{ if } J_i
+            \text{ improved, else } \operatorname{clip}\big(C_i\, e^{-a/4}\big) \\
+        &P_{ed} = P_{ed}^{0} + (P_{ed}^{max} - P_{ed}^{0})\,\min\!\Big(1, \max\big(
+            \tfrac{\text{stall}}{N_{stag}},\ 1 - \tfrac{\text{diversity}}{\text{diversity}_0}
+            \big)\Big)
+        \end{aligned}
+
+    The success rule settles where one step in five succeeds (Rechenberg's 1/5th rule),
+    so each bacterium's step shrinks near an optimum and grows on a slope. At every
+    reproduction (every ``chemotaxis_steps`` updates; copies inherit their parent's step
+    size) bacteria are dispersed with probability :math:`P_{ed}`, which rises as the best
+    loss stalls or the swarm collapses; the bacterium holding the best cost is never
+    dispersed, and a dispersed one restarts with step size :math:`C_0`.
+
+    Args:
+        population_size: number of bacteria; the initial params are bacterium 0.
+        step_size: ``C_0``, every bacterium's initial step size.
+        step_size_min: floor of the adapted step sizes.
+        step_size_max: ceiling of the adapted step sizes.
+        adaptation_rate: ``a`` above.
+        swim_length: ``N_s``, the most swim steps after a tumble.
+        chemotaxis_steps: updates between reproductions (and dispersal events).
+        elimination_prob: ``P_ed`` with no pressure.
+        elimination_prob_max: ``P_ed`` under full pressure.
+        stagnation_steps: ``N_stag``, updates without improvement that mean full pressure.
+        tumble: ``"gaussian"`` or ``"levy"`` (see :func:`functional_bfo.bfo`).
+        levy_beta: stability index of Lévy tumbles, in (0, 1.99].
+        bounds: as in :func:`functional_bfo.bfo`.
+        boundary: ``"clip"``, ``"reflect"`` or ``"wrap"``.
+        init_scale: spread of new bacteria on coordinates with no finite box.
+        maximize: maximize the loss instead.
+        evaluator: how the population is evaluated (default ``evaluate.vmap()``).
+
+    Returns:
+        An :class:`~functional_bfo.Optimizer` of pure ``init`` and ``update``.
+
+    Raises:
+        ValueError: a hyperparameter is out of range or bounds are malformed.
+
+    Examples:
+        >>> import torch, functional_bfo as fb
+        >>> opt = fb.adaptive_bfo(population_size=8)
+        >>> state = opt.init({"x": torch.ones(3)}, key=fb.random.key(0))
+        >>> state = fb.run(opt, state, lambda p: p["x"].square().sum(), max_steps=100)
+        >>> bool(state.best_loss < 1e-3)
+        True
+
+    References:
+        H. Chen, Y. Zhu, K. Hu, `Adaptive bacterial foraging optimization
+        <https://doi.org/10.1155/2011/108269>`_, 2011.
+        I. Rechenberg, Evolutionsstrategie, 1973 (the 1/5th success rule).
+    """
+    size = check_int("population_size", population_size, 1)
+    swims = check_int("swim_length", swim_length, 0)
+    n_c = check_int("chemotaxis_steps", chemotaxis_steps, 1)
+    n_stag = check_int("stagnation_steps", stagnation_steps, 1)
+    given = dict(step_size=step_size, step_size_min=step_size_min, step_size_max=step_size_max,
+                 adaptation_rate=adaptation_rate, elimination_prob=elimination_prob,
+                 elimination_prob_max=elimination_prob_max, init_scale=init_scale,
+                 levy_beta=levy_beta)
+    hyper = {name: check_float(name, value, low, high, low_open=low_open)
+             for name, value in given.items()
+             for low, high, low_open in [AdaptiveBFOHyperparams.RANGES[name]]}
+    if not hyper["step_size_min"] <= hyper["step_size"] <= hyper["step_size_max"]:
+        raise ValueError(f"Invalid step sizes: expected step_size_min <= step_size <= "
+                         f"step_size_max; got {step_size_min}, {step_size}, {step_size_max}.")
+    check_choice("tumble", tumble, TUMBLES)
+    check_choice("boundary", boundary, BOUNDARY_MODES)
+    check_bool("maximize", maximize)
+    bounds = check_bounds(bounds)
+    evaluator = check_evaluator(evaluator)
+    sign = -1.0 if maximize else 1.0
+
+    def init_fn(params: Params, *, key: Key) -> AdaptiveBFOState:
+        start = initial_population(params, key, size, bounds, hyper["init_scale"])
+        dtype, device = start.dtype, start.key.device
+        hp = AdaptiveBFOHyperparams(**{k: torch.tensor(v, dtype=dtype, device=device)
+                                       for k, v in hyper.items()})
+        return AdaptiveBFOState(
+            population=start.population,
+            losses=torch.full((size,), torch.nan, dtype=dtype, device=device),
+            health=torch.zeros(size, dtype=dtype, device=device),
+            best_params=start.first,
+            best_loss=torch.tensor(sign * torch.inf, dtype=dtype, device=device),
+            key=start.key,
+            step=torch.zeros((), dtype=torch.int64, device=device),
+            num_evals=torch.zeros((), dtype=torch.int64, device=device),
+            step_sizes=torch.full((size,), hyper["step_size"], dtype=dtype, device=device),
+            stall=torch.zeros((), dtype=torch.int64, device=device),
+            reference_diversity=diversity(start.population, dtype),
+            hyperparams=hp,
+        )
+
+    def update_fn(state: AdaptiveBFOState, loss_fn: LossFn, *args: Any) -> AdaptiveBFOState:
+        check_state(state, size)
+        hp, dtype = state.hyperparams, state.losses.dtype
+        box = resolve(bounds, state.best_params, dtype)
+        noise = bacterium_noise(state.key, state.step, size, state.best_params, dtype)
+
+        # Reproduction, then dispersal under pressure, every n_c updates.
+        reproduce = (state.step > 0) & (state.step % n_c == 0)
+        source = reproduction_index(state.health, reproduce)
+        population = take(state.population, source)
+        cost = sign * state.losses[source]  # NaN where never evaluated
+        step_sizes = state.step_sizes[source]
+        health = torch.where(reproduce, torch.zeros_like(state.health), state.health)
+        spread = diversity(population, dtype) / state.reference_diversity.clamp_min(1e-30)
+        pressure = torch.maximum(state.stall.to(dtype) / n_stag, 1 - spread).clamp(0, 1)
+        p_ed = hp.elimination_prob + (hp.elimination_prob_max - hp.elimination_prob) * pressure
+        leader = torch.where(torch.isnan(cost), torch.inf, cost).argmin()
+        leader = torch.arange(size, device=cost.device) == leader
+        dispersed = dispersal_mask(noise.coin, p_ed, reproduce) & ~leader
+        fresh = sample_population(noise.place, state.best_params, box, hp.init_scale, dtype)
+        population = where(dispersed, fresh, population)
+        step_sizes = torch.where(dispersed, hp.step_size, step_sizes)
+        known = ~torch.isnan(cost) & ~dispersed
+
+        direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
+                                              tumble, hp.levy_beta)
+        last = torch.where(known, cost, torch.inf)
+        result = swim(population, direction, step_sizes * length, known.to(dtype), last,
+                      evaluate=costs_by(evaluator, loss_fn, args, size, dtype, sign),
+                      swarm_cost=lambda _: 0.0, bounds=box, boundary=boundary, swims=swims,
+                      best_params=state.best_params, best_cost=sign * state.best_loss,
+                      stay=(last, last, None))
+
+        # The 1/5th success rule, only where the bacterium knew where it stood.
+        grow = torch.where(result.cost < last, hp.adaptation_rate, -hp.adaptation_rate / 4)
+        adapted = (step_sizes * torch.exp(grow)).clamp(hp.step_size_min, hp.step_size_max)
+        improved = result.best_cost < sign * state.best_loss
+        return AdaptiveBFOState(
+            population=result.population,
+            losses=sign * result.raw_cost,
+            health=health + result.cost,
+            best_params=result.best_params,
+            best_loss=sign * result.best_cost,
+            key=state.key,
+            step=state.step + 1,
+            num_evals=state.num_evals + size * (swims + 1),
+            step_sizes=torch.where(known, adapted, step_sizes),
+            stall=torch.where(improved, torch.zeros_like(state.stall), state.stall + 1),
+            reference_diversity=state.reference_diversity,
+            hyperparams=hp,
+        )
+
+    return Optimizer(init_fn, update_fn)

@@ -1,0 +1,94 @@
+"""AdaptiveBFO's own rules: step-size adaptation, elitist dispersal, stagnation counter."""
+
+import statistics
+
+import pytest
+import torch
+
+import functional_bfo as fb
+
+
+def sq(p):
+    return (p["x"] - 0.3).square().sum()
+
+
+def test_step_sizes_follow_the_one_fifth_rule():
+    """Success multiplies a bacterium's step by e^a, failure by e^(-a/4), within the clip."""
+    opt = fb.adaptive_bfo(population_size=6, adaptation_rate=0.4, step_size=0.1,
+                          step_size_max=0.12, chemotaxis_steps=100)
+    state = opt.update(opt.init({"x": torch.zeros(3)}, key=fb.random.key(0)), sq)
+    before = state.step_sizes.clone()
+    new = opt.update(state, sq)
+    improved = new.losses < state.losses
+    up = (before * torch.exp(torch.tensor(0.4))).clamp(max=0.12)
+    down = before * torch.exp(torch.tensor(-0.1))
+    torch.testing.assert_close(new.step_sizes, torch.where(improved, up, down))
+    assert improved.any() and (~improved).any()
+
+
+def test_first_update_keeps_initial_step_sizes():
+    """Nothing was known before the first evaluation, so no success or failure is counted."""
+    opt = fb.adaptive_bfo(population_size=4, step_size=0.05)
+    state = opt.update(opt.init({"x": torch.zeros(2)}, key=fb.random.key(1)), sq)
+    assert torch.equal(state.step_sizes, torch.full((4,), 0.05))
+
+
+def test_greedy_swim_never_loses_a_bacteriums_position():
+    opt = fb.adaptive_bfo(population_size=8, chemotaxis_steps=1000)
+    state = opt.update(opt.init({"x": torch.zeros(4)}, key=fb.random.key(2)), sq)
+    for _ in range(5):
+        new = opt.update(state, sq)
+        assert (new.losses <= state.losses).all()
+        state = new
+
+
+def test_dispersal_spares_the_leader_and_resets_step_sizes():
+    opt = fb.adaptive_bfo(population_size=10, chemotaxis_steps=2, elimination_prob=1.0,
+                          elimination_prob_max=1.0, step_size=0.2)
+    state = opt.init({"x": torch.zeros(3)}, key=fb.random.key(3))
+    state = opt.update(opt.update(state, sq), sq)  # step 2 is a reproduction boundary
+    new = opt.update(state, sq)
+    # Everyone but the leader was dispersed: they restart at step 0.2 and, having no known
+    # loss to compare with, are not adapted; only the leader's step changed.
+    assert int((new.step_sizes != 0.2).sum()) == 1
+    assert torch.isfinite(new.losses).all()
+    assert float(new.losses.min()) <= float(state.losses.min())
+
+
+def test_stall_counts_updates_without_improvement():
+    opt = fb.adaptive_bfo(population_size=4)
+    state = opt.init({"x": torch.zeros(2)}, key=fb.random.key(4))
+    flat = lambda p: p["x"].sum() * 0  # noqa: E731
+    for expected in [0, 1, 2, 3]:
+        state = opt.update(state, flat)
+        assert int(state.stall) == expected
+
+
+def test_hyperparameter_ranges_apply_to_with_hyperparams():
+    state = fb.adaptive_bfo(population_size=4).init({"x": torch.zeros(2)}, key=fb.random.key(5))
+    with pytest.raises(ValueError, match="Invalid adaptation_rate"):
+        fb.with_hyperparams(state, adaptation_rate=-0.1)
+    with pytest.raises(ValueError, match="step_size_min <= step_size <= step_size_max"):
+        fb.adaptive_bfo(step_size=2.0, step_size_max=1.0)
+
+
+@pytest.mark.slow
+def test_defaults_beat_canonical_bfo_at_equal_budget():
+    """The full comparison is benchmarks/adaptive_vs_bfo.py; this guards it cheaply."""
+    def shifted(name):
+        shift = torch.linspace(-1.0, 1.5, 5, dtype=torch.float64)
+        if name == "sphere":
+            return lambda p: (p["x"] - shift).square().sum()
+        return lambda p: ((100 * ((p["x"] - shift + 1)[1:] - (p["x"] - shift + 1)[:-1] ** 2) ** 2)
+                          + (shift - p["x"])[:-1] ** 2).sum()
+    for name in ["sphere", "rosenbrock"]:
+        medians = {}
+        for factory in (fb.bfo, fb.adaptive_bfo):
+            errors = []
+            for seed in range(3):
+                opt = factory(bounds=(-5.0, 5.0))
+                state = opt.init({"x": torch.zeros(5, dtype=torch.float64)},
+                                 key=fb.random.key(seed))
+                errors.append(float(fb.run(opt, state, shifted(name), max_evals=5000).best_loss))
+            medians[factory.__name__] = statistics.median(errors)
+        assert medians["adaptive_bfo"] < medians["bfo"], (name, medians)
