@@ -1,4 +1,4 @@
-"""Property tests of bfo's contract over drawn params pytrees and hyperparameters.
+"""Property tests of the optimizers' contract over drawn params pytrees and hyperparameters.
 
 Each example is tiny (a few scalars, at most 8 bacteria, 2-3 updates) so that the file runs
 in well under a minute on two cores.
@@ -49,13 +49,14 @@ class Case:
     params: object
     kwargs: dict
     seed: int
+    factory: object = fb.bfo
 
     @property
     def size(self) -> int:
         return self.kwargs["population_size"]
 
     def opt(self, **overrides):
-        return fb.bfo(**{**self.kwargs, **overrides})
+        return self.factory(**{**self.kwargs, **overrides})
 
     def init(self, **overrides):
         return self.opt(**overrides).init(self.params, key=fb.random.key(self.seed))
@@ -63,23 +64,28 @@ class Case:
 
 @st.composite
 def cases(draw, bounded=None, dtype=None, min_size=1):
+    factory = draw(st.sampled_from([fb.bfo, fb.adaptive_bfo]))
     kwargs = dict(
         population_size=draw(st.integers(min_size, 8)),
         swim_length=draw(st.integers(0, 3)),
         chemotaxis_steps=draw(st.integers(1, 3)),
-        reproduction_steps=draw(st.integers(1, 2)),
         elimination_prob=draw(st.floats(0.0, 1.0)),
         step_size=draw(st.floats(0.05, 0.5)),
         tumble=draw(st.sampled_from(["gaussian", "levy"])),
         levy_beta=draw(st.floats(0.3, 1.99)),
-        swarming=draw(st.booleans()),
     )
+    if factory is fb.bfo:
+        kwargs.update(reproduction_steps=draw(st.integers(1, 2)), swarming=draw(st.booleans()))
+    else:
+        kwargs.update(elimination_prob_max=draw(st.floats(0.0, 1.0)),
+                      stagnation_steps=draw(st.integers(1, 3)),
+                      adaptation_rate=draw(st.floats(0.0, 1.0)))
     if bounded is None:
         bounded = draw(st.booleans())
     if bounded:
         kwargs["bounds"] = (draw(st.floats(-3.0, -0.5)), draw(st.floats(0.5, 3.0)))
         kwargs["boundary"] = draw(st.sampled_from(["clip", "reflect", "wrap"]))
-    return Case(draw(params_trees(dtype)), kwargs, draw(st.integers(0, 2**32 - 1)))
+    return Case(draw(params_trees(dtype)), kwargs, draw(st.integers(0, 2**32 - 1)), factory)
 
 
 def loss_fn(p):
@@ -172,8 +178,9 @@ def test_update_preserves_structure_shapes_and_dtypes(case):
     state = opt.init(case.params, key=fb.random.key(case.seed))
     dtype = compute_dtype(case.params)
     spec = optree.tree_structure(case.params)
+    state_type = {fb.bfo: fb.BFOState, fb.adaptive_bfo: fb.AdaptiveBFOState}[case.factory]
     for _ in range(UPDATES + 1):
-        assert type(state) is fb.BFOState
+        assert type(state) is state_type
         assert optree.tree_structure(state.population) == spec
         assert optree.tree_structure(state.best_params) == spec
         for p, x, b in zip(optree.tree_leaves(case.params), optree.tree_leaves(state.population),
