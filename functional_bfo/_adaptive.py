@@ -171,6 +171,7 @@ def adaptive_bfo(
     bounds = check_bounds(bounds)
     evaluator = check_evaluator(evaluator)
     sign = -1.0 if maximize else 1.0
+    static = AdaptiveStatic(size, swims, n_c, n_stag, bounds, boundary, tumble, sign)
 
     def init_fn(params: Params, *, key: Key) -> AdaptiveBFOState:
         start = initial_population(params, key, size, bounds, hyper["init_scale"])
@@ -194,54 +195,101 @@ def adaptive_bfo(
 
     def update_fn(state: AdaptiveBFOState, loss_fn: LossFn, *args: Any) -> AdaptiveBFOState:
         check_state(state, size)
-        hp, dtype = state.hyperparams, state.losses.dtype
-        box = resolve(bounds, state.best_params, dtype)
-        noise = bacterium_noise(state.key, state.step, size, state.best_params, dtype)
-
-        # Reproduction, then dispersal under pressure, every n_c updates.
-        reproduce = (state.step > 0) & (state.step % n_c == 0)
-        source = reproduction_index(state.health, reproduce)
-        population = take(state.population, source)
-        cost = sign * state.losses[source]  # NaN where never evaluated
-        step_sizes = state.step_sizes[source]
-        health = torch.where(reproduce, torch.zeros_like(state.health), state.health)
-        spread = diversity(population, dtype) / state.reference_diversity.clamp_min(1e-30)
-        pressure = torch.maximum(state.stall.to(dtype) / n_stag, 1 - spread).clamp(0, 1)
-        p_ed = hp.elimination_prob + (hp.elimination_prob_max - hp.elimination_prob) * pressure
-        leader = torch.where(torch.isnan(cost), torch.inf, cost).argmin()
-        leader = torch.arange(size, device=cost.device) == leader
-        dispersed = dispersal_mask(noise.coin, p_ed, reproduce) & ~leader
-        fresh = sample_population(noise.place, state.best_params, box, hp.init_scale, dtype)
-        population = where(dispersed, fresh, population)
-        step_sizes = torch.where(dispersed, hp.step_size, step_sizes)
-        known = ~torch.isnan(cost) & ~dispersed
-
-        direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
-                                              tumble, hp.levy_beta)
-        last = torch.where(known, cost, torch.inf)
-        result = swim(population, direction, step_sizes * length, known.to(dtype), last,
-                      evaluate=costs_by(evaluator, loss_fn, args, size, dtype, sign),
-                      swarm_cost=lambda _: 0.0, bounds=box, boundary=boundary, swims=swims,
-                      best_params=state.best_params, best_cost=sign * state.best_loss,
-                      stay=(last, last, None))
-
-        # The 1/5th success rule, only where the bacterium knew where it stood.
-        grow = torch.where(result.cost < last, hp.adaptation_rate, -hp.adaptation_rate / 4)
-        adapted = (step_sizes * torch.exp(grow)).clamp(hp.step_size_min, hp.step_size_max)
-        improved = result.best_cost < sign * state.best_loss
-        return AdaptiveBFOState(
-            population=result.population,
-            losses=sign * result.raw_cost,
-            health=health + result.cost,
-            best_params=result.best_params,
-            best_loss=sign * result.best_cost,
-            key=state.key,
-            step=state.step + 1,
-            num_evals=state.num_evals + size * (swims + 1),
-            step_sizes=torch.where(known, adapted, step_sizes),
-            stall=torch.where(improved, torch.zeros_like(state.stall), state.stall + 1),
-            reference_diversity=state.reference_diversity,
-            hyperparams=hp,
-        )
+        dtype = state.losses.dtype
+        evaluate = costs_by(evaluator, loss_fn, args, size, dtype, sign)
+        step = adaptive_step(state, static, evaluate)
+        return AdaptiveBFOState(**step.fields)
 
     return Optimizer(init_fn, update_fn)
+
+
+class AdaptiveStatic(NamedTuple):
+    """The structural (Python) settings an adaptive step needs."""
+
+    size: int
+    swims: int
+    chemotaxis_steps: int
+    stagnation_steps: int
+    bounds: Any
+    boundary: str
+    tumble: str
+    sign: float
+
+
+class AdaptiveStep(NamedTuple):
+    """One adaptive step's outcome: the new common state fields, and what variants extend."""
+
+    fields: dict[str, Any]  # AdaptiveBFOState's fields, new values
+    source: Tensor  # (P,) reproduction source of each slot
+    known: Tensor  # (P,) whether each bacterium knew its loss before the swim
+    aux: Any  # the evaluation's auxiliary output at each final point
+
+
+def adaptive_step(
+    state: Any,
+    static: AdaptiveStatic,
+    evaluate,
+    steer=None,
+    start_aux=None,
+) -> AdaptiveStep:
+    """Reproduce, disperse under pressure, tumble, swim greedily, adapt step sizes.
+
+    ``steer(direction, source, known) -> direction`` lets a variant bend the tumble (the
+    hybrid mixes in gradients); ``start_aux(source, known)`` gives the auxiliary value where
+    each bacterium stands, kept when the greedy swim stays.
+    """
+    size, sign = static.size, static.sign
+    hp, dtype = state.hyperparams, state.losses.dtype
+    box = resolve(static.bounds, state.best_params, dtype)
+    noise = bacterium_noise(state.key, state.step, size, state.best_params, dtype)
+
+    # Reproduction, then dispersal under pressure, every chemotaxis_steps updates.
+    reproduce = (state.step > 0) & (state.step % static.chemotaxis_steps == 0)
+    source = reproduction_index(state.health, reproduce)
+    population = take(state.population, source)
+    cost = sign * state.losses[source]  # NaN where never evaluated
+    step_sizes = state.step_sizes[source]
+    health = torch.where(reproduce, torch.zeros_like(state.health), state.health)
+    spread = diversity(population, dtype) / state.reference_diversity.clamp_min(1e-30)
+    pressure = torch.maximum(state.stall.to(dtype) / static.stagnation_steps, 1 - spread)
+    pressure = pressure.clamp(0, 1)
+    p_ed = hp.elimination_prob + (hp.elimination_prob_max - hp.elimination_prob) * pressure
+    leader = torch.where(torch.isnan(cost), torch.inf, cost).argmin()
+    leader = torch.arange(size, device=cost.device) == leader
+    dispersed = dispersal_mask(noise.coin, p_ed, reproduce) & ~leader
+    fresh = sample_population(noise.place, state.best_params, box, hp.init_scale, dtype)
+    population = where(dispersed, fresh, population)
+    step_sizes = torch.where(dispersed, hp.step_size, step_sizes)
+    known = ~torch.isnan(cost) & ~dispersed
+
+    direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
+                                          static.tumble, hp.levy_beta)
+    if steer is not None:
+        direction = steer(direction, source, known)
+    last = torch.where(known, cost, torch.inf)
+    stay_aux = None if start_aux is None else start_aux(source, known)
+    result = swim(population, direction, step_sizes * length, known.to(dtype), last,
+                  evaluate=evaluate, swarm_cost=lambda _: 0.0, bounds=box,
+                  boundary=static.boundary, swims=static.swims,
+                  best_params=state.best_params, best_cost=sign * state.best_loss,
+                  stay=(last, last, stay_aux))
+
+    # The 1/5th success rule, only where the bacterium knew where it stood.
+    grow = torch.where(result.cost < last, hp.adaptation_rate, -hp.adaptation_rate / 4)
+    adapted = (step_sizes * torch.exp(grow)).clamp(hp.step_size_min, hp.step_size_max)
+    improved = result.best_cost < sign * state.best_loss
+    fields = dict(
+        population=result.population,
+        losses=sign * result.raw_cost,
+        health=health + result.cost,
+        best_params=result.best_params,
+        best_loss=sign * result.best_cost,
+        key=state.key,
+        step=state.step + 1,
+        num_evals=state.num_evals + size * (static.swims + 1),
+        step_sizes=torch.where(known, adapted, step_sizes),
+        stall=torch.where(improved, torch.zeros_like(state.stall), state.stall + 1),
+        reference_diversity=state.reference_diversity,
+        hyperparams=hp,
+    )
+    return AdaptiveStep(fields, source, known, result.aux)
