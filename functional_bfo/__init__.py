@@ -19,6 +19,10 @@ from ._base import UpdateFn as UpdateFn
 from ._bfo import BFOHyperparams as BFOHyperparams
 from ._bfo import BFOState as BFOState
 from ._bfo import bfo as bfo
+from ._hybrid import HybridBFOHyperparams as HybridBFOHyperparams
+from ._hybrid import HybridBFOState as HybridBFOState
+from ._hybrid import hybrid_bfo as hybrid_bfo
+from ._hybrid import with_grad_mask as with_grad_mask
 from ._module import module_loss as module_loss
 from ._run import run as run
 from ._state import load as load
@@ -34,6 +38,8 @@ __all__ = [
     "AdaptiveBFOState",
     "BFOHyperparams",
     "BFOState",
+    "HybridBFOHyperparams",
+    "HybridBFOState",
     "InitFn",
     "Key",
     "LossFn",
@@ -44,6 +50,7 @@ __all__ = [
     "adaptive_bfo",
     "bfo",
     "evaluate",
+    "hybrid_bfo",
     "load",
     "materialize",
     "metrics",
@@ -51,5 +58,6 @@ __all__ = [
     "random",
     "run",
     "save",
+    "with_grad_mask",
     "with_hyperparams",
 ]

@@ -24,7 +24,9 @@ def metrics(state: Any) -> dict[str, Tensor]:
     Keys: ``best_loss``, ``mean_loss``, ``median_loss``, ``worst_loss`` (over finite losses
     of the current population; NaN if none is finite), ``nonfinite_losses`` (count),
     ``diversity`` (root-mean-square distance of the bacteria to their centroid), ``step``,
-    ``num_evals``, and ``step_size`` (mean, min and max when step sizes are per bacterium).
+    ``num_evals``, ``step_size`` (mean, min and max when step sizes are per bacterium), and
+    for hybrid_bfo ``grad_norm_mean``, ``grad_nonfinite``, ``grad_vanishing``,
+    ``grad_exploding``.
     """
     losses = state.losses
     finite = torch.isfinite(losses)
@@ -43,6 +45,12 @@ def metrics(state: Any) -> dict[str, Tensor]:
         "step": state.step,
         "num_evals": state.num_evals,
     }
+    if hasattr(state, "grad_norms"):  # gradient telemetry of hybrid_bfo
+        known = torch.isfinite(state.grad_norms)
+        out.update(grad_norm_mean=torch.where(known, state.grad_norms, 0).sum()
+                   / known.sum().clamp_min(1),
+                   grad_nonfinite=state.grad_nonfinite, grad_vanishing=state.grad_vanishing,
+                   grad_exploding=state.grad_exploding)
     step_sizes = getattr(state, "step_sizes", None)
     if step_sizes is None:
         out["step_size"] = state.hyperparams.step_size

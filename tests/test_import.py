@@ -5,9 +5,10 @@ import pathlib
 
 PUBLIC = {
     "functional_bfo": {
-        "AdaptiveBFOHyperparams", "AdaptiveBFOState", "BFOHyperparams", "BFOState", "InitFn",
-        "Key", "LossFn", "Optimizer", "Params", "PyTree", "UpdateFn", "adaptive_bfo", "bfo",
-        "evaluate", "load", "materialize", "metrics", "module_loss", "random", "run", "save",
+        "AdaptiveBFOHyperparams", "AdaptiveBFOState", "BFOHyperparams", "BFOState",
+        "HybridBFOHyperparams", "HybridBFOState", "InitFn", "Key", "LossFn", "Optimizer",
+        "Params", "PyTree", "UpdateFn", "adaptive_bfo", "bfo", "evaluate", "hybrid_bfo", "load",
+        "materialize", "metrics", "module_loss", "random", "run", "save", "with_grad_mask",
         "with_hyperparams",
     },
     "functional_bfo.random": {

@@ -34,4 +34,9 @@ VARIANTS = [
             dict(population_size=10, chemotaxis_steps=3, elimination_prob=0.3,
                  elimination_prob_max=0.9, stagnation_steps=2, step_size=0.2),
             dict(population_size=20)),
+    Variant("hybrid_bfo", fb.hybrid_bfo,
+            dict(population_size=8, chemotaxis_steps=3, elimination_prob=0.3, step_size=0.2,
+                 gradient_weight=0.7, momentum=0.5, grad_mask=True),
+            dict(population_size=20, gradient_weight=0.5, grad_mask=True),
+            flags=dict(uses_gradients=True)),
 ]

@@ -1,0 +1,330 @@
+"""Hybrid BFO: gradient-informed chemotaxis on the leaves that take gradients.
+
+On top of :func:`functional_bfo.adaptive_bfo`, the tumble of each bacterium is bent toward
+its negative gradient on the leaves marked in ``grad_mask``; other leaves move by pure BFO.
+Gradients come from ``torch.func.grad_and_value`` under ``vmap``, in the same pass as the
+loss, so each evaluation yields both and is counted once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import optree
+import torch
+from torch import Tensor
+
+from ._adaptive import AdaptiveBFOHyperparams, AdaptiveStatic, adaptive_bfo, adaptive_step
+from ._base import Key, LossFn, Optimizer, Params
+from ._checks import check_float, check_int, check_losses, check_state, path_str
+from ._tree import sq_norms, take, where
+
+
+class HybridBFOHyperparams(NamedTuple):
+    """AdaptiveBFO's hyperparameters plus the gradient mix, as 0-d tensors."""
+
+    step_size: Tensor
+    step_size_min: Tensor
+    step_size_max: Tensor
+    adaptation_rate: Tensor
+    elimination_prob: Tensor
+    elimination_prob_max: Tensor
+    init_scale: Tensor
+    levy_beta: Tensor
+    gradient_weight: Tensor  # w: 0 = pure BFO tumble, 1 = pure negative-gradient direction
+    momentum: Tensor  # beta of the gradient's exponential average (0 = none)
+
+    RANGES = {**AdaptiveBFOHyperparams.RANGES,
+              "gradient_weight": (0.0, 1.0, False), "momentum": (0.0, 0.999, False)}
+
+
+class HybridBFOState(NamedTuple):
+    """State of :func:`hybrid_bfo`: AdaptiveBFOState's fields plus gradients and telemetry."""
+
+    population: Params
+    losses: Tensor
+    health: Tensor
+    best_params: Params
+    best_loss: Tensor
+    key: Key
+    step: Tensor
+    num_evals: Tensor
+    step_sizes: Tensor
+    stall: Tensor
+    reference_diversity: Tensor
+    grads: Params  # like population: (averaged) gradient at each position, zeros if unknown
+    grad_known: Tensor  # (P,) bool: a finite gradient is known at the position
+    grad_mask: Params  # like params, 0-d bool leaves: which leaves take gradients (dynamic)
+    grad_norms: Tensor  # (P,) norm of the masked gradient at each position (NaN if unknown)
+    grad_nonfinite: Tensor  # () int64, non-finite gradient entries met in the last update
+    grad_vanishing: Tensor  # () int64, positions whose gradient norm < vanishing threshold
+    grad_exploding: Tensor  # () int64, positions whose gradient norm > exploding threshold
+    hyperparams: HybridBFOHyperparams
+
+
+def hybrid_bfo(
+    population_size: int = 32,
+    *,
+    gradient_weight: float = 0.5,
+    momentum: float = 0.0,
+    grad_mask: Any = None,
+    vanishing_threshold: float = 1e-8,
+    exploding_threshold: float = 1e3,
+    chunk_size: int | None = None,
+    **adaptive_kwargs: Any,
+) -> Optimizer:
+    r"""Hybrid BFO: the tumble mixes the normalized negative gradient with a random direction.
+
+    For bacterium :math:`i` with random unit tumble :math:`\phi`, split into its part on
+    gradient leaves :math:`\phi_g` and the rest :math:`\phi_r`, and gradient :math:`g` on the
+    gradient leaves (averaged with ``momentum`` when set):
+
+    .. math::
+
+        d_g = (1 - w)\,\phi_g - w\,\lVert\phi_g\rVert \frac{g}{\lVert g\rVert},\qquad
+        \phi \leftarrow \phi_r + \lVert\phi_g\rVert \frac{d_g}{\lVert d_g\rVert}
+
+    so the direction stays a unit vector, gradient-free leaves move by pure BFO, ``w = 0``
+    is AdaptiveBFO and ``w = 1`` follows the negative gradient with BFO's step control
+    (adaptive step sizes, greedy swim). A bacterium with no finite gradient tumbles purely.
+
+    Args:
+        population_size: number of bacteria.
+        gradient_weight: ``w`` above, in [0, 1].
+        momentum: exponential average of each bacterium's gradient along its path, in
+            [0, 0.999]; 0 uses the gradient where it stands.
+        grad_mask: which leaves take gradients: None derives it from each leaf's
+            ``requires_grad`` at ``init``; a bool for all leaves; or a pytree like params of
+            bools. It lives in the state, so it may change between updates
+            (:func:`functional_bfo.with_grad_mask`).
+        vanishing_threshold: gradient norms below this count as vanishing in telemetry.
+        exploding_threshold: gradient norms above this count as exploding in telemetry.
+        chunk_size: evaluate at most this many bacteria at once.
+        **adaptive_kwargs: every other argument of :func:`functional_bfo.adaptive_bfo`
+            (step sizes, swim_length, bounds, maximize, ...), except ``evaluator``.
+
+    Returns:
+        An :class:`~functional_bfo.Optimizer`; its ``update(state, loss_fn, *args,
+        grad=None)`` takes an optional gradient pytree (like params) computed by the caller,
+        e.g. at the best params with an ordinary ``backward()``: then every bacterium uses
+        it and no per-bacterium gradient is computed.
+
+    Raises:
+        ValueError: a hyperparameter is invalid; at ``update``, a loss that is not
+            differentiable with respect to the leaves marked for gradients.
+
+    Examples:
+        >>> import torch, functional_bfo as fb
+        >>> opt = fb.hybrid_bfo(population_size=8, gradient_weight=0.9, grad_mask=True)
+        >>> state = opt.init({"x": torch.ones(3)}, key=fb.random.key(0))
+        >>> state = fb.run(opt, state, lambda p: p["x"].square().sum(), max_steps=50)
+        >>> bool(state.best_loss < 1e-4)
+        True
+    """
+    if "evaluator" in adaptive_kwargs:
+        raise ValueError("hybrid_bfo evaluates losses and gradients itself with "
+                         "torch.func.grad_and_value under vmap; pass chunk_size instead of "
+                         "evaluator.")
+    mix = dict(gradient_weight=check_float("gradient_weight", gradient_weight, 0.0, 1.0),
+               momentum=check_float("momentum", momentum, 0.0, 0.999))
+    check_float("vanishing_threshold", vanishing_threshold, 0.0)
+    check_float("exploding_threshold", exploding_threshold, 0.0, low_open=True)
+    if chunk_size is not None:
+        check_int("chunk_size", chunk_size, 1)
+    if grad_mask is not None and not all(isinstance(m, bool)
+                                         for m in optree.tree_leaves(grad_mask)):
+        raise ValueError(f"Invalid grad_mask: {grad_mask!r}; expected None, a bool, or a pytree "
+                         "like params of bools.")
+    base = adaptive_bfo(population_size, **adaptive_kwargs)  # validates the rest
+    size = population_size
+    static = AdaptiveStatic(size, adaptive_kwargs.get("swim_length", 4),
+                            adaptive_kwargs.get("chemotaxis_steps", 10),
+                            adaptive_kwargs.get("stagnation_steps", 20),
+                            adaptive_kwargs.get("bounds"),
+                            adaptive_kwargs.get("boundary", "reflect"),
+                            adaptive_kwargs.get("tumble", "gaussian"),
+                            -1.0 if adaptive_kwargs.get("maximize", False) else 1.0)
+
+    def init_fn(params: Params, *, key: Key) -> HybridBFOState:
+        state = base.init(params, key=key)
+        device, dtype = state.losses.device, state.losses.dtype
+        hp = HybridBFOHyperparams(**state.hyperparams._asdict(), **{
+            k: torch.tensor(v, dtype=dtype, device=device) for k, v in mix.items()})
+        mask = _mask_tree(params, grad_mask)
+        return HybridBFOState(
+            **{k: v for k, v in state._asdict().items() if k != "hyperparams"},
+            grads=optree.tree_map(torch.zeros_like, state.population),
+            grad_known=torch.zeros(size, dtype=torch.bool, device=device),
+            grad_mask=mask,
+            grad_norms=torch.full((size,), torch.nan, dtype=dtype, device=device),
+            grad_nonfinite=torch.zeros((), dtype=torch.int64, device=device),
+            grad_vanishing=torch.zeros((), dtype=torch.int64, device=device),
+            grad_exploding=torch.zeros((), dtype=torch.int64, device=device),
+            hyperparams=hp,
+        )
+
+    def update_fn(state: HybridBFOState, loss_fn: LossFn, *args: Any,
+                  grad: Params | None = None) -> HybridBFOState:
+        check_state(state, size)
+        hp, dtype, sign = state.hyperparams, state.losses.dtype, static.sign
+        mask = state.grad_mask
+        # Eagerly this reads the 0-d mask once per update, to name leaves in its error.
+        differentiable = _differentiable(loss_fn, mask) if grad is None else None
+
+        def evaluate(candidates: Params):
+            if grad is not None:  # the caller's gradient serves everyone: losses only
+                with torch.no_grad():
+                    losses = torch.func.vmap(loss_fn, in_dims=(0,) + (None,) * len(args),
+                                             chunk_size=chunk_size)(candidates, *args)
+                grads = None
+            else:
+                batched = torch.func.vmap(
+                    torch.func.grad_and_value(differentiable),
+                    in_dims=(0,) + (None,) * len(args), chunk_size=chunk_size)
+                grads, losses = batched(candidates, *args)
+            losses = check_losses(losses, size).to(dtype)
+            cost = torch.where(torch.isfinite(losses), sign * losses, torch.inf)
+            return cost, grads
+
+        def steer(direction: Params, source: Tensor, known: Tensor) -> Params:
+            if grad is not None:
+                g = optree.tree_map(lambda x, d: x.to(d.dtype).expand_as(d), grad, direction)
+                usable = torch.ones_like(known)
+            else:
+                g, usable = take(state.grads, source), state.grad_known[source] & known
+            return _mix(direction, g, usable, mask, hp.gradient_weight, sign)
+
+        def start_aux(source: Tensor, known: Tensor):
+            return None if grad is not None else take(state.grads, source)
+
+        step = adaptive_step(state, static, evaluate, steer, start_aux)
+        fields = dict(step.fields, hyperparams=hp)
+        if grad is not None:
+            given = optree.tree_map(lambda x, p: x.to(p.dtype).expand_as(p), grad, state.grads)
+            stats = _grad_stats(given, mask, dtype, vanishing_threshold, exploding_threshold)
+            return HybridBFOState(**fields, grads=state.grads, grad_known=state.grad_known,
+                                  grad_mask=mask, **stats)
+        new = step.aux  # gradients at the final positions (sign: of the loss as given)
+        finite = _finite_rows(new)
+        new = optree.tree_map(lambda x, p: torch.nan_to_num(x, 0.0, 0.0, 0.0).to(p.dtype),
+                              new, state.grads)
+        old = take(state.grads, step.source)
+        averaged = optree.tree_map(lambda o, n: hp.momentum * o + (1 - hp.momentum) * n, old, new)
+        averaged = where(state.grad_known[step.source] & step.known, averaged, new)
+        stats = _grad_stats(step.aux, mask, dtype, vanishing_threshold, exploding_threshold)
+        return HybridBFOState(**fields, grads=averaged, grad_known=finite, grad_mask=mask,
+                              **stats)
+
+    return Optimizer(init_fn, update_fn)
+
+
+def with_grad_mask(state: HybridBFOState, grad_mask: Any) -> HybridBFOState:
+    """A copy of ``state`` whose gradient mask is ``grad_mask`` (a bool or a pytree of bools).
+
+    The mask is a tensor in the state, so a compiled ``update`` does not recompile.
+    """
+    if not hasattr(state, "grad_mask"):
+        raise TypeError(f"Expected a hybrid_bfo state, got {type(state).__name__}.")
+    leaves = optree.tree_leaves(state.grad_mask)
+    new = _mask_tree(optree.tree_unflatten(optree.tree_structure(state.grad_mask), leaves),
+                     grad_mask)
+    return state._replace(grad_mask=new)
+
+
+def _mask_tree(params: Params, grad_mask: Any) -> Params:
+    """The mask as a pytree like params of 0-d bool tensors (from requires_grad if None)."""
+    leaves, spec = optree.tree_flatten(params)
+    if grad_mask is None:
+        flags = [bool(x.requires_grad) for x in leaves]
+    elif isinstance(grad_mask, bool):
+        flags = [grad_mask] * len(leaves)
+    else:
+        try:
+            flags = spec.flatten_up_to(grad_mask)
+        except ValueError as e:
+            raise ValueError(f"grad_mask does not match the structure of params: {e}") from None
+        if not all(isinstance(f, bool) for f in flags):
+            raise ValueError(f"Invalid grad_mask: {grad_mask!r}; expected bools at the leaves.")
+    return spec.unflatten([torch.tensor(f, device=x.device) for f, x in zip(flags, leaves)])
+
+
+def _differentiable(loss_fn: LossFn, mask: Params) -> LossFn:
+    """``loss_fn`` differentiated through the marked leaves only.
+
+    Eagerly, with the mask's values at hand, unmarked leaves are detached and a loss whose
+    output carries no gradient from any marked leaf gets a clear error; compiled or
+    vmapped over states, the same selection is a ``torch.where`` and the check is skipped.
+    """
+    paths, masks, spec = optree.tree_flatten_with_path(mask)
+    flags = None
+    if not torch.compiler.is_compiling():
+        try:
+            flags = [bool(m) for m in masks]
+        except RuntimeError:  # a batched mask under an outer vmap
+            flags = None
+
+    def loss(params: Params, *args: Any) -> Tensor:
+        leaves = spec.flatten_up_to(params)
+        if flags is None:
+            leaves = [torch.where(m, x, x.detach()) for x, m in zip(leaves, masks)]
+        else:
+            leaves = [x if f else x.detach() for x, f in zip(leaves, flags)]
+        out = loss_fn(spec.unflatten(leaves), *args)
+        if flags is not None and any(flags) and isinstance(out, Tensor) and not out.requires_grad:
+            marked = ", ".join(path_str(p) for p, f in zip(paths, flags) if f)
+            raise ValueError(
+                f"loss_fn is not differentiable with respect to the leaves marked for "
+                f"gradients ({marked}): its output carries no gradient from them (.detach(), "
+                ".item(), integer or boolean ops?). Unmark them with grad_mask / "
+                "with_grad_mask, or use adaptive_bfo for gradient-free search.")
+        return out
+
+    return loss
+
+
+def _masked(tree: Params, mask: Params, dtype: torch.dtype) -> Params:
+    """Leaves in ``dtype``, zero where not marked (where, not *, so NaN cannot leak)."""
+    return optree.tree_map(lambda x, m: torch.where(m, x.to(dtype), 0), tree, mask)
+
+
+def _mix(direction: Params, grads: Params, usable: Tensor, mask: Params, weight: Tensor,
+         sign: float) -> Params:
+    """The tumble bent toward -grad on the masked leaves (see hybrid_bfo's docstring)."""
+    dtype = weight.dtype
+    phi_g = _masked(direction, mask, dtype)
+    g = _masked(grads, mask, dtype)
+    g_norm = sq_norms(g, dtype).sqrt()
+    phi_norm = sq_norms(phi_g, dtype).sqrt()
+    usable = usable & torch.isfinite(g_norm) & (g_norm > 0)
+    scale = torch.where(usable, phi_norm / g_norm.clamp_min(1e-30), 0.0)
+    descent = -sign  # gradients are of the loss as given; maximizing climbs them
+    d_g = optree.tree_map(
+        lambda p, x: (1 - weight) * p + weight * descent * _rows(scale, x) * x, phi_g, g)
+    d_norm = sq_norms(d_g, dtype).sqrt()
+    renorm = torch.where(d_norm > 0, phi_norm / d_norm.clamp_min(1e-30), 0.0)
+    mixed = optree.tree_map(lambda p, pg, d: p - pg + _rows(renorm, d) * d, direction, phi_g, d_g)
+    return where(usable, mixed, direction)
+
+
+def _rows(v: Tensor, like: Tensor) -> Tensor:
+    return v.reshape((-1,) + (1,) * (like.dim() - 1))
+
+
+def _finite_rows(tree: Params) -> Tensor:
+    """(P,) whether every gradient entry of each bacterium is finite."""
+    return torch.stack([torch.isfinite(x).reshape(x.shape[0], -1).all(dim=1)
+                        for x in optree.tree_leaves(tree)]).all(dim=0)
+
+
+def _grad_stats(grads: Params, mask: Params, dtype: torch.dtype, vanishing: float,
+                exploding: float) -> dict[str, Tensor]:
+    """Gradient telemetry of a population of gradients, as tensors (no host sync)."""
+    masked = _masked(grads, mask, dtype)
+    norms = torch.sqrt(sum(torch.linalg.vector_norm(x.reshape(x.shape[0], -1), dim=1) ** 2
+                           for x in optree.tree_leaves(masked)))
+    nonfinite = sum((~torch.isfinite(x)).sum() for x in optree.tree_leaves(masked))
+    return dict(grad_norms=norms,
+                grad_nonfinite=torch.as_tensor(nonfinite, dtype=torch.int64),
+                grad_vanishing=(norms < vanishing).sum(),
+                grad_exploding=(norms > exploding).sum())
+

@@ -1,0 +1,127 @@
+"""HybridBFO: gradient masks (all, none, mixed, dynamic), the direction mix, telemetry, errors."""
+
+import pytest
+import torch
+import torch._dynamo.testing
+
+import functional_bfo as fb
+from functional_bfo._hybrid import _mix
+
+
+def quad(p):
+    return (p["a"] - 2).square().sum() + (p["b"] + 1).square().sum()
+
+
+def params(a_grad=False, b_grad=False):
+    return {"a": torch.zeros(3, requires_grad=a_grad), "b": torch.zeros(2, requires_grad=b_grad)}
+
+
+@pytest.mark.parametrize("a_grad,b_grad", [(True, True), (False, False), (True, False)],
+                         ids=["all", "none", "mixed"])
+def test_mask_from_requires_grad_and_both_parts_improve(a_grad, b_grad):
+    opt = fb.hybrid_bfo(population_size=10, gradient_weight=0.8)
+    state = opt.init(params(a_grad, b_grad), key=fb.random.key(0))
+    assert bool(state.grad_mask["a"]) is a_grad and bool(state.grad_mask["b"]) is b_grad
+    state = fb.run(opt, state, quad, max_steps=60)
+    assert (state.best_params["a"] - 2).abs().max() < 0.1  # gradient (or BFO) leaves
+    assert (state.best_params["b"] + 1).abs().max() < 0.1  # BFO-only (or gradient) leaves
+    norms = state.grad_norms
+    assert (norms == 0).all() if not (a_grad or b_grad) else (norms > 0).any()
+
+
+def test_dynamic_mask_changes_between_updates_without_recompiling():
+    opt = fb.hybrid_bfo(population_size=6, grad_mask=False)
+    state = opt.update(opt.init(params(), key=fb.random.key(1)), quad)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(opt.update, fullgraph=True, backend=counter)
+    state = compiled(state, quad)
+    assert (state.grad_norms == 0).all()
+    state = compiled(fb.with_grad_mask(state, {"a": True, "b": False}), quad)
+    # Bacteria that moved have gradients under the new mask (those that stayed keep the
+    # gradient computed where they stand, under the old mask, until they move).
+    assert (state.grad_norms > 0).any() and counter.frame_count == 1
+    eager = opt.update(fb.with_grad_mask(state, True), quad)
+    assert bool(eager.grad_mask["b"])
+
+
+def test_mix_weights_zero_and_one_and_keeps_unit_norm():
+    torch.manual_seed(0)
+    phi = {"a": torch.randn(4, 3), "b": torch.randn(4, 2)}
+    norm = (phi["a"].square().sum(1) + phi["b"].square().sum(1)).sqrt()
+    phi = {k: v / norm[:, None] for k, v in phi.items()}
+    g = {"a": torch.randn(4, 3), "b": torch.randn(4, 2)}
+    mask = {"a": torch.tensor(True), "b": torch.tensor(False)}
+    usable = torch.tensor([True, True, True, False])
+    same = _mix(phi, g, usable, mask, torch.tensor(0.0), 1.0)
+    torch.testing.assert_close(same, phi)
+    down = _mix(phi, g, usable, mask, torch.tensor(1.0), 1.0)
+    torch.testing.assert_close(down["b"], phi["b"])  # gradient-free leaves: pure BFO
+    cos = torch.nn.functional.cosine_similarity(down["a"][:3], -g["a"][:3], dim=1)
+    torch.testing.assert_close(cos, torch.ones(3))
+    torch.testing.assert_close(down["a"][3], phi["a"][3])  # no usable gradient: pure tumble
+    half = _mix(phi, g, usable, mask, torch.tensor(0.5), 1.0)
+    unit = (half["a"].square().sum(1) + half["b"].square().sum(1)).sqrt()
+    torch.testing.assert_close(unit, torch.ones(4))
+
+
+def test_gradient_norms_match_foreach_norm_and_count_vanishing_and_exploding():
+    opt = fb.hybrid_bfo(population_size=5, grad_mask=True, vanishing_threshold=1e-3,
+                        exploding_threshold=3.0)
+    state = opt.update(opt.init(params(), key=fb.random.key(2)), quad)
+    state = opt.update(state, quad)
+    grads = torch.func.vmap(torch.func.grad(quad))(state.population)
+    rows = [torch.stack(torch._foreach_norm([grads["a"][i], grads["b"][i]])).norm()
+            for i in range(5)]
+    torch.testing.assert_close(state.grad_norms, torch.stack(rows))
+    assert int(state.grad_exploding) == int((torch.stack(rows) > 3.0).sum())
+    assert int(state.grad_vanishing) == int((torch.stack(rows) < 1e-3).sum())
+    got = fb.materialize(fb.metrics(state))
+    assert got["grad_norm_mean"] == pytest.approx(float(torch.stack(rows).mean()), rel=1e-5)
+
+
+def test_nonfinite_gradients_never_poison_positions():
+    """sqrt(|x|) has an infinite gradient at 0: those bacteria fall back to a pure tumble."""
+    def kinked(p):
+        return p["a"].abs().sqrt().sum() + p["b"].abs().sqrt().sum()
+    opt = fb.hybrid_bfo(population_size=6, grad_mask=True)
+    state = opt.update(opt.init(params(), key=fb.random.key(3)), kinked)
+    assert int(state.grad_nonfinite) > 0 and not bool(state.grad_known[0])
+    for _ in range(3):
+        state = opt.update(state, kinked)
+        assert all(torch.isfinite(x).all() for x in state.population.values())
+        assert all(torch.isfinite(x).all() for x in state.grads.values())
+
+
+def test_non_differentiable_loss_names_the_marked_leaves():
+    opt = fb.hybrid_bfo(population_size=4, grad_mask={"a": True, "b": False})
+    state = opt.init(params(), key=fb.random.key(4))
+    with pytest.raises(ValueError, match=r"not differentiable .* \(params\['a'\]\)"):
+        opt.update(state, lambda p: (p["a"].detach() ** 2).sum() + p["b"].sum())
+
+
+def test_given_gradient_is_used_instead_of_per_bacterium_gradients():
+    opt = fb.hybrid_bfo(population_size=6, gradient_weight=1.0, grad_mask=True)
+    state = opt.update(opt.init(params(), key=fb.random.key(5)), quad)
+    grad = torch.func.grad(quad)(state.best_params)
+    new = opt.update(state, quad, grad=grad)
+    assert int(new.num_evals) == 2 * int(state.num_evals)
+    norm = (grad["a"].square().sum() + grad["b"].square().sum()).sqrt()
+    torch.testing.assert_close(new.grad_norms, norm.expand(6))
+
+
+def test_maximize_climbs_the_gradient():
+    opt = fb.hybrid_bfo(population_size=8, gradient_weight=0.9, grad_mask=True, maximize=True)
+    state = opt.init(params(), key=fb.random.key(6))
+    state = fb.run(opt, state, lambda p: -quad(p), max_steps=40)
+    assert float(state.best_loss) > -0.05
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(gradient_weight=1.5), "Invalid gradient_weight"),
+    (dict(momentum=1.0), "Invalid momentum"),
+    (dict(grad_mask="yes"), "Invalid grad_mask"),
+    (dict(evaluator=fb.evaluate.loop()), "pass chunk_size instead of evaluator"),
+])
+def test_invalid_hybrid_arguments(bad, match):
+    with pytest.raises(ValueError, match=match):
+        fb.hybrid_bfo(**bad)
