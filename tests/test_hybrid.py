@@ -125,3 +125,22 @@ def test_maximize_climbs_the_gradient():
 def test_invalid_hybrid_arguments(bad, match):
     with pytest.raises(ValueError, match=match):
         fb.hybrid_bfo(**bad)
+
+
+def test_trains_an_mlp_on_digits_to_90_percent():
+    """scikit-learn's digits ship with the package (no download); 64-32-10 MLP, ~5 s."""
+    datasets = pytest.importorskip("sklearn.datasets")
+    digits = datasets.load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(digits.target)
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    train, test = order[:1400], order[1400:]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 10))
+    params, loss_fn = fb.module_loss(model, torch.nn.functional.cross_entropy)
+    opt = fb.hybrid_bfo(population_size=8, gradient_weight=0.7, grad_mask=True, step_size=0.5,
+                        step_size_max=5.0, init_scale=0.1)
+    state = opt.init(params, key=fb.random.key(0))
+    state = fb.run(opt, state, loss_fn, x[train], y[train], max_steps=150)
+    logits = torch.func.functional_call(model, state.best_params, (x[test],))
+    assert (logits.argmax(1) == y[test]).float().mean() >= 0.90
