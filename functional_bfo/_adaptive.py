@@ -176,21 +176,11 @@ def adaptive_bfo(
     def init_fn(params: Params, *, key: Key) -> AdaptiveBFOState:
         start = initial_population(params, key, size, bounds, hyper["init_scale"])
         dtype, device = start.dtype, start.key.device
-        hp = AdaptiveBFOHyperparams(**{k: torch.tensor(v, dtype=dtype, device=device)
-                                       for k, v in hyper.items()})
         return AdaptiveBFOState(
-            population=start.population,
-            losses=torch.full((size,), torch.nan, dtype=dtype, device=device),
-            health=torch.zeros(size, dtype=dtype, device=device),
-            best_params=start.first,
-            best_loss=torch.tensor(sign * torch.inf, dtype=dtype, device=device),
-            key=start.key,
-            step=torch.zeros((), dtype=torch.int64, device=device),
-            num_evals=torch.zeros((), dtype=torch.int64, device=device),
+            **start.state_fields(sign, hyper, AdaptiveBFOHyperparams),
             step_sizes=torch.full((size,), hyper["step_size"], dtype=dtype, device=device),
             stall=torch.zeros((), dtype=torch.int64, device=device),
             reference_diversity=diversity(start.population, dtype),
-            hyperparams=hp,
         )
 
     def update_fn(state: AdaptiveBFOState, loss_fn: LossFn, *args: Any) -> AdaptiveBFOState:

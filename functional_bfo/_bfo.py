@@ -200,20 +200,7 @@ def bfo(
 
     def init_fn(params: Params, *, key: Key) -> BFOState:
         start = initial_population(params, key, size, bounds, hyper["init_scale"])
-        dtype, device = start.dtype, start.key.device
-        hp = BFOHyperparams(**{k: torch.tensor(v, dtype=dtype, device=device)
-                               for k, v in hyper.items()})
-        return BFOState(
-            population=start.population,
-            losses=torch.full((size,), torch.nan, dtype=dtype, device=device),
-            health=torch.zeros(size, dtype=dtype, device=device),
-            best_params=start.first,
-            best_loss=torch.tensor(sign * torch.inf, dtype=dtype, device=device),
-            key=start.key,
-            step=torch.zeros((), dtype=torch.int64, device=device),
-            num_evals=torch.zeros((), dtype=torch.int64, device=device),
-            hyperparams=hp,
-        )
+        return BFOState(**start.state_fields(sign, hyper, BFOHyperparams))
 
     def update_fn(state: BFOState, loss_fn: LossFn, *args: Any) -> BFOState:
         check_state(state, size)

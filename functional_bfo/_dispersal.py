@@ -28,6 +28,27 @@ class Start(NamedTuple):
     key: Tensor  # the run key (the init key's second half; the first made the population)
     dtype: torch.dtype  # the loss and step dtype: float64 if any leaf is, else float32
 
+    def state_fields(self, sign: float, hyperparams: dict, hyperparams_type: type) -> dict:
+        """The fields every variant's state starts with, nothing evaluated yet."""
+        size, device = self.population_size, self.key.device
+        tensor = lambda v: torch.tensor(v, dtype=self.dtype, device=device)  # noqa: E731
+        count = torch.zeros((), dtype=torch.int64, device=device)
+        return dict(
+            population=self.population,
+            losses=torch.full((size,), torch.nan, dtype=self.dtype, device=device),
+            health=torch.zeros(size, dtype=self.dtype, device=device),
+            best_params=self.first,
+            best_loss=tensor(sign * torch.inf),
+            key=self.key,
+            step=count,
+            num_evals=count.clone(),
+            hyperparams=hyperparams_type(**{k: tensor(v) for k, v in hyperparams.items()}),
+        )
+
+    @property
+    def population_size(self) -> int:
+        return optree.tree_leaves(self.population)[0].shape[0]
+
 
 def initial_population(params: Params, key: Tensor, size: int, bounds: Any, init_scale: float
                        ) -> Start:
