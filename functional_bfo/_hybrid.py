@@ -8,6 +8,7 @@ loss, so each evaluation yields both and is counted once.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, NamedTuple
 
 import optree
@@ -136,14 +137,14 @@ def hybrid_bfo(
         raise ValueError(f"Invalid grad_mask: {grad_mask!r}; expected None, a bool, or a pytree "
                          "like params of bools.")
     base = adaptive_bfo(population_size, **adaptive_kwargs)  # validates the rest
+    # adaptive_bfo's own defaults fill in what was not given, so the two never drift apart.
+    given = inspect.signature(adaptive_bfo).bind(population_size, **adaptive_kwargs)
+    given.apply_defaults()
+    a = given.arguments
     size = population_size
-    static = AdaptiveStatic(size, adaptive_kwargs.get("swim_length", 4),
-                            adaptive_kwargs.get("chemotaxis_steps", 10),
-                            adaptive_kwargs.get("stagnation_steps", 20),
-                            adaptive_kwargs.get("bounds"),
-                            adaptive_kwargs.get("boundary", "reflect"),
-                            adaptive_kwargs.get("tumble", "gaussian"),
-                            -1.0 if adaptive_kwargs.get("maximize", False) else 1.0)
+    static = AdaptiveStatic(size, a["swim_length"], a["chemotaxis_steps"],
+                            a["stagnation_steps"], a["bounds"], a["boundary"], a["tumble"],
+                            -1.0 if a["maximize"] else 1.0)
 
     def init_fn(params: Params, *, key: Key) -> HybridBFOState:
         state = base.init(params, key=key)
