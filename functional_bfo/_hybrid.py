@@ -226,14 +226,14 @@ def with_grad_mask(state: HybridBFOState, grad_mask: Any) -> HybridBFOState:
     """
     if not hasattr(state, "grad_mask"):
         raise TypeError(f"Expected a hybrid_bfo state, got {type(state).__name__}.")
-    leaves = optree.tree_leaves(state.grad_mask)
-    new = _mask_tree(optree.tree_unflatten(optree.tree_structure(state.grad_mask), leaves),
-                     grad_mask)
-    return state._replace(grad_mask=new)
+    return state._replace(grad_mask=_mask_tree(state.grad_mask, grad_mask))
 
 
 def _mask_tree(params: Params, grad_mask: Any) -> Params:
-    """The mask as a pytree like params of 0-d bool tensors (from requires_grad if None)."""
+    """The mask as a pytree like params of 0-d bool tensors (from requires_grad if None).
+
+    ``params`` only lends its structure and devices, so the current mask serves too.
+    """
     leaves, spec = optree.tree_flatten(params)
     if grad_mask is None:
         flags = [bool(x.requires_grad) for x in leaves]
