@@ -51,7 +51,7 @@ class AdaptiveBFOHyperparams(NamedTuple):
 
 
 class AdaptiveBFOState(NamedTuple):
-    """State of :func:`adaptive_bfo`: :class:`~functional_bfo.BFOState`'s fields, plus three.
+    """State of :func:`adaptive_bfo`: :class:`~functional_bfo.BFOState`'s fields, plus four.
 
     Population leaves carry a leading axis of size ``P = population_size``.
     """
@@ -67,6 +67,7 @@ class AdaptiveBFOState(NamedTuple):
     step_sizes: Tensor  # (P,) each bacterium's own step size C_i
     stall: Tensor  # () int64, updates since the best loss last improved
     reference_diversity: Tensor  # () diversity of the initial population
+    active_size: Tensor  # () int64, bacteria in play: the first active_size slots
     hyperparams: AdaptiveBFOHyperparams
 
 
@@ -82,6 +83,7 @@ def adaptive_bfo(
     elimination_prob: float = 0.02,
     elimination_prob_max: float = 0.25,
     stagnation_steps: int = 20,
+    min_population_size: int | None = None,
     tumble: str = "gaussian",
     levy_beta: float = 1.5,
     bounds: Any = None,
@@ -124,6 +126,12 @@ def adaptive_bfo(
         elimination_prob: ``P_ed`` with no pressure.
         elimination_prob_max: ``P_ed`` under full pressure.
         stagnation_steps: ``N_stag``, updates without improvement that mean full pressure.
+        min_population_size: let the active population vary between this and
+            ``population_size`` (a mask over the fixed buffer): at each reproduction it grows
+            by ``max(1, P // 8)`` once the best has stalled ``stagnation_steps`` updates and
+            shrinks by one while the best improves. Inactive slots neither move nor count in
+            ``num_evals`` (``vmap`` still computes their padding evaluations). None keeps all
+            ``population_size`` active.
         tumble: ``"gaussian"`` or ``"levy"`` (see :func:`functional_bfo.bfo`).
         levy_beta: stability index of Lévy tumbles, in (0, 1.99].
         bounds: as in :func:`functional_bfo.bfo`.
@@ -155,6 +163,11 @@ def adaptive_bfo(
     swims = check_int("swim_length", swim_length, 0)
     n_c = check_int("chemotaxis_steps", chemotaxis_steps, 1)
     n_stag = check_int("stagnation_steps", stagnation_steps, 1)
+    min_size = size if min_population_size is None else check_int(
+        "min_population_size", min_population_size, 1)
+    if min_size > size:
+        raise ValueError(f"Invalid min_population_size: {min_population_size}; expected at "
+                         f"most population_size={size}.")
     given = dict(step_size=step_size, step_size_min=step_size_min, step_size_max=step_size_max,
                  adaptation_rate=adaptation_rate, elimination_prob=elimination_prob,
                  elimination_prob_max=elimination_prob_max, init_scale=init_scale,
@@ -171,7 +184,7 @@ def adaptive_bfo(
     bounds = check_bounds(bounds)
     evaluator = check_evaluator(evaluator)
     sign = -1.0 if maximize else 1.0
-    static = AdaptiveStatic(size, swims, n_c, n_stag, bounds, boundary, tumble, sign)
+    static = AdaptiveStatic(size, swims, n_c, n_stag, bounds, boundary, tumble, sign, min_size)
 
     def init_fn(params: Params, *, key: Key) -> AdaptiveBFOState:
         start = initial_population(params, key, size, bounds, hyper["init_scale"])
@@ -181,6 +194,7 @@ def adaptive_bfo(
             step_sizes=torch.full((size,), hyper["step_size"], dtype=dtype, device=device),
             stall=torch.zeros((), dtype=torch.int64, device=device),
             reference_diversity=diversity(start.population, dtype),
+            active_size=torch.tensor(size, dtype=torch.int64, device=device),
         )
 
     def update_fn(state: AdaptiveBFOState, loss_fn: LossFn, *args: Any) -> AdaptiveBFOState:
@@ -204,6 +218,7 @@ class AdaptiveStatic(NamedTuple):
     boundary: str
     tumble: str
     sign: float
+    min_size: int  # smallest active population (== size: fixed)
 
 
 class AdaptiveStep(NamedTuple):
@@ -235,7 +250,9 @@ def adaptive_step(
 
     # Reproduction, then dispersal under pressure, every chemotaxis_steps updates.
     reproduce = (state.step > 0) & (state.step % static.chemotaxis_steps == 0)
-    source = reproduction_index(state.health, reproduce)
+    varying = static.min_size < size
+    count = state.active_size
+    source = reproduction_index(state.health, reproduce, count if varying else None)
     population = take(state.population, source)
     cost = sign * state.losses[source]  # NaN where never evaluated
     step_sizes = state.step_sizes[source]
@@ -244,13 +261,22 @@ def adaptive_step(
     pressure = torch.maximum(state.stall.to(dtype) / static.stagnation_steps, 1 - spread)
     pressure = pressure.clamp(0, 1)
     p_ed = hp.elimination_prob + (hp.elimination_prob_max - hp.elimination_prob) * pressure
-    leader = torch.where(torch.isnan(cost), torch.inf, cost).argmin()
-    leader = torch.arange(size, device=cost.device) == leader
-    dispersed = dispersal_mask(noise.coin, p_ed, reproduce) & ~leader
+    slots = torch.arange(size, device=cost.device)
+    if varying:  # grow under pressure, shrink while improving; woken slots start afresh
+        stalled = state.stall >= static.stagnation_steps
+        change = torch.where(stalled, max(1, size // 8), (state.stall == 0).long().neg())
+        new_count = torch.where(reproduce, (count + change).clamp(static.min_size, size), count)
+        woken = (slots < new_count) & (slots >= count)
+        count = new_count
+    else:
+        woken = torch.zeros_like(slots, dtype=torch.bool)
+    active = slots < count
+    leader = torch.where(torch.isnan(cost) | ~active, torch.inf, cost).argmin()
+    dispersed = (dispersal_mask(noise.coin, p_ed, reproduce) & active & (slots != leader)) | woken
     fresh = sample_population(noise.place, state.best_params, box, hp.init_scale, dtype)
     population = where(dispersed, fresh, population)
     step_sizes = torch.where(dispersed, hp.step_size, step_sizes)
-    known = ~torch.isnan(cost) & ~dispersed
+    known = ~torch.isnan(cost) & ~dispersed & active
 
     direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
                                           static.tumble, hp.levy_beta)
@@ -258,8 +284,13 @@ def adaptive_step(
         direction = steer(direction, source, known)
     last = torch.where(known, cost, torch.inf)
     stay_aux = None if start_aux is None else start_aux(source, known)
-    result = swim(population, direction, step_sizes * length, known.to(dtype), last,
-                  evaluate=evaluate, swarm_cost=lambda _: 0.0, bounds=box,
+
+    def evaluate_active(candidates: Params):
+        raw, aux = evaluate(candidates)
+        return torch.where(active, raw, torch.inf), aux  # padding never wins nor moves
+
+    result = swim(population, direction, step_sizes * length * active, known.to(dtype), last,
+                  evaluate=evaluate_active, swarm_cost=lambda _: 0.0, bounds=box,
                   boundary=static.boundary, swims=static.swims,
                   best_params=state.best_params, best_cost=sign * state.best_loss,
                   stay=(last, last, stay_aux))
@@ -270,16 +301,17 @@ def adaptive_step(
     improved = result.best_cost < sign * state.best_loss
     fields = dict(
         population=result.population,
-        losses=sign * result.raw_cost,
-        health=health + result.cost,
+        losses=sign * torch.where(active, result.raw_cost, cost),
+        health=health + torch.where(active, result.cost, 0),
         best_params=result.best_params,
         best_loss=sign * result.best_cost,
         key=state.key,
         step=state.step + 1,
-        num_evals=state.num_evals + size * (static.swims + 1),
+        num_evals=state.num_evals + count * (static.swims + 1),
         step_sizes=torch.where(known, adapted, step_sizes),
         stall=torch.where(improved, torch.zeros_like(state.stall), state.stall + 1),
         reference_diversity=state.reference_diversity,
+        active_size=count,
         hyperparams=hp,
     )
     return AdaptiveStep(fields, source, known, result.aux)

@@ -53,6 +53,7 @@ class HybridBFOState(NamedTuple):
     step_sizes: Tensor
     stall: Tensor
     reference_diversity: Tensor
+    active_size: Tensor
     grads: Params  # like population: (averaged) gradient at each position, zeros if unknown
     grad_known: Tensor  # (P,) bool: a finite gradient is known at the position
     grad_mask: Params  # like params, 0-d bool leaves: which leaves take gradients (dynamic)
@@ -144,7 +145,7 @@ def hybrid_bfo(
     size = population_size
     static = AdaptiveStatic(size, a["swim_length"], a["chemotaxis_steps"],
                             a["stagnation_steps"], a["bounds"], a["boundary"], a["tumble"],
-                            -1.0 if a["maximize"] else 1.0)
+                            -1.0 if a["maximize"] else 1.0, a["min_population_size"] or size)
 
     def init_fn(params: Params, *, key: Key) -> HybridBFOState:
         state = base.init(params, key=key)

@@ -11,14 +11,25 @@ import torch
 from torch import Tensor
 
 
-def reproduction_index(health: Tensor, reproduce: Tensor) -> Tensor:
+def reproduction_index(health: Tensor, reproduce: Tensor, active: Tensor | None = None) -> Tensor:
     """Source bacterium of each slot after reproduction, shape (P,).
 
     The identity when ``reproduce`` (a 0-d bool) is false, so one gather serves both cases
-    without a branch.
+    without a branch. With ``active`` (a 0-d count ``n``), only the first ``n`` slots take
+    part: the healthiest ``ceil(n/2)`` of them survive into slots ``0..ceil(n/2)``, copies of
+    the healthiest ``floor(n/2)`` fill the rest of the window, and slots from ``n`` on keep
+    their (inactive) bacteria.
     """
     size = health.shape[0]
-    order = torch.argsort(health, stable=True)
-    survivors = size - size // 2
-    split = torch.cat([order[:survivors], order[: size // 2]])
-    return torch.where(reproduce, split, torch.arange(size, device=health.device))
+    slots = torch.arange(size, device=health.device)
+    if active is None:
+        order = torch.argsort(health, stable=True)
+        survivors = size - size // 2
+        split = torch.cat([order[:survivors], order[: size // 2]])
+        return torch.where(reproduce, split, slots)
+    inside = slots < active
+    order = torch.argsort(torch.where(inside, health, torch.inf), stable=True)
+    survivors = active - active // 2
+    copy = (slots - survivors).clamp_min(0)
+    split = torch.where(slots < survivors, order, order[copy])
+    return torch.where(reproduce & inside, split, slots)

@@ -24,9 +24,9 @@ def metrics(state: Any) -> dict[str, Tensor]:
     Keys: ``best_loss``, ``mean_loss``, ``median_loss``, ``worst_loss`` (over finite losses
     of the current population; NaN if none is finite), ``nonfinite_losses`` (count),
     ``diversity`` (root-mean-square distance of the bacteria to their centroid), ``step``,
-    ``num_evals``, ``step_size`` (mean, min and max when step sizes are per bacterium), and
-    for hybrid_bfo ``grad_norm_mean``, ``grad_nonfinite``, ``grad_vanishing``,
-    ``grad_exploding``.
+    ``num_evals``, ``step_size`` (mean, min and max when step sizes are per bacterium),
+    ``active_size`` for the adaptive variants, and for hybrid_bfo ``grad_norm_mean``,
+    ``grad_nonfinite``, ``grad_vanishing`` and ``grad_exploding``.
     """
     losses = state.losses
     finite = torch.isfinite(losses)
@@ -51,6 +51,8 @@ def metrics(state: Any) -> dict[str, Tensor]:
                    / known.sum().clamp_min(1),
                    grad_nonfinite=state.grad_nonfinite, grad_vanishing=state.grad_vanishing,
                    grad_exploding=state.grad_exploding)
+    if hasattr(state, "active_size"):
+        out["active_size"] = state.active_size
     step_sizes = getattr(state, "step_sizes", None)
     if step_sizes is None:
         out["step_size"] = state.hyperparams.step_size

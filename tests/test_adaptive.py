@@ -92,3 +92,39 @@ def test_defaults_beat_canonical_bfo_at_equal_budget():
                 errors.append(float(fb.run(opt, state, shifted(name), max_evals=5000).best_loss))
             medians[factory.__name__] = statistics.median(errors)
         assert medians["adaptive_bfo"] < medians["bfo"], (name, medians)
+
+
+def test_varying_population_stays_in_range_counts_only_active_and_freezes_inactive():
+    opt = fb.adaptive_bfo(population_size=16, min_population_size=4, chemotaxis_steps=2,
+                          stagnation_steps=3, swim_length=2)
+    state = opt.init({"x": torch.zeros(3)}, key=fb.random.key(6))
+    sizes = []
+    for _ in range(24):
+        new = opt.update(state, sq)
+        count = int(new.active_size)
+        assert 4 <= count <= 16
+        assert int(new.num_evals - state.num_evals) == count * 3
+        inactive = torch.arange(16) >= max(count, int(state.active_size))
+        assert torch.equal(new.population["x"][inactive], state.population["x"][inactive])
+        sizes.append(count)
+        state = new
+    assert min(sizes) < 16  # improving on a sphere shrinks the active population
+
+
+def test_varying_population_grows_under_stagnation():
+    opt = fb.adaptive_bfo(population_size=16, min_population_size=4, chemotaxis_steps=1,
+                          stagnation_steps=1)
+    state = opt.init({"x": torch.zeros(3)}, key=fb.random.key(7))
+    state = fb.run(opt, state, sq, max_steps=12)  # shrinks while improving
+    shrunk = int(state.active_size)
+    flat = lambda p: p["x"].sum() * 0  # noqa: E731 (nothing ever improves: full pressure)
+    state = fb.run(opt, state, flat, max_steps=6)
+    assert int(state.active_size) > shrunk or shrunk == 16
+
+
+def test_fixed_population_by_default():
+    opt = fb.adaptive_bfo(population_size=6)
+    state = fb.run(opt, opt.init({"x": torch.zeros(2)}, key=fb.random.key(8)), sq, max_steps=5)
+    assert int(state.active_size) == 6
+    with pytest.raises(ValueError, match="min_population_size"):
+        fb.adaptive_bfo(population_size=6, min_population_size=7)
