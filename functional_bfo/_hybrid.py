@@ -211,7 +211,8 @@ def hybrid_bfo(
         new = optree.tree_map(lambda x, p: torch.nan_to_num(x, 0.0, 0.0, 0.0).to(p.dtype),
                               new, state.grads)
         old = take(state.grads, step.source)
-        averaged = optree.tree_map(lambda o, n: hp.momentum * o + (1 - hp.momentum) * n, old, new)
+        averaged = optree.tree_map(
+            lambda o, n: (hp.momentum * o + (1 - hp.momentum) * n).to(n.dtype), old, new)
         averaged = where(state.grad_known[step.source] & step.known, averaged, new)
         stats = _grad_stats(step.aux, mask, dtype, vanishing_threshold, exploding_threshold)
         return HybridBFOState(**fields, grads=averaged, grad_known=finite, grad_mask=mask,

@@ -144,3 +144,17 @@ def test_trains_an_mlp_on_digits_to_90_percent():
     state = fb.run(opt, state, loss_fn, x[train], y[train], max_steps=150)
     logits = torch.func.functional_call(model, state.best_params, (x[test],))
     assert (logits.argmax(1) == y[test]).float().mean() >= 0.90
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_leaf_dtypes_are_kept_with_momentum(dtype):
+    opt = fb.hybrid_bfo(population_size=4, grad_mask=True, momentum=0.9)
+    p = {"a": torch.zeros(3, dtype=dtype), "b": torch.zeros(2, dtype=dtype)}
+    state = opt.init(p, key=fb.random.key(9))
+    for _ in range(3):
+        new = opt.update(state, lambda q: quad({k: v.float() for k, v in q.items()}))
+        for old_leaf, new_leaf in zip(state, new):
+            if isinstance(old_leaf, torch.Tensor):
+                assert old_leaf.dtype == new_leaf.dtype
+        assert new.grads["a"].dtype == dtype and new.population["b"].dtype == dtype
+        state = new
