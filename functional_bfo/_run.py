@@ -43,8 +43,9 @@ def run(
         state: its state, e.g. ``opt.init(params, key=...)``.
         loss_fn: ``loss_fn(params, *args) -> 0-d tensor``.
         *args: data passed to every ``loss_fn`` call.
-        max_evals: stop before an update would take ``state.num_evals`` past this (the
-            first update always runs, to learn how many evaluations one update costs).
+        max_evals: stop before an update could take ``state.num_evals`` past this (the
+            first update always runs, to learn how many evaluations one update costs; with a
+            varying active population the next update is assumed to use every slot).
         max_steps: stop after this many updates.
         target_loss: stop once the best loss reaches it (``<=``, or ``>=`` when maximizing).
         patience: stop after this many updates without the best improving by ``min_delta``.
@@ -79,6 +80,7 @@ def run(
 
     sign = -1.0 if maximize else 1.0
     evals, best = _read(state)[:2]
+    buffer = state.losses.shape[-1]
     best_cost, per_update, steps, stalled = sign * best, None, 0, 0
     started, reason = time.perf_counter(), "max_steps"
     while True:
@@ -91,8 +93,9 @@ def run(
         state = update(state, loss_fn, *args)
         steps += 1
         log_now = report is not None and (steps % log_every == 0 or steps == 1)
-        new_evals, best, mean = _read(state, with_mean=log_now)
-        per_update, evals = new_evals - evals, new_evals
+        new_evals, best, mean, active = _read(state, with_mean=log_now)
+        # The most the next update can cost: every slot active (adaptive populations grow).
+        per_update, evals = (new_evals - evals) * buffer / active, new_evals
         stalled = 0 if best_cost - sign * best > min_delta else stalled + 1
         best_cost = min(best_cost, sign * best)
         if target_loss is not None and sign * best <= sign * target_loss:
@@ -109,12 +112,16 @@ def run(
     return state
 
 
-def _read(state: Any, with_mean: bool = False) -> tuple[int, float, float]:
-    """num_evals, best_loss and (optionally) the mean finite loss, in one host transfer."""
+def _read(state: Any, with_mean: bool = False) -> tuple[int, float, float, int]:
+    """num_evals, best_loss, mean finite loss (if asked), active bacteria: one transfer."""
     values = metrics(state) if with_mean else {"num_evals": state.num_evals,
                                                 "best_loss": state.best_loss}
+    if hasattr(state, "active_size"):
+        values["active_size"] = state.active_size
     out = materialize(values)
-    return int(out["num_evals"]), out["best_loss"], out.get("mean_loss", math.nan)
+    active = int(out.get("active_size", state.losses.shape[-1]))
+    return (int(out["num_evals"]), out["best_loss"], out.get("mean_loss", math.nan),
+            max(active, 1))
 
 
 def _info(state: Any, steps: int, evals: int, best: float, mean: float, started: float) -> dict:

@@ -5,8 +5,9 @@ Salmon, Moraes, Dror & Shaw, "Parallel random numbers: as easy as 1, 2, 3", SC 2
 
 A key is an ``int64`` tensor of shape ``(2,)`` holding two unsigned 32-bit words. Every
 function here is a pure function of its arguments: the global torch RNG is never read or
-advanced, results are bitwise identical on every device, eager or under ``torch.compile``,
-and every function works under ``torch.func.vmap`` over keys. ``key``, ``split`` and
+advanced, keys, bits and uniforms are bitwise identical on every device, eager or under
+``torch.compile`` (normals go through ``erfinv``, which a compiled kernel may round one ulp
+differently), and every function works under ``torch.func.vmap`` over keys. ``key``, ``split`` and
 ``fold_in`` follow JAX's original (non-partitionable) Threefry scheme, so
 ``split(key(0))`` equals ``jax.random.split(jax.random.PRNGKey(0))`` with
 ``jax_threefry_partitionable=False``.

@@ -128,3 +128,20 @@ def test_fixed_population_by_default():
     assert int(state.active_size) == 6
     with pytest.raises(ValueError, match="min_population_size"):
         fb.adaptive_bfo(population_size=6, min_population_size=7)
+
+
+def test_run_never_exceeds_max_evals_with_a_growing_population():
+    opt = fb.adaptive_bfo(population_size=16, min_population_size=2, chemotaxis_steps=1,
+                          stagnation_steps=1, swim_length=1)
+    flat = lambda p: p["x"].sum() * 0  # noqa: E731 (stalls at once: the population grows)
+    state = fb.run(opt, opt.init({"x": torch.zeros(2)}, key=fb.random.key(10)), sq,
+                   max_steps=8)  # improving shrinks it first
+    costs, probe = [], state
+    for _ in range(6):
+        new = opt.update(probe, flat)
+        costs.append(int(new.num_evals - probe.num_evals))
+        probe = new
+    k = next(i for i in range(5) if costs[i + 1] > costs[i])
+    # After k + 1 updates exactly costs[k] evaluations remain, fewer than the next one costs.
+    budget = int(state.num_evals) + sum(costs[: k + 1]) + costs[k]
+    assert int(fb.run(opt, state, flat, max_evals=budget).num_evals) <= budget
