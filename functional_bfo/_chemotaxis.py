@@ -22,7 +22,7 @@ from torch import Tensor
 from ._base import Params
 from ._bounds import LeafBounds, project
 from ._checks import check_losses
-from ._tree import sq_norms, take, where
+from ._tree import rows, sq_norms, take, where
 
 TUMBLES = ("gaussian", "levy")
 LEVY_MAX_LENGTH = 1e3  # Mantegna's ratio has no finite variance; cap it so f16 stays finite
@@ -43,7 +43,7 @@ def tumble_directions(z: Params, u: Tensor, v: Tensor, kind: str, levy_beta: Ten
     tumbles, else Mantegna's ``sigma |u| / |v|^(1/beta)`` from the normals ``u``, ``v`` (P,).
     """
     inv_norm = torch.rsqrt(sq_norms(z, u.dtype))
-    direction = optree.tree_map(lambda x: x * inv_norm.reshape(-1, *([1] * (x.dim() - 1))), z)
+    direction = optree.tree_map(lambda x: x * rows(inv_norm, x), z)
     if kind == "gaussian":
         return direction, torch.ones_like(u)
     beta = levy_beta.to(u.dtype)
@@ -62,7 +62,7 @@ def ray_point(
     leaves, spec = optree.tree_flatten(population)
     out = []
     for x, d, b in zip(leaves, spec.flatten_up_to(direction), bounds):
-        step = distance.reshape((-1,) + (1,) * (x.dim() - 1)) * d
+        step = rows(distance, x) * d
         out.append(project(x.to(d.dtype) + step, b, mode).to(x.dtype))
     return optree.tree_unflatten(spec, out)
 
@@ -138,10 +138,14 @@ def costs_by(evaluator, loss_fn, args: tuple, size: int, dtype: torch.dtype, sig
     def evaluate(candidates: Params) -> tuple[Tensor, None]:
         with torch.no_grad():
             losses = check_losses(evaluator(loss_fn, candidates, *args), size).to(dtype)
-        # Non-finite losses rank last and can never become the best.
-        return torch.where(torch.isfinite(losses), sign * losses, torch.inf), None
+        return rank_costs(losses, sign), None
 
     return evaluate
+
+
+def rank_costs(losses: Tensor, sign: float) -> Tensor:
+    """Losses as costs to minimize; non-finite ones rank last and can never become best."""
+    return torch.where(torch.isfinite(losses), sign * losses, torch.inf)
 
 
 def keep_best(best_params: Params, best_cost: Tensor, candidates: Params, costs: Tensor):

@@ -18,7 +18,8 @@ from torch import Tensor
 from ._adaptive import AdaptiveBFOHyperparams, AdaptiveStatic, adaptive_bfo, adaptive_step
 from ._base import Key, LossFn, Optimizer, Params
 from ._checks import check_float, check_int, check_losses, check_state, path_str
-from ._tree import sq_norms, take, where
+from ._chemotaxis import rank_costs
+from ._tree import rows, sq_norms, take, where
 
 
 class HybridBFOHyperparams(NamedTuple):
@@ -185,8 +186,7 @@ def hybrid_bfo(
                     in_dims=(0,) + (None,) * len(args), chunk_size=chunk_size)
                 grads, losses = batched(candidates, *args)
             losses = check_losses(losses, size).to(dtype)
-            cost = torch.where(torch.isfinite(losses), sign * losses, torch.inf)
-            return cost, grads
+            return rank_costs(losses, sign), grads
 
         def steer(direction: Params, source: Tensor, known: Tensor) -> Params:
             if grad is not None:
@@ -302,15 +302,11 @@ def _mix(direction: Params, grads: Params, usable: Tensor, mask: Params, weight:
     scale = torch.where(usable, phi_norm / g_norm.clamp_min(1e-30), 0.0)
     descent = -sign  # gradients are of the loss as given; maximizing climbs them
     d_g = optree.tree_map(
-        lambda p, x: (1 - weight) * p + weight * descent * _rows(scale, x) * x, phi_g, g)
+        lambda p, x: (1 - weight) * p + weight * descent * rows(scale, x) * x, phi_g, g)
     d_norm = sq_norms(d_g, dtype).sqrt()
     renorm = torch.where(d_norm > 0, phi_norm / d_norm.clamp_min(1e-30), 0.0)
-    mixed = optree.tree_map(lambda p, pg, d: p - pg + _rows(renorm, d) * d, direction, phi_g, d_g)
+    mixed = optree.tree_map(lambda p, pg, d: p - pg + rows(renorm, d) * d, direction, phi_g, d_g)
     return where(usable, mixed, direction)
-
-
-def _rows(v: Tensor, like: Tensor) -> Tensor:
-    return v.reshape((-1,) + (1,) * (like.dim() - 1))
 
 
 def _finite_rows(tree: Params) -> Tensor:

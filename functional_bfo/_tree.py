@@ -9,14 +9,14 @@ from torch import Tensor
 from ._base import PyTree
 
 
-def _expand(mask: Tensor, like: Tensor) -> Tensor:
-    """``mask`` of shape (P,) viewed to broadcast against a population leaf (P, ...)."""
-    return mask.reshape(mask.shape + (1,) * (like.dim() - mask.dim()))
+def rows(v: Tensor, like: Tensor) -> Tensor:
+    """A per-bacterium ``v`` of shape (P,) viewed to broadcast against a leaf (P, ...)."""
+    return v.reshape(v.shape + (1,) * (like.dim() - v.dim()))
 
 
 def where(mask: Tensor, a: PyTree, b: PyTree) -> PyTree:
     """Per bacterium: leaf rows of ``a`` where ``mask`` (shape (P,)) holds, else of ``b``."""
-    return optree.tree_map(lambda x, y: torch.where(_expand(mask, x), x, y), a, b)
+    return optree.tree_map(lambda x, y: torch.where(rows(mask, x), x, y), a, b)
 
 
 def take(tree: PyTree, index: Tensor) -> PyTree:
