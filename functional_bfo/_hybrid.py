@@ -9,6 +9,7 @@ loss, so each evaluation yields both and is counted once.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import optree
@@ -20,6 +21,9 @@ from ._base import Key, LossFn, Optimizer, Params
 from ._checks import check_float, check_int, check_losses, check_state, path_str
 from ._chemotaxis import rank_costs
 from ._tree import rows, sq_norms, take, where
+
+GradEvaluator = Callable[..., tuple[Tensor, Params]]
+"""``evaluator(loss_fn, population, *args) -> (losses, grads)``: see :func:`hybrid_bfo`."""
 
 
 class HybridBFOHyperparams(NamedTuple):
@@ -74,6 +78,7 @@ def hybrid_bfo(
     vanishing_threshold: float = 1e-8,
     exploding_threshold: float = 1e3,
     chunk_size: int | None = None,
+    evaluator: GradEvaluator | None = None,
     **adaptive_kwargs: Any,
 ) -> Optimizer:
     r"""Hybrid BFO: the tumble mixes the normalized negative gradient with a random direction.
@@ -103,8 +108,14 @@ def hybrid_bfo(
         vanishing_threshold: gradient norms below this count as vanishing in telemetry.
         exploding_threshold: gradient norms above this count as exploding in telemetry.
         chunk_size: evaluate at most this many bacteria at once.
+        evaluator: None evaluates losses and gradients with ``torch.func.grad_and_value``
+            under ``vmap``; else ``evaluator(loss_fn, population, *args) -> (losses,
+            grads)`` with ``losses`` of shape (P,) and ``grads`` like ``population`` (NaN
+            where a gradient is unknown), for losses that cannot be vmapped (the
+            ``torch.optim`` adapter calls a closure per bacterium). ``loss_fn`` there is
+            already restricted to the marked leaves.
         **adaptive_kwargs: every other argument of :func:`functional_bfo.adaptive_bfo`
-            (step sizes, swim_length, bounds, maximize, ...), except ``evaluator``.
+            (step sizes, swim_length, bounds, maximize, ...), except its ``evaluator``.
 
     Returns:
         An :class:`~functional_bfo.Optimizer`; its ``update(state, loss_fn, *args,
@@ -124,10 +135,12 @@ def hybrid_bfo(
         >>> bool(state.best_loss < 1e-4)
         True
     """
-    if "evaluator" in adaptive_kwargs:
-        raise ValueError("hybrid_bfo evaluates losses and gradients itself with "
-                         "torch.func.grad_and_value under vmap; pass chunk_size instead of "
-                         "evaluator.")
+    if evaluator is not None and not callable(evaluator):
+        raise TypeError(f"Invalid evaluator: {evaluator!r}; expected None or a callable "
+                        "evaluator(loss_fn, population, *args) -> (losses, grads).")
+    if evaluator is not None and chunk_size is not None:
+        raise ValueError("Pass chunk_size or evaluator, not both: chunk_size only applies to "
+                         "the default vmap evaluation.")
     mix = dict(gradient_weight=check_float("gradient_weight", gradient_weight, 0.0, 1.0),
                momentum=check_float("momentum", momentum, 0.0, 0.999))
     check_float("vanishing_threshold", vanishing_threshold, 0.0)
@@ -175,7 +188,15 @@ def hybrid_bfo(
         differentiable = _differentiable(loss_fn, mask) if grad is None else None
 
         def evaluate(candidates: Params):
-            if grad is not None:  # the caller's gradient serves everyone: losses only
+            if evaluator is not None:
+                out = evaluator(differentiable or loss_fn, candidates, *args)
+                if not (isinstance(out, tuple) and len(out) == 2):
+                    raise TypeError("hybrid_bfo's evaluator must return (losses, grads); got "
+                                    f"{type(out).__name__}. The evaluators of "
+                                    "functional_bfo.evaluate return losses only.")
+                losses, grads = out
+                grads = None if grad is not None else grads
+            elif grad is not None:  # the caller's gradient serves everyone: losses only
                 with torch.no_grad():
                     losses = torch.func.vmap(loss_fn, in_dims=(0,) + (None,) * len(args),
                                              chunk_size=chunk_size)(candidates, *args)

@@ -1,5 +1,6 @@
 """HybridBFO: gradient masks (all, none, mixed, dynamic), the direction mix, telemetry, errors."""
 
+import optree
 import pytest
 import torch
 import torch._dynamo.testing
@@ -120,11 +121,39 @@ def test_maximize_climbs_the_gradient():
     (dict(gradient_weight=1.5), "Invalid gradient_weight"),
     (dict(momentum=1.0), "Invalid momentum"),
     (dict(grad_mask="yes"), "Invalid grad_mask"),
-    (dict(evaluator=fb.evaluate.loop()), "pass chunk_size instead of evaluator"),
+    (dict(evaluator=fb.evaluate.loop(), chunk_size=2), "chunk_size or evaluator"),
 ])
 def test_invalid_hybrid_arguments(bad, match):
     with pytest.raises(ValueError, match=match):
         fb.hybrid_bfo(**bad)
+
+
+def loop_value_and_grad(loss_fn, population, *args):
+    """One torch.func.grad_and_value call per bacterium: the slow, obvious evaluator."""
+    size = optree.tree_leaves(population)[0].shape[0]
+    outs = [torch.func.grad_and_value(loss_fn)(optree.tree_map(lambda x, i=i: x[i], population),
+                                               *args) for i in range(size)]
+    grads = optree.tree_map(lambda *g: torch.stack(g), *[g for g, _ in outs])
+    return torch.stack([v for _, v in outs]), grads
+
+
+def test_custom_evaluator_matches_the_vmapped_one():
+    kwargs = dict(population_size=6, gradient_weight=0.7, grad_mask=True)
+    vmapped = fb.hybrid_bfo(**kwargs)
+    looped = fb.hybrid_bfo(**kwargs, evaluator=loop_value_and_grad)
+    a = vmapped.init(params(), key=fb.random.key(3))
+    b = looped.init(params(), key=fb.random.key(3))
+    for _ in range(5):
+        a, b = vmapped.update(a, quad), looped.update(b, quad)
+    torch.testing.assert_close(a.best_loss, b.best_loss)
+    torch.testing.assert_close(a.population, b.population)
+
+
+def test_an_evaluator_returning_losses_only_is_named():
+    opt = fb.hybrid_bfo(population_size=4, grad_mask=True,
+                        evaluator=lambda loss_fn, population: torch.zeros(4))
+    with pytest.raises(TypeError, match="must return \\(losses, grads\\)"):
+        opt.update(opt.init(params(), key=fb.random.key(0)), quad)
 
 
 def test_trains_an_mlp_on_digits_to_90_percent():
