@@ -1,1 +1,11 @@
-"""The stateful world: torch.optim-style BFO optimizers (coming with the adapters issue)."""
+"""The stateful world: BFO, AdaptiveBFO and HybridBFO as ``torch.optim`` optimizers.
+
+Thin shells over the pure core (``functional_bfo.bfo`` and friends) for ordinary training
+loops; see ``docs/adapters.md``.
+"""
+
+from .optimizers import BFO as BFO
+from .optimizers import AdaptiveBFO as AdaptiveBFO
+from .optimizers import HybridBFO as HybridBFO
+
+__all__ = ["AdaptiveBFO", "BFO", "HybridBFO"]

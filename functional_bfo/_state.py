@@ -67,9 +67,14 @@ def save(state: Any, f: PathOrFile) -> None:
     The pytree structure is not stored (a custom NamedTuple is not on torch's allow-list);
     :func:`load` rebuilds it from a template state.
     """
+    torch.save(to_dict(state), f)
+
+
+def to_dict(state: Any) -> dict[str, Any]:
+    """``state`` as a dict of plain values and tensors (what :func:`save` writes)."""
     paths, leaves, _ = optree.tree_flatten_with_path(state)
-    torch.save({"format": FORMAT, "type": type(state).__name__,
-                "paths": [_state_path(state, p) for p in paths], "leaves": leaves}, f)
+    return {"format": FORMAT, "type": type(state).__name__,
+            "paths": [_state_path(state, p) for p in paths], "leaves": leaves}
 
 
 def _state_path(state: Any, path: tuple) -> str:
@@ -92,6 +97,14 @@ def load(f: PathOrFile, like: State, map_location: Any = None) -> State:
     except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
         raise ValueError(f"Not a functional_bfo state checkpoint ({type(e).__name__}); write "
                          "one with functional_bfo.save(state, path).") from e
+    return from_dict(data, like)
+
+
+def from_dict(data: Any, like: State) -> State:
+    """The state that :func:`to_dict` made ``data`` from, checked against ``like``.
+
+    Leaves move to the device of ``like``'s leaves.
+    """
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"Not a functional_bfo state checkpoint (expected format {FORMAT}); "
                          "write one with functional_bfo.save(state, path).")
@@ -106,4 +119,4 @@ def load(f: PathOrFile, like: State, map_location: Any = None) -> State:
             raise ValueError(f"Checkpoint leaf {name} is {saved.dtype} "
                              f"{tuple(saved.shape)} but like has {ref.dtype} {tuple(ref.shape)}; "
                              "the optimizer (population size) or params differ.")
-    return spec.unflatten(data["leaves"])
+    return spec.unflatten([x.to(ref.device) for x, ref in zip(data["leaves"], leaves)])
