@@ -226,7 +226,6 @@ class SwarmOptimizer(torch.optim.Optimizer):
                     other[alias] = other[canonical]
             self._defaults_seen = dict(self.defaults)
         edits = self._reconcile(group, self._seen[g], f"param_groups[{g}]")
-        self._seen[g] = dict(group)
         return {k: group[k] for k in edits}
 
     def _apply(self, g: int, swarm: _Swarm, edits: dict[str, Any]) -> None:
@@ -319,8 +318,13 @@ class SwarmOptimizer(torch.optim.Optimizer):
         params = group["params"]
         if not params:
             return math.nan if self._best is None else self._best
-        swarm = self._swarm(g, group)
-        self._apply(g, swarm, self._sync(g, group))
+        edits = self._sync(g, group)
+        if self._swarms[g] is None:  # built from the settings as they are now
+            swarm = self._swarm(g, group)
+        else:
+            swarm = self._swarm(g, group)
+            self._apply(g, swarm, edits)
+        self._seen[g] = dict(group)
         if self.uses_grads:
             mask = [bool(p.requires_grad) for p in params]
             if mask != swarm.mask:
