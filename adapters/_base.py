@@ -181,9 +181,12 @@ class SwarmOptimizer(torch.optim.Optimizer):
         if len(devices) > 1:
             raise ValueError(f"A param group's parameters must share one device; got "
                              f"{sorted(map(str, devices))}. Put them in separate groups.")
-        if self._device is not None and devices and devices != {self._device}:
-            raise ValueError(f"device={self._device} but the parameters are on "
-                             f"{devices.pop()}; move the model first (model.to(device)).")
+        want = self._device
+        for device in devices:
+            if want is not None and (device.type != want.type or (
+                    want.index is not None and device.index != want.index)):
+                raise ValueError(f"device={want} but the parameters are on {device}; move "
+                                 "the model first (model.to(device)).")
         for p in params:
             if not p.is_floating_point():
                 raise TypeError(f"BFO optimizes floating parameters; got a {p.dtype} tensor "

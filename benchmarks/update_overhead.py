@@ -1,65 +1,90 @@
 """Time one BFO update against the floor: the vmapped evaluation of the same candidates alone.
 
-Also times torch.compile of the update, and of one Threefry call inlined vs as the opaque
-custom op that functional_bfo uses (the reason for that design, see docs/design.md).
+An update of population P with swim length N_s evaluates N_s + 1 batches of P candidates;
+the floor is exactly those N_s + 1 ``vmap(loss_fn)`` calls (``vmap(grad_and_value)`` for
+hybrid_bfo, which needs the gradients), on random candidates. The ratio update / floor is
+what the optimizer itself costs. Problems: 30-D Rastrigin (P=256) and an MLP 64-128-10 on
+256 samples (P=64). Modes: eager, ``torch.compile(fullgraph=True)``, and on CUDA also
+``mode="reduce-overhead"`` (CUDA graphs). On CPU it also times compiling one Threefry call
+inlined vs as the opaque custom op functional_bfo uses (see docs/design.md).
 
-    python benchmarks/update_overhead.py            # full run
-    python benchmarks/update_overhead.py --quick    # ~1 minute smoke run
-
-Writes benchmarks/results/update_overhead.{json,md} with the machine recorded.
+    python benchmarks/update_overhead.py [--quick] [--device cuda] [--variants bfo,...]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import pathlib
-import platform
-import statistics
 import time
 
 import torch
+from common import machine, median_ms, parser, sync, write
 
 import functional_bfo as fb
 from functional_bfo import random as fbr
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+FACTORIES = {"bfo": fb.bfo, "adaptive_bfo": fb.adaptive_bfo, "hybrid_bfo": fb.hybrid_bfo}
 
 
-def rastrigin(params: dict) -> torch.Tensor:
-    x = params["x"] - 0.5
-    return 10 * x.numel() + (x.square() - 10 * torch.cos(2 * math.pi * x)).sum()
+def rastrigin_problem(dim: int, device: str):
+    def loss(params: dict) -> torch.Tensor:
+        x = params["x"] - 0.5
+        return 10 * x.numel() + (x.square() - 10 * torch.cos(2 * math.pi * x)).sum()
+
+    return {"x": torch.zeros(dim, device=device)}, loss, dict(bounds=(-5.12, 5.12))
 
 
-def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+def mlp_problem(widths: tuple[int, ...], samples: int, device: str):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(widths[0], widths[1]), torch.nn.Tanh(),
+                                torch.nn.Linear(widths[1], widths[2])).to(device)
+    x = torch.randn(samples, widths[0], device=device)
+    y = torch.randint(0, widths[2], (samples,), device=device)
+    params, module_loss = fb.module_loss(model, torch.nn.functional.cross_entropy)
+    return params, lambda p: module_loss(p, x, y), {}
 
 
-def time_update(population: int, dim: int, swim: int, repeats: int) -> dict:
-    opt = fb.bfo(population_size=population, swim_length=swim, chemotaxis_steps=10,
-                 bounds=(-5.12, 5.12))
-    state = opt.update(opt.init({"x": torch.zeros(dim)}, key=fb.random.key(0)), rastrigin)
-    candidates = {"x": torch.rand(population, dim) * 10 - 5}
-    evaluate = torch.func.vmap(rastrigin)
-    floor = median_ms(lambda: [evaluate(candidates) for _ in range(swim + 1)], repeats)
-    eager = median_ms(lambda: opt.update(state, rastrigin), repeats)
-    torch._dynamo.reset()
-    compiled = torch.compile(opt.update, fullgraph=True)
-    start = time.perf_counter()
-    compiled(state, rastrigin)
-    compile_s = time.perf_counter() - start
-    fast = median_ms(lambda: compiled(state, rastrigin), repeats)
-    return {"population": population, "dim": dim, "swim_length": swim,
-            "floor_ms": floor, "eager_ms": eager, "compiled_ms": fast,
-            "eager_over_floor": eager / floor, "compiled_over_floor": fast / floor,
-            "compile_s": compile_s}
+def time_update(name: str, variant: str, population: int, problem, repeats: int,
+                device: str, modes: list[str]) -> dict:
+    params, loss, extra = problem
+    swim = 4
+    kwargs = dict(population_size=population, swim_length=swim, chemotaxis_steps=10, **extra)
+    if variant == "hybrid_bfo":
+        kwargs["grad_mask"] = True
+    opt = FACTORIES[variant](**kwargs)
+    state = opt.update(opt.init(params, key=fb.random.key(0)), loss)
+    candidates = state.population
+    evaluate = torch.func.vmap(torch.func.grad_and_value(loss) if variant == "hybrid_bfo"
+                               else loss)
+    row = {"problem": name, "variant": variant, "population": population,
+           "params": sum(x.numel() for x in params.values()), "swim_length": swim}
+    row["floor_ms"] = median_ms(lambda: [evaluate(candidates) for _ in range(swim + 1)],
+                                repeats, device)
+    for mode in modes:
+        if mode == "eager":
+            update = opt.update
+            compile_s = 0.0
+        else:
+            torch._dynamo.reset()
+            update = torch.compile(opt.update, fullgraph=True,
+                                   mode=None if mode == "compiled" else mode)
+            sync(device)
+            start = time.perf_counter()
+            update(state, loss)
+            update(state, loss)  # reduce-overhead records its CUDA graph on the second call
+            sync(device)
+            compile_s = time.perf_counter() - start
+
+        def call(update=update, mode=mode):
+            if mode == "reduce-overhead":
+                torch.compiler.cudagraph_mark_step_begin()
+            return update(state, loss)
+
+        ms = median_ms(call, repeats, device)
+        row[f"{mode}_ms"] = ms
+        row[f"{mode}_over_floor"] = ms / row["floor_ms"]
+        row[f"{mode}_compile_s"] = compile_s
+        row[f"{mode}_evals_per_s"] = population * (swim + 1) / (ms / 1e3)
+    return row
 
 
 def time_threefry_compile() -> dict:
@@ -84,36 +109,38 @@ def time_threefry_compile() -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a ~1 minute smoke run")
-    args = parser.parse_args()
-    configs = [(32, 10, 4)] if args.quick else [(32, 10, 4), (256, 30, 4), (64, 1000, 4)]
+    p = parser(__doc__)
+    p.add_argument("--variants", default="bfo,adaptive_bfo,hybrid_bfo")
+    args = p.parse_args()
+    device = args.device
+    variants = ["bfo"] if args.quick else args.variants.split(",")
+    modes = ["eager", "compiled"] + (["reduce-overhead"] if device.startswith("cuda") else [])
     repeats = 5 if args.quick else 30
-    torch.compile(lambda x: x + 1)(torch.ones(1))  # pay inductor's one-time start-up first
-    rows = [time_update(p, d, s, repeats) for p, d, s in configs]
-    result = {
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpus": torch.get_num_threads(), "torch": torch.__version__,
-                    "python": platform.python_version()},
-        "quick": args.quick,
-        "updates": rows,
-        **time_threefry_compile(),
-    }
-    RESULTS.mkdir(exist_ok=True)
-    name = "update_overhead_quick" if args.quick else "update_overhead"
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
-    lines = [f"# Update overhead ({'quick' if args.quick else 'full'} run)", "",
-             f"Machine: {result['machine']}", "",
-             "| P | D | N_s | floor ms | eager ms | compiled ms | eager/floor | compiled/floor "
-             "| compile s |", "|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['population']} | {r['dim']} | {r['swim_length']} | {r['floor_ms']:.3f} | "
-              f"{r['eager_ms']:.3f} | {r['compiled_ms']:.3f} | {r['eager_over_floor']:.1f} | "
-              f"{r['compiled_over_floor']:.1f} | {r['compile_s']:.1f} |" for r in rows]
-    lines += ["", "Compiling one Threefry call: inlined "
-              f"{result['threefry_compile_s_inlined']:.1f} s, as the custom op "
-              f"{result['threefry_compile_s_custom_op']:.1f} s."]
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    problems = ([("rastrigin-10", 32, rastrigin_problem(10, device))] if args.quick else
+                [("rastrigin-30", 256, rastrigin_problem(30, device)),
+                 ("mlp-64-128-10", 64, mlp_problem((64, 128, 10), 256, device))])
+    torch.compile(lambda x: x + 1)(torch.ones(1, device=device))  # inductor's start-up
+    rows = [time_update(name, v, pop, prob, repeats, device, modes)
+            for name, pop, prob in problems for v in variants]
+    result = {"machine": machine(device), "quick": args.quick, "updates": rows}
+    if device == "cpu" and not args.quick:
+        result.update(time_threefry_compile())
+    md = [f"# Update overhead vs the vmapped-evaluation floor "
+          f"({'quick' if args.quick else 'full'} run, {device})", "",
+          f"Machine: {result['machine']}", "",
+          "| problem | variant | P | floor ms | " + " | ".join(
+              f"{m} ms | {m}/floor" for m in modes) + " | compile s |",
+          "|---|---|---|---|" + "---|---|" * len(modes) + "---|"]
+    for r in rows:
+        md.append(f"| {r['problem']} | {r['variant']} | {r['population']} | "
+                  f"{r['floor_ms']:.3f} | " + " | ".join(
+                      f"{r[f'{m}_ms']:.3f} | {r[f'{m}_over_floor']:.1f}" for m in modes)
+                  + f" | {r['compiled_compile_s']:.1f} |")
+    if "threefry_compile_s_inlined" in result:
+        md += ["", "Compiling one Threefry call: inlined "
+               f"{result['threefry_compile_s_inlined']:.1f} s, as the custom op "
+               f"{result['threefry_compile_s_custom_op']:.1f} s."]
+    write(args, "update_overhead", result, md)
 
 
 if __name__ == "__main__":

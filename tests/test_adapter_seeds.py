@@ -23,6 +23,8 @@ def problem():
 
 def test_data_parallel_loop(problem):
     model, data, target, criterion = problem
+    if torch.cuda.is_available():  # DataParallel runs on GPU 0 when there is one
+        model, data, target = model.cuda(), data.cuda(), target.cuda()
     # Wrap model in DataParallel
     model = nn.DataParallel(model)
     optimizer = BFO(model.parameters(), population_size=50)
@@ -192,6 +194,8 @@ def test_production_save_and_load(problem, tmp_path):
         assert criterion(loaded(data), target).item() == pytest.approx(config['best_fitness'])
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning",
+                            "ignore::UserWarning")  # Lightning's own, not ours
 def test_lightning_module_manual_optimization():
     pl = pytest.importorskip("pytorch_lightning")
 

@@ -1,0 +1,67 @@
+"""What every benchmark shares: the command line, timing with device syncs, the machine, results.
+
+Each script takes ``--quick`` (a smoke run of about a minute, executed by a CI test),
+``--device`` (cpu or cuda) and writes ``benchmarks/results/<name>[_quick][_<device>].{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a ~1 minute smoke run")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--out", type=pathlib.Path, default=RESULTS, help="results folder")
+    return p
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def median_ms(fn: Callable[[], object], repeats: int, device: str = "cpu",
+              warmup: int = 2) -> float:
+    """Median wall time of ``fn`` in ms, the device synchronized around every call."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def machine(device: str) -> dict:
+    out = {"platform": platform.platform(), "processor": platform.processor() or "unknown",
+           "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
+           "python": platform.python_version(), "device": device}
+    if device.startswith("cuda"):
+        out["gpu"] = torch.cuda.get_device_name()
+    return out
+
+
+def write(args: argparse.Namespace, name: str, result: dict, markdown: list[str]) -> None:
+    """Write ``<name>.json`` and ``<name>.md`` (suffixed by quick/device) and print the table."""
+    stem = name + ("_quick" if args.quick else "") + (
+        "" if args.device == "cpu" else f"_{args.device.split(':')[0]}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    text = "\n".join(markdown) + "\n"
+    (args.out / f"{stem}.md").write_text(text)
+    print(text)
