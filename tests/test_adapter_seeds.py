@@ -202,7 +202,8 @@ def test_lightning_module_manual_optimization():
     class LitModel(pl.LightningModule):
         def __init__(self):
             super().__init__()
-            self.automatic_optimization = False
+            self.automatic_optimization = False  # the guide passes this to pl.Trainer (Lightning 1)
+            self.losses = []
             self.model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
             self.criterion = nn.MSELoss()
 
@@ -235,13 +236,17 @@ def test_lightning_module_manual_optimization():
 
             # Logging
             self.log('train_loss', loss_val)
-            return {'loss': loss_val}
+            self.losses.append(loss_val)
+            # The guide returns {'loss': loss_val}; Lightning 2 wants a tensor or nothing
+            # there in manual optimization, whatever the optimizer, so this returns nothing.
 
     data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=32)
     trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False)
-    trainer.fit(LitModel(), loader)
+    module = LitModel()
+    trainer.fit(module, loader)
+    assert len(module.losses) == 2 and all(math.isfinite(x) for x in module.losses)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the AMP loop needs CUDA")
