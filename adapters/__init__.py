@@ -4,8 +4,9 @@ Thin shells over the pure core (``functional_bfo.bfo`` and friends) for ordinary
 loops; see ``docs/adapters.md``.
 """
 
+from ._base import SwarmOptimizer as SwarmOptimizer
 from .optimizers import BFO as BFO
 from .optimizers import AdaptiveBFO as AdaptiveBFO
 from .optimizers import HybridBFO as HybridBFO
 
-__all__ = ["AdaptiveBFO", "BFO", "HybridBFO"]
+__all__ = ["AdaptiveBFO", "BFO", "HybridBFO", "SwarmOptimizer"]

@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import functional_bfo as fb
 from functional_bfo.adapters import BFO, AdaptiveBFO, HybridBFO
@@ -596,3 +598,25 @@ def test_seed_api_attributes():
     torch.testing.assert_close(opt.best_params[0], a.detach())
     assert opt.defaults["population_size"] == 6 and opt.defaults["elim_prob"] == 0.25
     assert opt.metrics()["num_evals"] == opt.num_evals
+
+
+# ----- properties --------------------------------------------------------------------------------
+
+@settings(max_examples=10)
+@given(cls=st.sampled_from(CLASSES), seed=st.integers(0, 2**20), size=st.integers(1, 6),
+       steps=st.integers(1, 4), shift=st.floats(-3, 3))
+def test_best_never_increases_and_the_model_holds_it(cls, seed, size, steps, shift):
+    """On a fixed objective: monotone best, the parameters score it, same seed same run."""
+    runs = []
+    for _ in range(2):
+        a = torch.nn.Parameter(torch.zeros(size))
+        opt = cls([a], population_size=4, seed=seed)
+
+        def closure(a=a):
+            return ((a - shift) ** 2).sum() + torch.cos(3 * a).sum()
+
+        losses = [opt.step(closure) for _ in range(steps)]
+        assert all(b <= x for x, b in zip(losses, losses[1:]))
+        assert losses[-1] == pytest.approx(closure().item(), rel=1e-5, abs=1e-6)
+        runs.append(a.detach().clone())
+    torch.testing.assert_close(runs[0], runs[1], rtol=0, atol=0)
