@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 import functional_bfo as fb
-from functional_bfo._checks import check_bool, check_float, check_int
+from functional_bfo._checks import check_bool, check_float, check_int, compute_dtype
 from functional_bfo._chemotaxis import rank_costs
 from functional_bfo._state import from_dict, to_dict
 from functional_bfo._tree import diversity
@@ -451,8 +451,10 @@ class SwarmOptimizer(torch.optim.Optimizer):
     @property
     def population(self) -> Tensor:
         """Every bacterium's parameters flattened, shape (population_size, n_params)."""
-        rows = [torch.cat([x.reshape(x.shape[0], -1).float() for x in s.state.population], 1)
-                for s in self._stepped("population")]
+        swarms = self._stepped("population")
+        dtype = compute_dtype([x for s in swarms for x in s.state.population])
+        rows = [torch.cat([x.reshape(x.shape[0], -1).to(dtype) for x in s.state.population], 1)
+                for s in swarms]
         if len({r.shape[0] for r in rows}) > 1:
             raise ValueError("The param groups have different population sizes; read each "
                              "group's swarm with opt.metrics(group).")
@@ -460,7 +462,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
 
     def diversity(self) -> float:
         """Root-mean-square distance of the bacteria to their centroid, all groups."""
-        return float(diversity([self.population], torch.float32))
+        population = self.population
+        return float(diversity([population], population.dtype))
 
     _compute_diversity = diversity  # the seeds' name for it
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch._dynamo.utils import counters
 
 import functional_bfo as fb
 from functional_bfo.adapters import BFO, AdaptiveBFO, HybridBFO
@@ -501,16 +502,21 @@ def test_compile_fast_path_matches_eager_and_says_so():
     logger.setLevel(logging.INFO)
     try:
         for compile in (False, True):
+            torch._dynamo.reset()
+            counters.clear()
             a = fresh()
             opt = BFO([a], population_size=4, swim_length=1, seed=0, compile=compile)
-            for _ in range(3):
+            for i in range(4):  # a new lambda every step, as loops write it
                 opt.step(loss_fn=lambda p: ((p[0] - t) ** 2).sum())
+                if i == 1:
+                    opt.param_groups[0]["lr"] = 0.05
             runs.append(a.detach().clone())
     finally:
         logger.removeHandler(records)
         logger.setLevel(logging.NOTSET)
     torch.testing.assert_close(runs[0], runs[1])
     assert any("torch.compile(fullgraph=True)" in m for m in records.messages)
+    assert counters["stats"]["unique_graphs"] == 1  # no recompile for new lambdas or edits
 
 
 def test_compile_failure_is_loud_and_closures_are_refused():
