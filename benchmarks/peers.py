@@ -1,0 +1,154 @@
+"""Peer optimizers behind one interface, measured the same way as our own runs.
+
+Each peer library counts evaluations, seeds and stops in its own fashion, and some report a best
+value they did not evaluate last. To compare them honestly, ``run_peer`` hands every peer the same
+black-box ``f`` through a counter that enforces the evaluation budget (the peer's run is cut off
+at exactly ``budget`` calls), records the best value *it* saw, and times the whole run. The peers
+are imported lazily inside their runners, so this module imports without any of them installed.
+
+Peers and what ``population`` means to each:
+
+* ``mealpy.OriginalBFO`` / ``mealpy.ABFO``: ``pop_size`` (ABFO splits and kills bacteria but
+  rebalances to ``pop_size`` each epoch). Library defaults otherwise.
+* ``niapy.BFO``: ``population_size``; reproduction keeps ``population // 2`` copies, so use an
+  even population.
+* ``pymetaheuristic.BFO``: ``population_size``.
+* ``cma.CMAES``: ``popsize`` (lambda); one run with no restarts, started at a uniform random
+  point with sigma0 = 0.3 * (high - low). It may stop before the budget when cma's own
+  termination criteria fire; ``evals`` then says how much it used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import math
+import random
+import time
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+
+Objective = Callable[[np.ndarray], float]
+
+
+class _BudgetSpent(Exception):
+    """Raised by the counter on the call after the last one the budget allows."""
+
+
+class _Counter:
+    """Wraps ``f``: counts calls, tracks the best value and stops the peer at the budget."""
+
+    def __init__(self, f: Objective, budget: int):
+        self.f, self.budget = f, budget
+        self.evals, self.best = 0, math.inf
+        self.history: list[tuple[int, float]] = []
+
+    def __call__(self, x) -> float:
+        if self.evals >= self.budget:
+            raise _BudgetSpent
+        self.evals += 1
+        y = float(self.f(np.asarray(x, dtype=np.float64)))
+        if y < self.best:
+            self.best = y
+            self.history.append((self.evals, y))
+        return y
+
+
+def _mealpy(cls_name: str) -> Callable:
+    def run(f: _Counter, dim: int, low: float, high: float, population: int, seed: int) -> None:
+        from mealpy import FloatVar
+        from mealpy.swarm_based import BFO
+
+        # Neither BFO variant reads the epoch inside its update, so epochs only act as a stop
+        # rule. Each epoch evaluates at least `population` points, so budget / population
+        # epochs (capped at mealpy's limit of 100000) always outlast the budget, and the
+        # counter ends the run after exactly `budget` evaluations.
+        epochs = min(100_000, -(-f.budget // population))
+        model = getattr(BFO, cls_name)(epoch=epochs, pop_size=population)
+        problem = {"bounds": FloatVar(lb=(low,) * dim, ub=(high,) * dim), "obj_func": f,
+                   "minmax": "min", "log_to": None}
+        model.solve(problem, seed=seed)
+
+    return run
+
+
+def _niapy(f: _Counter, dim: int, low: float, high: float, population: int, seed: int) -> None:
+    from niapy.algorithms.basic import BacterialForagingOptimization
+    from niapy.problems import Problem
+    from niapy.task import Task
+
+    class Wrapped(Problem):
+        def _evaluate(self, x):
+            return f(x)
+
+    task = Task(Wrapped(dim, low, high), max_evals=f.budget)  # niapy honours max_evals itself
+    BacterialForagingOptimization(population_size=population, seed=seed).run_task(task)
+
+
+def _pymetaheuristic(f: _Counter, dim: int, low: float, high: float, population: int,
+                     seed: int) -> None:
+    import pymetaheuristic
+
+    # max_evaluations is a strict cap in pymetaheuristic (it stops before calling f).
+    pymetaheuristic.optimize("bfo", f, [low] * dim, [high] * dim, max_evaluations=f.budget,
+                             seed=seed, store_history=False, population_size=population)
+
+
+def _cma(f: _Counter, dim: int, low: float, high: float, population: int, seed: int) -> None:
+    import cma
+
+    # cma samples from numpy's global RNG, which run_peer has seeded; seed=nan tells cma not to
+    # reseed it (cma reads seed 0 as "seed from the clock"). verbose=-9 also stops its log files.
+    x0 = np.random.uniform(low, high, dim)
+    es = cma.CMAEvolutionStrategy(x0, 0.3 * (high - low), {
+        "popsize": population, "bounds": [low, high], "seed": math.nan, "verbose": -9,
+        "maxfevals": f.budget})
+    while not es.stop():
+        xs = es.ask()
+        es.tell(xs, [f(x) for x in xs])
+
+
+PEERS: dict[str, Callable] = {
+    "mealpy.OriginalBFO": _mealpy("OriginalBFO"),
+    "mealpy.ABFO": _mealpy("ABFO"),
+    "niapy.BFO": _niapy,
+    "pymetaheuristic.BFO": _pymetaheuristic,
+    "cma.CMAES": _cma,
+}
+
+
+def available() -> list[str]:
+    """Names of the peers whose package imports here."""
+    names = []
+    for name in PEERS:
+        try:
+            importlib.import_module(name.split(".")[0])
+        except Exception:  # any import failure just means the peer is unavailable
+            continue
+        names.append(name)
+    return names
+
+
+def run_peer(name: str, f: Objective, dim: int, low: float, high: float, budget: int,
+             population: int, seed: int) -> dict:
+    """Minimize ``f`` over ``[low, high]**dim`` with peer ``name`` in at most ``budget`` calls.
+
+    Returns ``best`` (lowest value the counter saw), ``evals`` (calls made), ``seconds`` (wall
+    time of the whole run) and ``history`` (``(evals, best)`` at every improvement).
+    """
+    counter = _Counter(f, budget)
+    np.random.seed(seed)
+    random.seed(seed)
+    start = time.perf_counter()
+    with (contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()),
+          warnings.catch_warnings()):
+        warnings.simplefilter("ignore")
+        try:
+            PEERS[name](counter, dim, low, high, population, seed)
+        except _BudgetSpent:
+            pass
+    return {"best": counter.best, "evals": counter.evals,
+            "seconds": time.perf_counter() - start, "history": counter.history}
