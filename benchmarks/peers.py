@@ -1,15 +1,17 @@
 """Peer optimizers behind one interface, measured the same way as our own runs.
 
-Each peer library counts evaluations, seeds and stops in its own fashion, and some report a best
-value they did not evaluate last. To compare them honestly, ``run_peer`` hands every peer the same
-black-box ``f`` through a counter that enforces the evaluation budget (the peer's run is cut off
-at exactly ``budget`` calls), records the best value *it* saw, and times the whole run. The peers
-are imported lazily inside their runners, so this module imports without any of them installed.
+Each peer library counts evaluations, seeds, stops and reports its best in its own fashion. To
+compare them honestly, ``run_peer`` hands every peer the same black-box ``f`` through a counter
+that enforces the evaluation budget (the peer's run is cut off at exactly ``budget`` calls),
+records the best value *it* saw, and times the whole run. The peers are imported lazily inside
+their runners, so this module imports without any of them installed.
 
 Peers and what ``population`` means to each:
 
 * ``mealpy.OriginalBFO`` / ``mealpy.ABFO``: ``pop_size`` (ABFO splits and kills bacteria but
-  rebalances to ``pop_size`` each epoch). Library defaults otherwise.
+  rebalances to ``pop_size`` each epoch). Library defaults otherwise. Beware that mealpy 3.0.3
+  validates OriginalBFO's step ``Ci`` as an int, so its default 0.01 becomes 0: chemotaxis never
+  moves a bacterium and only elimination-dispersal (random restarts) searches.
 * ``niapy.BFO``: ``population_size``; reproduction keeps ``population // 2`` copies, so use an
   even population.
 * ``pymetaheuristic.BFO``: ``population_size``.
