@@ -14,11 +14,19 @@ differently), and every function works under ``torch.func.vmap`` over keys. ``ke
 
 The 32-bit words are carried in ``int64`` tensors with explicit masking: torch's ``uint32``
 supports too few ops, and signed 32-bit overflow is undefined behaviour in generated C++.
+On CPU, when numpy is installed, the block function runs in numpy's native ``uint32``
+arithmetic instead: the same bits, about 4x faster (the tensor version is ~170 small
+kernels per call, dominated by dispatch).
 """
 
 from __future__ import annotations
 
 import math
+
+try:  # optional: a faster CPU block function, bitwise equal to the tensor one
+    import numpy as _np
+except ImportError:  # pragma: no cover - numpy ships with nearly every torch install
+    _np = None
 
 import optree
 import torch
@@ -64,7 +72,31 @@ def _threefry_rounds(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Te
 # every node), while as an op it compiles in no time and is bitwise equal to eager.
 @torch.library.custom_op("functional_bfo::threefry2x32", mutates_args=())
 def _threefry_op(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
+    if _np is not None and x0.device.type == "cpu":
+        return _threefry_numpy(k0, k1, x0, x1)
     return _threefry_rounds(k0, k1, x0, x1)
+
+
+def _threefry_numpy(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
+    """The same rounds in numpy ``uint32``, whose additions and shifts wrap natively.
+
+    Everything is a 1-D array (never a numpy scalar, whose overflow would warn).
+    """
+    u32 = _np.uint32
+    shape = _np.broadcast_shapes(k0.shape, k1.shape, x0.shape, x1.shape)  # torch's: ~200 us
+    k0, k1, x0, x1 = (_np.broadcast_to(t.numpy(), shape).astype(u32).reshape(-1)
+                      for t in (k0, k1, x0, x1))
+    ks = (k0, k1, k0 ^ k1 ^ u32(_KS_PARITY))
+    x0, x1 = x0 + ks[0], x1 + ks[1]
+    for block in range(5):
+        for r in _ROTATIONS[block % 2]:
+            x0 += x1
+            x1 = (x1 << u32(r)) | (x1 >> u32(32 - r))
+            x1 ^= x0
+        x0 += ks[(block + 1) % 3]
+        x1 += ks[(block + 2) % 3] + u32(block + 1)
+    return (torch.from_numpy(x0.astype(_np.int64)).reshape(shape),
+            torch.from_numpy(x1.astype(_np.int64)).reshape(shape))
 
 
 @_threefry_op.register_fake

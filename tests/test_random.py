@@ -105,6 +105,21 @@ def test_threefry_matches_reference(k0, k1, x0, data):
     assert got == [ref_threefry2x32(k0, k1, a, b) for a, b in zip(x0, x1, strict=True)]
 
 
+@HYP
+@given(k0=words, k1=words, rows=st.integers(1, 4), cols=st.integers(1, 5),
+       broadcast=st.sampled_from(["none", "x1_row", "key_vector"]))
+def test_numpy_and_tensor_block_functions_agree(k0, k1, rows, cols, broadcast):
+    """The CPU numpy path is bitwise the tensor path, broadcasting included."""
+    x0 = torch.randint(0, 2**32, (rows, cols))
+    x1 = torch.randint(0, 2**32, (1, cols) if broadcast == "x1_row" else (rows, cols))
+    a = torch.tensor(k0) if broadcast != "key_vector" else torch.full((cols,), k0)
+    b = torch.tensor(k1)
+    expected = R._threefry_rounds(a, b, x0, x1)
+    got = R._threefry_numpy(a, b, x0, x1)
+    for e, g in zip(expected, got):
+        assert e.shape == g.shape and g.dtype == torch.int64 and torch.equal(e, g)
+
+
 def test_split_key0_matches_jax():
     expected = torch.tensor([[4146024105, 967050713], [2718843009, 1272950319]])
     out = R.split(R.key(0))
