@@ -19,11 +19,17 @@ def _rotation(dim: int, generator: torch.Generator) -> torch.Tensor:
     return q * torch.sign(torch.diagonal(r))
 
 
+def shift_of(name: str, dim: int, generator: torch.Generator) -> torch.Tensor:
+    """Where the optimum of ``name`` sits: uniform in the middle 80% of half the box."""
+    return (torch.rand(dim, generator=generator, dtype=torch.float64) * 1.6 - 0.8) * (
+        BOXES[name] * 0.5)
+
+
 def make(name: str, dim: int, seed: int, rotate: bool = False):
     """The shifted problem ``name`` in ``dim`` dimensions (shift and rotation from ``seed``)."""
     generator = torch.Generator().manual_seed(seed)
     box = BOXES[name]
-    shift = (torch.rand(dim, generator=generator, dtype=torch.float64) * 1.6 - 0.8) * box * 0.5
+    shift = shift_of(name, dim, generator)
     rot = _rotation(dim, generator) if rotate else torch.eye(dim, dtype=torch.float64)
     weights = 10 ** (6 * torch.arange(dim, dtype=torch.float64) / max(dim - 1, 1))
 

@@ -1,0 +1,148 @@
+"""Speed vs peers, side by side in one run: evaluations per second and time to a target.
+
+The same shifted Rastrigin (30-D, population 256 by default) for: our functional ``fb.bfo``
+eager and compiled, ``fb.adaptive_bfo`` compiled, the ``torch.optim`` adapter's closure path
+and vmapped fast path, and every peer of ``peers.py`` that is installed (``pip install -e
+".[bench]"``), each given a numpy implementation of the function so that the peer's own
+speed is what is measured. Ratios are against the fastest BFO peer of the same run.
+
+    python benchmarks/speed.py [--quick] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import peers
+import torch
+from common import machine, parser, sync, write
+from problems import BOXES, shift_of
+
+import functional_bfo as fb
+from functional_bfo.adapters import BFO
+
+
+def rastrigin_pair(dim: int, seed: int, device: str):
+    """The same shifted Rastrigin as a torch loss on {"x": ...} and as a numpy function."""
+    shift = shift_of("rastrigin", dim, torch.Generator().manual_seed(seed))
+    shift_np, shift_t = shift.numpy(), shift.to(device=device, dtype=torch.float32)
+
+    def torch_loss(params):
+        z = params["x"] - shift_t
+        return 10 * dim + (z.square() - 10 * torch.cos(2 * math.pi * z)).sum()
+
+    def numpy_loss(x: np.ndarray) -> float:
+        z = x - shift_np
+        return float(10 * dim + (z * z - 10 * np.cos(2 * math.pi * z)).sum())
+
+    return torch_loss, numpy_loss
+
+
+def time_to(history: list[tuple[int, float, float]], target: float) -> float | None:
+    """Seconds until the best reached ``target`` (history of (evals, best, seconds))."""
+    return next((s for _, b, s in history if b <= target), None)
+
+
+def run_ours(name: str, factory, loss, dim, population, budget, device, compile) -> dict:
+    opt = factory(population_size=population, bounds=(-BOXES["rastrigin"],
+                                                       BOXES["rastrigin"]))
+    state = opt.init({"x": torch.zeros(dim, device=device)}, key=fb.random.key(0))
+    update = torch.compile(opt.update, fullgraph=True) if compile else opt.update
+    sync(device)
+    start = time.perf_counter()
+    state = update(state, loss)  # pays the compile once, timed apart
+    sync(device)
+    compile_s = time.perf_counter() - start if compile else 0.0
+    history, evals0 = [], int(state.num_evals)
+    start = time.perf_counter()
+    while int(state.num_evals) - evals0 < budget:
+        state = update(state, loss)
+        history.append((int(state.num_evals) - evals0, float(state.best_loss),
+                        time.perf_counter() - start))
+    evals, best, seconds = history[-1]
+    return {"name": name, "kind": "ours", "evals": evals, "seconds": seconds,
+            "best": best, "compile_s": compile_s, "history": history}
+
+
+def run_adapter(name: str, loss, dim, population, budget, device, fast: bool) -> dict:
+    x = torch.nn.Parameter(torch.zeros(dim, device=device))
+    opt = BFO([x], population_size=population, seed=0, reevaluate=False,
+              bounds=(-BOXES["rastrigin"], BOXES["rastrigin"]))
+
+    def closure():
+        return loss({"x": x}).item()
+
+    history, start = [], time.perf_counter()
+    while opt.num_evals < budget:
+        best = opt.step(loss_fn=lambda p: loss({"x": p[0]})) if fast else opt.step(closure)
+        history.append((opt.num_evals, best, time.perf_counter() - start))
+    evals, best, seconds = history[-1]
+    return {"name": name, "kind": "ours", "evals": evals, "seconds": seconds, "best": best,
+            "compile_s": 0.0, "history": history}
+
+
+def run_peer(name: str, numpy_loss, dim, population, budget) -> dict:
+    out = peers.run_peer(name, numpy_loss, dim, -BOXES["rastrigin"], BOXES["rastrigin"],
+                         budget, population, seed=0)
+    rate = out["seconds"] / max(out["evals"], 1)  # peers report no clock per evaluation
+    history = [(e, b, e * rate) for e, b in out["history"]]
+    return {"name": name, "kind": "cma" if name.startswith("cma") else "bfo peer",
+            "evals": out["evals"], "seconds": out["seconds"], "best": out["best"],
+            "compile_s": 0.0, "history": history}
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--target", type=float, default=None,
+                   help="time-to-target threshold (default: 0.6 x the start loss)")
+    args = p.parse_args()
+    dim, population = (10, 32) if args.quick else (30, 256)
+    budget = 2_000 if args.quick else 40_000
+    device = args.device
+    loss, numpy_loss = rastrigin_pair(dim, 0, device)
+    start_loss = numpy_loss(np.zeros(dim))
+    target = args.target if args.target is not None else 0.6 * start_loss
+    rows = [
+        run_ours("fb.bfo eager", fb.bfo, loss, dim, population, budget, device, False),
+        run_ours("fb.bfo compiled", fb.bfo, loss, dim, population, budget, device, True),
+        run_ours("fb.adaptive_bfo compiled", fb.adaptive_bfo, loss, dim, population, budget,
+                 device, True),
+        run_adapter("adapters.BFO fast path", loss, dim, population, budget, device, True),
+        run_adapter("adapters.BFO closure", loss, dim, population,
+                    budget // (10 if not args.quick else 1), device, False),
+    ]
+    rows += [run_peer(name, numpy_loss, dim, population, budget) for name in peers.available()]
+    for r in rows:
+        r["evals_per_s"] = r["evals"] / r["seconds"]
+        r["seconds_to_target"] = time_to(r["history"], target)
+    bfo_peers = [r for r in rows if r["kind"] == "bfo peer"]
+    fastest = max(bfo_peers, key=lambda r: r["evals_per_s"]) if bfo_peers else None
+    for r in rows:
+        r["x_fastest_bfo_peer"] = r["evals_per_s"] / fastest["evals_per_s"] if fastest else None
+    result = {"machine": machine(device), "quick": args.quick, "dim": dim,
+              "population": population, "budget": budget, "target": target,
+              "fastest_bfo_peer": fastest["name"] if fastest else None,
+              "rows": [{k: v for k, v in r.items() if k != "history"} for r in rows],
+              "histories": {r["name"]: r["history"] for r in rows}}
+    md = [f"# Speed vs peers ({'quick' if args.quick else 'full'} run, {device})", "",
+          f"Shifted Rastrigin, D={dim}, population {population}, {budget} evaluations each "
+          f"(the adapter's closure path {budget // (1 if args.quick else 10)}); target "
+          f"{target:.1f} (start {start_loss:.1f}). Peers run on the CPU with a numpy "
+          f"objective. Machine: {result['machine']}", "",
+          "| optimizer | evaluations/s | x fastest BFO peer | best | s to target | compile s |",
+          "|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = "" if r["x_fastest_bfo_peer"] is None else f"{r['x_fastest_bfo_peer']:.1f}x"
+        reach = "not reached" if r["seconds_to_target"] is None else (
+            f"{r['seconds_to_target']:.2f}")
+        md.append(f"| {r['name']} | {r['evals_per_s']:,.0f} | {ratio} | {r['best']:.1f} | "
+                  f"{reach} | {r['compile_s']:.1f} |")
+    if not bfo_peers:
+        md += ["", "No BFO peer is installed (pip install -e \".[bench]\"): no ratios."]
+    write(args, "speed", result, md)
+
+
+if __name__ == "__main__":
+    main()
