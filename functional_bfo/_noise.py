@@ -24,16 +24,16 @@ class Noise(NamedTuple):
 
 
 def bacterium_noise(key: Key, step: Tensor, size: int, template: Params, dtype) -> Noise:
-    """Every random number of one update, from one Threefry call per bacterium.
+    """Every random number of one update, from one Threefry call for the whole population.
 
-    Bacterium ``i`` at step ``s`` draws ``z = normal(fold_in(fold_in(key, s), i), (2n + 3,))``
+    Bacterium ``i`` at step ``s`` draws row ``i`` of ``normal_rows(key, s, size, 2n + 3)``
     (``n`` the number of parameters): ``z[:n]`` is its tumble, ``z[n:2n]`` its dispersal
     place, ``z[2n], z[2n+1]`` its Lévy normals and ``ndtr(z[2n+2])`` its dispersal coin.
-    Nothing depends on how the population is chunked or sharded.
+    A row depends only on ``(key, s, i)``: nothing depends on how the population is chunked
+    or sharded.
     """
     n = sum(x.numel() for x in optree.tree_leaves(template))
-    keys = random.fold_in(random.fold_in(key, step), torch.arange(size, device=key.device))
-    z = torch.func.vmap(lambda k: random.normal(k, (2 * n + 3,), dtype))(keys)
+    z = random.normal_rows(key, step, size, 2 * n + 3, dtype)
     return Noise(
         direction=unflatten_like(z[:, :n], template),
         place=unflatten_like(z[:, n : 2 * n], template),

@@ -39,6 +39,7 @@ __all__ = [
     "fold_in",
     "key",
     "normal",
+    "normal_rows",
     "split",
     "threefry2x32",
     "tree_normal_like",
@@ -193,16 +194,17 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _unit_interval(words: Tensor, dtype: torch.dtype, *, open_low: bool) -> Tensor:
-    """Floats in ``[0, 1)`` (or ``(0, 1)`` with ``open_low``) from 32-bit words.
+    """Floats in ``[0, 1)`` (or ``(0, 1)`` with ``open_low``) from 32-bit words (last axis).
 
-    float64 takes 53 bits from two words per value; every other dtype is computed from 24 bits
-    in float32, then rounded to ``dtype`` and kept below 1.
+    float64 takes 53 bits from two words per value (the first half of the last axis gives the
+    high bits, the second half the low bits); every other dtype is computed from 24 bits in
+    float32, then rounded to ``dtype`` and kept below 1.
     """
     # The open interval uses one bit less, so that m + 0.5 stays exact and below 1.
     bits = (53 if dtype == torch.float64 else 24) - int(open_low)
     if dtype == torch.float64:
-        n = words.shape[0] // 2
-        m = ((words[:n] >> (64 - bits)) << 32) | words[n:]
+        n = words.shape[-1] // 2
+        m = ((words[..., :n] >> (64 - bits)) << 32) | words[..., n:]
         return (m.to(torch.float64) + (0.5 if open_low else 0.0)) * 2.0**-bits
     u = ((words >> (32 - bits)).to(torch.float32) + (0.5 if open_low else 0.0)) * 2.0**-bits
     if dtype != torch.float32:
@@ -244,6 +246,34 @@ def normal(key: Tensor, shape: tuple[int, ...] = (), dtype: torch.dtype = torch.
     u = _unit_interval(bits(key, n * _words_per_value(compute)), compute, open_low=True)
     z = math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)
     return z.reshape(shape).to(dtype)
+
+
+def normal_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
+                dtype: torch.dtype = torch.float32) -> Tensor:
+    """``(rows, cols)`` standard normals, every row its own stream, in one block-function call.
+
+    Row ``r`` is made from the words of counters ``(counter, r * h + j)``, ``j < h`` (``h``
+    the row's half word count), so rows never share words, a row's numbers do not depend on
+    ``rows``, and ``counter`` (a step number, a 0-d integer tensor) gives each call fresh
+    streams without a host sync. This is how an update draws every bacterium's noise.
+
+    Raises:
+        ValueError: ``rows * h`` does not fit the 32-bit counter word.
+    """
+    check_key(key)
+    _words_per_value(dtype)  # rejects non-floating dtypes
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    per_row = cols * _words_per_value(compute)
+    half = (per_row + 1) // 2
+    if rows * half > 2**32:
+        raise ValueError(f"normal_rows: {rows} rows of {cols} values need {rows * half} "
+                         "counters, more than the 2**32 a call can address; draw in parts.")
+    index = torch.arange(half, dtype=torch.int64, device=key.device)
+    lanes = torch.arange(rows, dtype=torch.int64, device=key.device).unsqueeze(1) * half + index
+    y0, y1 = threefry2x32(key, torch.as_tensor(counter).to(torch.int64) & _MASK32, lanes)
+    words = torch.cat([y0, y1], dim=1)[:, :per_row]
+    u = _unit_interval(words, compute, open_low=True)
+    return (math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)).to(dtype)
 
 
 def tree_normal_like(key: Tensor, tree, dtype: torch.dtype | None = None):

@@ -63,14 +63,34 @@ def rastrigin(dim: int = 5) -> Problem:
     return Problem("rastrigin", loss, dim, 0.0, (-5.12, 5.12))
 
 
+def reference_normals(key, step: int, row: int, count: int, dtype) -> torch.Tensor:
+    """Row ``row`` of ``fb.random.normal_rows`` at counter ``step``, spelled out value by value."""
+    wide = dtype == torch.float64
+    words_needed = count * (2 if wide else 1)
+    half = (words_needed + 1) // 2
+    lanes = torch.arange(half) + row * half
+    y0, y1 = fb.random.threefry2x32(key, torch.full((half,), step), lanes)
+    words = (y0.tolist() + y1.tolist())[:words_needed]
+    values = []
+    for k in range(count):
+        if wide:  # 52 bits (open interval): 20 high from the first half, 32 from the second
+            m = ((words[k] >> 12) << 32) | words[count + k]
+            u = (m + 0.5) * 2.0**-52
+        else:  # 23 bits, open interval, in float32
+            u = float(torch.tensor(((words[k] >> 9) + 0.5) * 2.0**-23, dtype=torch.float32))
+        values.append(u)
+    u = torch.tensor(values, dtype=torch.float64 if wide else torch.float32)
+    return (math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)).to(dtype)
+
+
 def reference_update(opt_kwargs: dict, state: fb.BFOState, loss: Callable, *, leaf="x"):
     """One canonical BFO step written bacterium by bacterium, straight from Passino (2002).
 
     Params must be ``{leaf: 1-d tensor}``. Randomness is re-derived here from the documented
-    layout: bacterium i at step s draws ``normal(fold_in(fold_in(state.key, s), i), (2n+3,))``
+    layout: bacterium i at step s draws 2n+3 normals from the Threefry words of counters
+    (s, i*h + j), j < h = ceil(words/2), by the inverse normal CDF of (0, 1) uniforms
     = tumble (n) | dispersal place (n) | Lévy u, v | dispersal coin (through the normal CDF).
     """
-    rnd = fb.random
     size = opt_kwargs["population_size"]
     swims = opt_kwargs.get("swim_length", 4)
     n_c = opt_kwargs.get("chemotaxis_steps", 100)
@@ -91,8 +111,7 @@ def reference_update(opt_kwargs: dict, state: fb.BFOState, loss: Callable, *, le
         return x if bounds is None else x.clamp(bounds[0], bounds[1])
 
     n = pop[0].numel()
-    keys = [rnd.fold_in(rnd.fold_in(state.key, step), i) for i in range(size)]
-    noise = [rnd.normal(k, (2 * n + 3,), dtype) for k in keys]  # tumble | place | u, v | coin
+    noise = [reference_normals(state.key, step, i, 2 * n + 3, dtype) for i in range(size)]
 
     if step > 0 and step % n_c == 0:  # reproduction: healthiest half splits
         order = sorted(range(size), key=lambda i: (health[i], i))

@@ -12,8 +12,8 @@ PUBLIC = {
         "with_hyperparams",
     },
     "functional_bfo.random": {
-        "bits", "fold_in", "key", "normal", "split", "threefry2x32", "tree_normal_like",
-        "uniform",
+        "bits", "fold_in", "key", "normal", "normal_rows", "split", "threefry2x32",
+        "tree_normal_like", "uniform",
     },
     "functional_bfo.evaluate": {"Evaluator", "loop", "vmap"},
 }
@@ -41,6 +41,9 @@ def test_every_public_callable_has_a_docstring():
 def test_adapters_install_as_a_subpackage():
     adapters = importlib.import_module("functional_bfo.adapters")
     assert adapters.__name__ == "functional_bfo.adapters"
+    assert set(adapters.__all__) == {"AdaptiveBFO", "BFO", "HybridBFO", "SwarmOptimizer"}
+    for name in adapters.__all__:
+        assert (getattr(adapters, name).__doc__ or "").strip(), name
 
 
 def test_every_public_name_is_documented():

@@ -120,6 +120,24 @@ def test_numpy_and_tensor_block_functions_agree(k0, k1, rows, cols, broadcast):
         assert e.shape == g.shape and g.dtype == torch.int64 and torch.equal(e, g)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_normal_rows_rows_are_streams_of_their_own(dtype):
+    k = R.key(5)
+    few, many = R.normal_rows(k, torch.tensor(3), 2, 7, dtype), R.normal_rows(k, 3, 5, 7, dtype)
+    assert few.shape == (2, 7) and few.dtype == dtype
+    assert torch.equal(few, many[:2])  # a row does not depend on how many rows are drawn
+    other = R.normal_rows(k, 4, 5, 7, dtype)
+    assert not torch.equal(many, other)  # the counter gives fresh streams
+    assert not torch.equal(many[0], many[1])
+
+
+def test_normal_rows_is_standard_normal_and_rejects_overflow():
+    z = R.normal_rows(R.key(1), 0, 400, 100).flatten().double()
+    assert abs(float(z.mean())) < 0.02 and abs(float(z.std()) - 1) < 0.02
+    with pytest.raises(ValueError, match="2\\*\\*32"):
+        R.normal_rows(R.key(1), 0, 2**21, 2**13)
+
+
 def test_split_key0_matches_jax():
     expected = torch.tensor([[4146024105, 967050713], [2718843009, 1272950319]])
     out = R.split(R.key(0))
