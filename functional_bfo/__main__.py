@@ -58,7 +58,9 @@ def mlp_demo() -> None:
     generator = torch.Generator().manual_seed(0)
     x_train, y_train = two_moons(512, generator)
     x_test, y_test = two_moons(512, generator)
-    model = nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 2))
+    with torch.random.fork_rng():  # the same initial weights every run, global RNG untouched
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 2))
     params, loss_fn = fb.module_loss(model, nn.functional.cross_entropy)
     size = sum(p.numel() for p in params.values())
 
