@@ -1,0 +1,153 @@
+"""Build docs/benchmarks.md and its figures from the recorded results (never by hand).
+
+Reads ``benchmarks/results/*.json`` as the benchmark scripts wrote them, draws the plots
+into ``docs/figures/bench_*.png`` and writes ``docs/benchmarks.md`` with every recorded
+table. Needs matplotlib (``pip install -e ".[bench]"``).
+
+    python benchmarks/report.py
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = pathlib.Path(__file__).parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+FIGURES = ROOT / "docs" / "figures"
+
+SECTIONS = [  # (results stem, heading, what the numbers say)
+    ("speed", "Speed vs peers",
+     "`python benchmarks/speed.py`: every optimizer on the same shifted Rastrigin in one run; "
+     "ratios are to the fastest BFO peer of that run."),
+    ("update_overhead", "Update overhead vs the evaluation floor (CPU)",
+     "`python benchmarks/update_overhead.py`: an update against the vmapped evaluations it "
+     "performs, run the same way (targets: 2.0 eager, 1.3 compiled)."),
+    ("update_overhead_cuda_bfo", "Update overhead on an NVIDIA H100: fb.bfo",
+     "`python benchmarks/update_overhead.py --device cuda --variants bfo`."),
+    ("update_overhead_cuda_adaptive", "Update overhead on an NVIDIA H100: fb.adaptive_bfo",
+     "Measured before the one-call generator (see benchmarks/NOTES.md); ratios there are "
+     "against the eager floor."),
+    ("update_overhead_cuda_hybrid", "Update overhead on an NVIDIA H100: fb.hybrid_bfo",
+     "Measured before the one-call generator (see benchmarks/NOTES.md)."),
+    ("scaling", "Scaling with population and parameters",
+     "`python benchmarks/scaling.py`: eager updates; peak memory is measured on CUDA only."),
+    ("adapter_paths", "The torch.optim adapters: closure vs fast path (CPU)",
+     "`python benchmarks/adapter_paths.py`."),
+    ("adapter_paths_cuda", "The torch.optim adapters on an NVIDIA H100",
+     "Measured before the one-call generator."),
+    ("adaptive_vs_bfo", "AdaptiveBFO vs canonical BFO",
+     "`python benchmarks/adaptive_vs_bfo.py`."),
+]
+
+
+def load(stem: str) -> dict | None:
+    path = RESULTS / f"{stem}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def table(stem: str) -> list[str]:
+    """The Markdown a script wrote, without its title line."""
+    lines = (RESULTS / f"{stem}.md").read_text().splitlines()
+    return [line for line in lines[1:]]
+
+
+def plot_convergence(speed: dict) -> str:
+    fig, (by_evals, by_time) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, history in speed["histories"].items():
+        if not history:
+            continue
+        evals, best, seconds = zip(*history)
+        by_evals.plot(evals, best, label=name)
+        by_time.plot(seconds, best, label=name)
+    for ax, xlabel in ((by_evals, "evaluations"), (by_time, "seconds (peers: pro rata)")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("best loss")
+        ax.set_yscale("log")
+    by_time.set_xscale("log")
+    by_evals.legend(fontsize=7)
+    fig.suptitle(f"Shifted Rastrigin, D={speed['dim']}, population {speed['population']}")
+    fig.tight_layout()
+    name = "bench_convergence_rastrigin.png"
+    fig.savefig(FIGURES / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
+def plot_scaling(scaling: dict) -> str:
+    fig, (by_pop, by_dim) = plt.subplots(1, 2, figsize=(11, 4))
+    rows = scaling["rows"]
+    for variant in sorted({r["variant"] for r in rows}):
+        pop = [r for r in rows if r["variant"] == variant and r["dim"] == 30]
+        dim = [r for r in rows if r["variant"] == variant and r["population"] == 64]
+        by_pop.plot([r["population"] for r in pop], [r["evals_per_s"] for r in pop], "o-",
+                    label=variant)
+        by_dim.plot([r["dim"] for r in dim], [r["ms"] for r in dim], "o-", label=variant)
+    by_pop.set(xscale="log", yscale="log", xlabel="population (D = 30)",
+               ylabel="evaluations / s")
+    by_dim.set(xscale="log", yscale="log", xlabel="parameters (P = 64)",
+               ylabel="ms per update")
+    by_pop.legend()
+    fig.tight_layout()
+    name = "bench_scaling.png"
+    fig.savefig(FIGURES / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
+def plot_overhead(results: dict[str, dict]) -> str:
+    labels, values = [], []
+    for stem, data in results.items():
+        where = "H100" if "cuda" in stem else "CPU"
+        for r in data["updates"]:
+            for mode in ("eager", "compiled", "reduce-overhead"):
+                if f"{mode}_ms" in r:
+                    labels.append(f"{where} {r['problem']} {r['variant']} {mode}")
+                    values.append(r.get(f"{mode}_over_own_floor", r[f"{mode}_over_floor"]))
+    fig, ax = plt.subplots(figsize=(9, 0.28 * len(labels) + 1))
+    ax.barh(range(len(labels)), values)
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    for target in (1.3, 2.0):
+        ax.axvline(target, color="k", linestyle=":", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("update / floor (same mode); dotted: targets 1.3 and 2.0")
+    fig.tight_layout()
+    name = "bench_overhead.png"
+    fig.savefig(FIGURES / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
+def main() -> None:
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    figures = {}
+    if (speed := load("speed")) is not None:
+        figures["speed"] = plot_convergence(speed)
+    if (scaling := load("scaling")) is not None:
+        figures["scaling"] = plot_scaling(scaling)
+    overhead = {s: d for s in ("update_overhead", "update_overhead_cuda_bfo")
+                if (d := load(s)) is not None}
+    if overhead:
+        figures["update_overhead"] = plot_overhead(overhead)
+    out = ["# Benchmarks", "",
+           "Generated by `python benchmarks/report.py` from `benchmarks/results/`; what was "
+           "tried to move each number, with predictions, is in `benchmarks/NOTES.md`. CPU "
+           "numbers come from a noisy 2-core machine: compare within a table.", ""]
+    for stem, heading, text in SECTIONS:
+        if not (RESULTS / f"{stem}.md").exists():
+            continue
+        out += [f"## {heading}", "", text, ""]
+        if stem in figures:
+            out += [f"![{heading}](figures/{figures[stem]})", ""]
+        out += table(stem) + [""]
+    (ROOT / "docs" / "benchmarks.md").write_text("\n".join(out).rstrip() + "\n")
+    print(f"wrote docs/benchmarks.md and {len(figures)} figures")
+
+
+if __name__ == "__main__":
+    main()
