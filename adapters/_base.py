@@ -37,11 +37,10 @@ ADAPTER_ONLY = ("chunk_size",)  # group settings the shell turns into an evaluat
 class _Swarm:
     """One param group's core optimizer and state, and what the shell remembers of it."""
 
-    fast: fb.Optimizer  # evaluates with vmap: step(loss_fn=...)
     closure_core: fb.Optimizer  # evaluates with the closure, one call per bacterium
     evaluator: ClosureEvaluator
     state: Any
-    update_fast: Callable[..., Any]
+    update_fast: Callable[..., Any]  # the vmapped core's update (compiled with compile=True)
     updates: int = 0
     loss_cache: tuple[Any, Any] | None = None  # (user loss_fn, its per-group wrapper)
     mask: list[bool] = field(default_factory=list)
@@ -136,20 +135,24 @@ class SwarmOptimizer(torch.optim.Optimizer):
 
     def _defaults(self, given: dict[str, Any], name: str) -> dict[str, Any]:
         defaults = self._signature()
-        for alias, canonical in self.aliases.items():
-            if alias in given and canonical in given and given[alias] != given[canonical]:
-                raise ValueError(f"{name} got {alias}={given[alias]!r} and {canonical}="
-                                 f"{given[canonical]!r}; they are the same setting, pass one.")
-            if alias in given:
-                given[canonical] = given.pop(alias)
-        unknown = sorted(set(given) - set(defaults))
+        unknown = sorted(set(given) - set(defaults) - set(self.aliases))
         if unknown:
             raise TypeError(f"{name} got unexpected hyperparameters {unknown}; valid ones are "
                             f"{sorted(defaults) + sorted(self.aliases)}.")
         defaults.update(given)
-        for alias, canonical in self.aliases.items():
-            defaults[alias] = defaults[canonical]
+        self._settle_aliases(defaults, set(given), name)
         return defaults
+
+    def _settle_aliases(self, d: dict[str, Any], given: set[str], where: str) -> None:
+        """Make each alias and its core name agree in ``d``; the one in ``given`` wins."""
+        for alias, canonical in self.aliases.items():
+            if alias in given and canonical in given and not _same(d[alias], d[canonical]):
+                raise ValueError(f"{where} sets {alias}={d[alias]!r} and {canonical}="
+                                 f"{d[canonical]!r}; they are the same setting, pass one.")
+            if alias in given:
+                d[canonical] = d[alias]
+            else:
+                d[alias] = d[canonical]
 
     def _core(self, values: dict[str, Any], evaluator: Any) -> fb.Optimizer:
         """The pure core optimizer for one group's settings (validates them)."""
@@ -168,14 +171,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
         given = set(param_group) if isinstance(param_group, dict) else set()
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        for alias, canonical in self.aliases.items():
-            if alias in given and canonical in given and not _same(group[alias], group[canonical]):
-                raise ValueError(f"A param group sets {alias}={group[alias]!r} and {canonical}="
-                                 f"{group[canonical]!r}; they are the same setting, pass one.")
-            if alias in given:
-                group[canonical] = group[alias]
-            else:
-                group[alias] = group[canonical]
+        self._settle_aliases(group, given, "A param group")
         params = group["params"]
         devices = {p.device for p in params}
         if len(devices) > 1:
@@ -250,7 +246,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
             return swarm
         params = group["params"]
         values = self._values(group)
-        fast = self._core(values, None)
+        fast = self._core(values, None)  # vmapped: step(loss_fn=...)
         evaluator = ClosureEvaluator(params, with_grads=self.uses_grads)
         key = fb.random.fold_in(fb.random.key(self._seed), g)
         if params:
@@ -262,7 +258,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
                         "torch.compile(fullgraph=True); the first step(loss_fn=...) pays "
                         "the compile time.", type(self).__name__, g)
             update = torch.compile(fast.update, fullgraph=True)
-        swarm = _Swarm(fast, self._core(values, evaluator), evaluator, state, update)
+        swarm = _Swarm(self._core(values, evaluator), evaluator, state, update)
         self._swarms[g] = swarm
         return swarm
 
@@ -322,10 +318,9 @@ class SwarmOptimizer(torch.optim.Optimizer):
         if not params:
             return math.nan if self._best is None else self._best
         edits = self._sync(g, group)
-        if self._swarms[g] is None:  # built from the settings as they are now
-            swarm = self._swarm(g, group)
-        else:
-            swarm = self._swarm(g, group)
+        built_now = self._swarms[g] is None  # then built from the settings as they are now
+        swarm = self._swarm(g, group)
+        if not built_now:
             self._apply(g, swarm, edits)
         self._seen[g] = dict(group)
         if self.uses_grads:

@@ -212,6 +212,11 @@ def _unit_interval(words: Tensor, dtype: torch.dtype, *, open_low: bool) -> Tens
     return u
 
 
+def _inverse_normal_cdf(u: Tensor) -> Tensor:
+    """Standard normals from uniforms in the open interval (0, 1), as JAX draws them."""
+    return math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)
+
+
 def _words_per_value(dtype: torch.dtype) -> int:
     if not dtype.is_floating_point:
         raise TypeError(f"Invalid dtype: {dtype}; expected a floating dtype.")
@@ -244,8 +249,7 @@ def normal(key: Tensor, shape: tuple[int, ...] = (), dtype: torch.dtype = torch.
     _words_per_value(dtype)  # rejects non-floating dtypes
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     u = _unit_interval(bits(key, n * _words_per_value(compute)), compute, open_low=True)
-    z = math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)
-    return z.reshape(shape).to(dtype)
+    return _inverse_normal_cdf(u).reshape(shape).to(dtype)
 
 
 def normal_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
@@ -272,8 +276,7 @@ def normal_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
     lanes = torch.arange(rows, dtype=torch.int64, device=key.device).unsqueeze(1) * half + index
     y0, y1 = threefry2x32(key, torch.as_tensor(counter).to(torch.int64) & _MASK32, lanes)
     words = torch.cat([y0, y1], dim=1)[:, :per_row]
-    u = _unit_interval(words, compute, open_low=True)
-    return (math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)).to(dtype)
+    return _inverse_normal_cdf(_unit_interval(words, compute, open_low=True)).to(dtype)
 
 
 def tree_normal_like(key: Tensor, tree, dtype: torch.dtype | None = None):
