@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ._base import Key, LossFn, Optimizer, Params
-from ._bounds import BOUNDARY_MODES, check_bounds, resolve
+from ._bounds import BOUNDARY_MODES, box_relative, check_bounds, resolve
 from ._checks import check_bool, check_choice, check_float, check_int, check_state
 from ._chemotaxis import TUMBLES, costs_by, swim, tumble_directions
 from ._dispersal import dispersal_mask, initial_population, sample_population
@@ -88,6 +88,7 @@ def adaptive_bfo(
     levy_beta: float = 1.5,
     bounds: Any = None,
     boundary: str = "reflect",
+    relative_steps: bool = False,
     init_scale: float = 1.0,
     maximize: bool = False,
     evaluator: Evaluator | None = None,
@@ -136,6 +137,10 @@ def adaptive_bfo(
         levy_beta: stability index of Lévy tumbles, in (0, 1.99].
         bounds: as in :func:`functional_bfo.bfo`.
         boundary: ``"clip"``, ``"reflect"`` or ``"wrap"``.
+        relative_steps: measure ``step_size``, ``step_size_min`` and ``step_size_max`` in
+            units of each coordinate's box width where the box is finite (absolute where
+            it is not), so one setting suits a +-1 box and a +-600 one. Part of the
+            black-box setup (docs/variants.md).
         init_scale: spread of new bacteria on coordinates with no finite box.
         maximize: maximize the loss instead.
         evaluator: how the population is evaluated (default ``evaluate.vmap()``).
@@ -181,10 +186,12 @@ def adaptive_bfo(
     check_choice("tumble", tumble, TUMBLES)
     check_choice("boundary", boundary, BOUNDARY_MODES)
     check_bool("maximize", maximize)
+    check_bool("relative_steps", relative_steps)
     bounds = check_bounds(bounds)
     evaluator = check_evaluator(evaluator)
     sign = -1.0 if maximize else 1.0
-    static = AdaptiveStatic(size, swims, n_c, n_stag, bounds, boundary, tumble, sign, min_size)
+    static = AdaptiveStatic(size, swims, n_c, n_stag, bounds, boundary, tumble, sign, min_size,
+                            relative_steps)
 
     def init_fn(params: Params, *, key: Key) -> AdaptiveBFOState:
         start = initial_population(params, key, size, bounds, hyper["init_scale"])
@@ -219,6 +226,7 @@ class AdaptiveStatic(NamedTuple):
     tumble: str
     sign: float
     min_size: int  # smallest active population (== size: fixed)
+    relative_steps: bool = False  # steps in units of the box width where it is finite
 
 
 class AdaptiveStep(NamedTuple):
@@ -280,6 +288,8 @@ def adaptive_step(
 
     direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
                                           static.tumble, hp.levy_beta)
+    if static.relative_steps:
+        direction = box_relative(direction, box)
     if steer is not None:
         direction = steer(direction, source, known)
     last = torch.where(known, cost, torch.inf)

@@ -115,6 +115,18 @@ def project(x: Tensor, bounds: LeafBounds | None, mode: str) -> Tensor:
     return torch.minimum(torch.maximum(x, low), high)
 
 
+def box_relative(direction: Any, bounds: list[LeafBounds | None]) -> Any:
+    """Population directions scaled by each coordinate's box width (1 where infinite)."""
+    leaves, spec = optree.tree_flatten(direction)
+    out = []
+    for d, b in zip(leaves, bounds):
+        if b is not None:
+            width = b[1] - b[0]
+            d = d * torch.where(torch.isfinite(width), width, 1.0).to(d.dtype)
+        out.append(d)
+    return optree.tree_unflatten(spec, out)
+
+
 def sample_domain(anchor: Tensor, z: Tensor, bounds: LeafBounds | None, scale: Tensor) -> Tensor:
     """New positions from standard normals ``z``.
 

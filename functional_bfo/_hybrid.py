@@ -159,7 +159,8 @@ def hybrid_bfo(
     size = population_size
     static = AdaptiveStatic(size, a["swim_length"], a["chemotaxis_steps"],
                             a["stagnation_steps"], a["bounds"], a["boundary"], a["tumble"],
-                            -1.0 if a["maximize"] else 1.0, a["min_population_size"] or size)
+                            -1.0 if a["maximize"] else 1.0, a["min_population_size"] or size,
+                            a["relative_steps"])
 
     def init_fn(params: Params, *, key: Key) -> HybridBFOState:
         state = base.init(params, key=key)

@@ -145,3 +145,52 @@ def test_run_never_exceeds_max_evals_with_a_growing_population():
     # After k + 1 updates exactly costs[k] evaluations remain, fewer than the next one costs.
     budget = int(state.num_evals) + sum(costs[: k + 1]) + costs[k]
     assert int(fb.run(opt, state, flat, max_evals=budget).num_evals) <= budget
+
+
+def _trajectory(opt, params, loss, steps=12):
+    state = opt.init(params, key=fb.random.key(7))
+    out = []
+    for _ in range(steps):
+        state = opt.update(state, loss)
+        out.append(state)
+    return out
+
+
+def test_relative_steps_equal_absolute_steps_scaled_by_the_box_width():
+    """On a box of width 4, relative steps of 0.1 are absolute steps of 0.4, step for step."""
+    sizes = dict(step_size=0.1, step_size_min=1e-3, step_size_max=0.5)
+    relative = fb.adaptive_bfo(6, bounds=(-1.0, 3.0), relative_steps=True, **sizes)
+    absolute = fb.adaptive_bfo(6, bounds=(-1.0, 3.0), **{k: 4 * v for k, v in sizes.items()})
+    params = {"x": torch.zeros(3, dtype=torch.float64)}
+    for r, a in zip(_trajectory(relative, params, sq), _trajectory(absolute, params, sq)):
+        torch.testing.assert_close(r.population["x"], a.population["x"])
+        torch.testing.assert_close(4 * r.step_sizes, a.step_sizes)
+    assert not torch.equal(r.population["x"], params["x"])  # it moved
+
+
+def test_relative_steps_scale_each_leaf_and_coordinate_by_its_own_box():
+    """Leaves with wide, narrow and open boxes: each coordinate moves on its own scale."""
+    bounds = {"wide": (-600.0, 600.0), "narrow": (torch.tensor([0.0, 0.0]),
+                                                  torch.tensor([1e-3, 1.0])),
+              "open": (-float("inf"), float("inf"))}
+    params = {"wide": torch.zeros(2, dtype=torch.float64),
+              "narrow": torch.full((2,), 5e-4, dtype=torch.float64),
+              "open": torch.zeros(2, dtype=torch.float64)}
+    opt = fb.adaptive_bfo(64, bounds=bounds, relative_steps=True, step_size=0.01,
+                          swim_length=1, chemotaxis_steps=1000)
+    state = opt.init(params, key=fb.random.key(8))
+    start = state.population
+    moved = opt.update(state, lambda p: -sum(x.sum() for x in p.values()))  # always improves
+    # A bacterium's move along a coordinate is at most step_size x that coordinate's width.
+    for name, width in [("wide", torch.tensor([1200.0, 1200.0])),
+                        ("narrow", torch.tensor([1e-3, 1.0])), ("open", torch.ones(2))]:
+        step = (moved.population[name] - start[name]).abs()[1:]  # bacterium 0 may be clipped
+        limit = 0.01 * width.double() * 2  # the swim may take two steps of 0.01 x width
+        assert (step <= limit * (1 + 1e-9)).all(), name
+        assert (step.amax(0) > 0.1 * 0.01 * width.double()).all(), name
+
+
+def test_hybrid_takes_relative_steps():
+    opt = fb.hybrid_bfo(4, bounds=(-1.0, 1.0), relative_steps=True)
+    state = opt.update(opt.init({"x": torch.zeros(2)}, key=fb.random.key(9)), sq)
+    assert torch.isfinite(state.best_loss)

@@ -139,6 +139,8 @@ TABLE = [
          r"Invalid swarming: 'yes'; expected True or False"),
     Case("maximize=1", lambda: fb.bfo(maximize=1), ValueError,
          r"Invalid maximize: 1; expected True or False"),
+    Case("relative_steps=1", lambda: fb.adaptive_bfo(relative_steps=1), ValueError,
+         r"Invalid relative_steps: 1; expected True or False"),
     Case("evaluator=3", lambda: fb.bfo(evaluator=3), TypeError,
          r"Invalid evaluator: 3; expected a callable such as "
          r"functional_bfo\.evaluate\.vmap\(chunk_size=64\)"),
