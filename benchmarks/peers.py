@@ -6,7 +6,7 @@ that enforces the evaluation budget (the peer's run is cut off at exactly ``budg
 records the best value *it* saw, and times the whole run. The peers are imported lazily inside
 their runners, so this module imports without any of them installed.
 
-Peers and what ``population`` means to each:
+Peers and what ``population`` means to each (``None`` takes the library's default):
 
 * ``mealpy.OriginalBFO`` / ``mealpy.ABFO``: ``pop_size`` (ABFO splits and kills bacteria but
   rebalances to ``pop_size`` each epoch). Library defaults otherwise. Beware that mealpy 3.0.3
@@ -15,9 +15,9 @@ Peers and what ``population`` means to each:
 * ``niapy.BFO``: ``population_size``; reproduction keeps ``population // 2`` copies, so use an
   even population.
 * ``pymetaheuristic.BFO``: ``population_size``.
-* ``cma.CMAES``: ``popsize`` (lambda); one run with no restarts, started at a uniform random
-  point with sigma0 = 0.3 * (high - low). It may stop before the budget when cma's own
-  termination criteria fire; ``evals`` then says how much it used.
+* ``cma.CMAES``: ``popsize`` (lambda, default ``4 + 3 ln D``). IPOP-CMA-ES (Auger & Hansen
+  2005): whenever cma's own termination criteria fire, it restarts at a new uniform random
+  point with sigma0 = 0.3 * (high - low) and twice the population, until the budget is spent.
 """
 
 from __future__ import annotations
@@ -60,10 +60,12 @@ class _Counter:
 
 
 def _mealpy(cls_name: str) -> Callable:
-    def run(f: _Counter, dim: int, low: float, high: float, population: int, seed: int) -> None:
+    def run(f: _Counter, dim: int, low: float, high: float, population: int | None,
+            seed: int) -> None:
         from mealpy import FloatVar
         from mealpy.swarm_based import BFO
 
+        population = population or 100  # mealpy's default pop_size
         # Neither BFO variant reads the epoch inside its update, so epochs only act as a stop
         # rule. Each epoch evaluates at least `population` points, so budget / population
         # epochs (capped at mealpy's limit of 100000) always outlast the budget, and the
@@ -77,7 +79,8 @@ def _mealpy(cls_name: str) -> Callable:
     return run
 
 
-def _niapy(f: _Counter, dim: int, low: float, high: float, population: int, seed: int) -> None:
+def _niapy(f: _Counter, dim: int, low: float, high: float, population: int | None,
+           seed: int) -> None:
     from niapy.algorithms.basic import BacterialForagingOptimization
     from niapy.problems import Problem
     from niapy.task import Task
@@ -87,30 +90,34 @@ def _niapy(f: _Counter, dim: int, low: float, high: float, population: int, seed
             return f(x)
 
     task = Task(Wrapped(dim, low, high), max_evals=f.budget)  # niapy honours max_evals itself
-    BacterialForagingOptimization(population_size=population, seed=seed).run_task(task)
+    BacterialForagingOptimization(population_size=population or 50, seed=seed).run_task(task)
 
 
-def _pymetaheuristic(f: _Counter, dim: int, low: float, high: float, population: int,
+def _pymetaheuristic(f: _Counter, dim: int, low: float, high: float, population: int | None,
                      seed: int) -> None:
     import pymetaheuristic
 
     # max_evaluations is a strict cap in pymetaheuristic (it stops before calling f).
     pymetaheuristic.optimize("bfo", f, [low] * dim, [high] * dim, max_evaluations=f.budget,
-                             seed=seed, store_history=False, population_size=population)
+                             seed=seed, store_history=False, population_size=population or 50)
 
 
-def _cma(f: _Counter, dim: int, low: float, high: float, population: int, seed: int) -> None:
+def _cma(f: _Counter, dim: int, low: float, high: float, population: int | None,
+         seed: int) -> None:
     import cma
 
     # cma samples from numpy's global RNG, which run_peer has seeded; seed=nan tells cma not to
     # reseed it (cma reads seed 0 as "seed from the clock"). verbose=-9 also stops its log files.
-    x0 = np.random.uniform(low, high, dim)
-    es = cma.CMAEvolutionStrategy(x0, 0.3 * (high - low), {
-        "popsize": population, "bounds": [low, high], "seed": math.nan, "verbose": -9,
-        "maxfevals": f.budget})
-    while not es.stop():
-        xs = es.ask()
-        es.tell(xs, [f(x) for x in xs])
+    popsize = population or 4 + int(3 * math.log(dim))
+    while f.evals < f.budget:  # IPOP: restart with twice the population; the counter ends it
+        x0 = np.random.uniform(low, high, dim)
+        es = cma.CMAEvolutionStrategy(x0, 0.3 * (high - low), {
+            "popsize": popsize, "bounds": [low, high], "seed": math.nan, "verbose": -9,
+            "maxfevals": f.budget - f.evals})
+        while not es.stop():
+            xs = es.ask()
+            es.tell(xs, [f(x) for x in xs])
+        popsize *= 2
 
 
 PEERS: dict[str, Callable] = {
@@ -135,7 +142,7 @@ def available() -> list[str]:
 
 
 def run_peer(name: str, f: Objective, dim: int, low: float, high: float, budget: int,
-             population: int, seed: int) -> dict:
+             population: int | None, seed: int) -> dict:
     """Minimize ``f`` over ``[low, high]**dim`` with peer ``name`` in at most ``budget`` calls.
 
     Returns ``best`` (lowest value the counter saw), ``evals`` (calls made), ``seconds`` (wall

@@ -1,7 +1,17 @@
 """Shifted (and, where defined, rotated) benchmark functions with their search boxes.
 
-Each ``make(name, dim, seed)`` returns ``(loss_fn, bounds)`` where ``loss_fn(params)`` takes
-``{"x": tensor(dim)}`` and has its global minimum 0 at a random shift inside the box.
+``make(name, dim, seed, rotate)`` returns ``(loss_fn, bounds)``: ``loss_fn(params)`` takes
+``{"x": tensor(dim)}`` and returns the *error* ``f(x) - f(x*)``, 0 at the global optimum,
+which a random shift (or sign flip) moves away from the origin and the box's centre.
+
+* sphere, ellipsoid (condition 1e6), Rosenbrock, Rastrigin, Ackley, Griewank:
+  ``z = R (x - s)``, ``s`` uniform in the middle 80% of half the box. ``rotate`` applies a
+  random orthogonal ``R`` to the five of them that a rotation changes (sphere does not).
+* Schwefel (box +-500, optimum at 420.97 per coordinate): ``z = sign * x`` with random signs.
+  A shift or rotation would bring points of the box onto the function's deeper minima
+  outside +-500, so the optimum would no longer be the one in the box; sign flips keep it.
+* Styblinski-Tang (box +-5, optimum at -2.9035 per coordinate): ``z = sign * (x - s)``. A
+  rotation could carry the optimum (norm 2.9 sqrt(D)) out of the box, so none is applied.
 """
 
 from __future__ import annotations
@@ -11,7 +21,10 @@ import math
 import torch
 
 BOXES = {"sphere": 5.0, "ellipsoid": 5.0, "rosenbrock": 2.0, "rastrigin": 5.12,
-         "ackley": 32.0, "griewank": 600.0}
+         "ackley": 32.0, "griewank": 600.0, "schwefel": 500.0, "styblinski_tang": 5.0}
+ROTATABLE = ("ellipsoid", "rosenbrock", "rastrigin", "ackley", "griewank")
+SCHWEFEL_ARGMIN = 420.968746227503
+STYBLINSKI_TANG_ARGMIN = -2.903534027771178
 
 
 def _rotation(dim: int, generator: torch.Generator) -> torch.Tensor:
@@ -25,20 +38,34 @@ def shift_of(name: str, dim: int, generator: torch.Generator) -> torch.Tensor:
         BOXES[name] * 0.5)
 
 
-def make(name: str, dim: int, seed: int, rotate: bool = False):
-    """The shifted problem ``name`` in ``dim`` dimensions (shift and rotation from ``seed``)."""
-    generator = torch.Generator().manual_seed(seed)
-    box = BOXES[name]
-    shift = shift_of(name, dim, generator)
-    rot = _rotation(dim, generator) if rotate else torch.eye(dim, dtype=torch.float64)
-    weights = 10 ** (6 * torch.arange(dim, dtype=torch.float64) / max(dim - 1, 1))
+def _schwefel_terms(z):
+    return -z * torch.sin(z.abs().sqrt())
 
-    def z_of(params):
-        x = params["x"]
-        return (x - shift.to(x.dtype)) @ rot.to(x.dtype).T
+
+def _styblinski_tang_terms(z):
+    return 0.5 * (z.pow(4) - 16 * z.square() + 5 * z)
+
+
+def make(name: str, dim: int, seed: int, rotate: bool = False):
+    """The error function of problem ``name`` in ``dim`` dimensions and its box ``(-b, b)``.
+
+    Shift, signs and rotation come from ``seed``; ``rotate`` is ignored where no rotation is
+    defined (see the module docstring).
+    """
+    if name not in BOXES:
+        raise ValueError(f"unknown problem {name!r}; expected one of {sorted(BOXES)}")
+    shift, signs, generator = _placement(name, dim, seed)
+    rot = (_rotation(dim, generator) if rotate and name in ROTATABLE
+           else torch.eye(dim, dtype=torch.float64))
+    weights = 10 ** (6 * torch.arange(dim, dtype=torch.float64) / max(dim - 1, 1))
+    schwefel_min = _schwefel_terms(torch.tensor(SCHWEFEL_ARGMIN, dtype=torch.float64))
+    st_min = _styblinski_tang_terms(torch.tensor(STYBLINSKI_TANG_ARGMIN, dtype=torch.float64))
 
     def loss(params):
-        z = z_of(params)
+        x = params["x"]
+        if name == "schwefel":
+            return (_schwefel_terms(signs.to(x.dtype) * x) - schwefel_min.to(x.dtype)).sum()
+        z = (x - shift.to(x.dtype)) @ rot.to(x.dtype).T
         if name == "sphere":
             return z.square().sum()
         if name == "ellipsoid":
@@ -54,6 +81,24 @@ def make(name: str, dim: int, seed: int, rotate: bool = False):
         if name == "griewank":
             i = torch.arange(1, dim + 1, dtype=z.dtype)
             return 1 + z.square().sum() / 4000 - torch.cos(z / i.sqrt()).prod()
-        raise ValueError(f"unknown problem {name!r}")
+        # styblinski_tang
+        return (_styblinski_tang_terms(signs.to(z.dtype) * z) - st_min.to(z.dtype)).sum()
 
-    return loss, (-box, box)
+    return loss, (-BOXES[name], BOXES[name])
+
+
+def _placement(name: str, dim: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    shift = shift_of(name, dim, generator)
+    signs = 1 - 2 * (torch.rand(dim, generator=generator, dtype=torch.float64) < 0.5).double()
+    return shift, signs, generator
+
+
+def optimum(name: str, dim: int, seed: int) -> torch.Tensor:
+    """Where ``make(name, dim, seed, rotate)`` is 0 (rotations turn about this point)."""
+    shift, signs, _ = _placement(name, dim, seed)
+    if name == "schwefel":
+        return signs * SCHWEFEL_ARGMIN
+    if name == "styblinski_tang":
+        return shift + signs * STYBLINSKI_TANG_ARGMIN
+    return shift

@@ -22,6 +22,12 @@ RESULTS = ROOT / "benchmarks" / "results"
 FIGURES = ROOT / "docs" / "figures"
 
 SECTIONS = [  # (results stem, heading, what the numbers say)
+    ("quality", "Quality vs peers at equal budgets",
+     "`python benchmarks/quality.py`: median final error over 5 seeds at 2000 x D "
+     "evaluations; bold is the best median of the row. The curves are the median best-so-far "
+     "error at D = 10 (log-spaced fractions of the budget). The black-box setup is "
+     "`fb.adaptive_bfo(8, bounds=box, relative_steps=True, swim_length=1, "
+     "step_size_min=1e-12)` (docs/variants.md)."),
     ("speed", "Speed vs peers",
      "`python benchmarks/speed.py`: every optimizer on the same shifted Rastrigin in one run; "
      "ratios are to the fastest BFO peer of that run."),
@@ -79,6 +85,31 @@ def plot_convergence(speed: dict) -> str:
     return name
 
 
+def plot_quality(quality: dict, dim: int = 10) -> str:
+    names = list(dict.fromkeys(key.split("|")[1] for key in quality["curves"]))
+    labels = list(dict.fromkeys(key.split("|")[0] for key in quality["curves"]))
+    cols = 4
+    fig, axes = plt.subplots(-(-len(names) // cols), cols, figsize=(14, 6.5), squeeze=False)
+    budget = quality["budget_per_dim"] * dim
+    evals = [f * budget for f in quality["fractions"]]
+    for ax, name in zip(axes.flat, names):
+        for label in labels:
+            curve = quality["curves"].get(f"{label}|{name}|{dim}")
+            if curve:
+                ax.plot(evals, curve, label=label, linewidth=1.2)
+        ax.set(xscale="log", yscale="log", title=name, xlabel="evaluations")
+    for ax in axes.flat[len(names):]:
+        ax.axis("off")
+    axes.flat[0].set_ylabel("median best error")
+    axes.flat[0].legend(fontsize=6)
+    fig.suptitle(f"Median best-so-far error, D = {dim}, {quality['seeds']} seeds")
+    fig.tight_layout()
+    name = f"bench_quality_d{dim}.png"
+    fig.savefig(FIGURES / name, dpi=100)
+    plt.close(fig)
+    return name
+
+
 def plot_scaling(scaling: dict) -> str:
     fig, (by_pop, by_dim) = plt.subplots(1, 2, figsize=(11, 4))
     rows = scaling["rows"]
@@ -128,6 +159,8 @@ def main() -> None:
     figures = {}
     if (speed := load("speed")) is not None:
         figures["speed"] = plot_convergence(speed)
+    if (quality := load("quality")) is not None:
+        figures["quality"] = plot_quality(quality)
     if (scaling := load("scaling")) is not None:
         figures["scaling"] = plot_scaling(scaling)
     overhead = {s: d for s in ("update_overhead", "update_overhead_cuda_bfo")

@@ -20,3 +20,63 @@ def test_quick_run_writes_results(script, stem, tmp_path):
     result = json.loads((tmp_path / f"{stem}.json").read_text())
     assert result["quick"] is True and result["machine"]["torch"]
     assert (tmp_path / f"{stem}.md").read_text().startswith("# ")
+
+
+def test_quality_quick_run_writes_results(tmp_path):
+    """Ours only where no peer is installed; the tables are built from the run log."""
+    subprocess.run([sys.executable, "quality.py", "--quick", "--out", str(tmp_path)],
+                   cwd=BENCHMARKS, check=True, capture_output=True, timeout=900)
+    result = json.loads((tmp_path / "quality_quick.json").read_text())
+    assert result["quick"] is True
+    cell = result["cells"]["sphere|2"]
+    assert {"fb.bfo", "fb.adaptive_bfo", "fb.adaptive_bfo black-box"} <= set(cell)
+    assert all(len(v["errors"]) == result["seeds"] for v in cell.values())
+    runs = (tmp_path / "quality_quick_runs.jsonl").read_text().splitlines()
+    # A second invocation resumes: every run is already logged, so nothing is appended.
+    subprocess.run([sys.executable, "quality.py", "--quick", "--out", str(tmp_path),
+                    "--optimizers", "fb.bfo"], cwd=BENCHMARKS, check=True,
+                   capture_output=True, timeout=900)
+    assert (tmp_path / "quality_quick_runs.jsonl").read_text().splitlines() == runs
+
+
+@pytest.fixture
+def benchmarks_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+
+
+@pytest.mark.parametrize("dim", [2, 10, 30])
+def test_problems_are_errors_zero_at_the_optimum_and_positive_elsewhere(dim, benchmarks_on_path):
+    import torch
+    from problems import BOXES, make, optimum
+
+    generator = torch.Generator().manual_seed(dim)
+    for name, half_width in BOXES.items():
+        for rotate in (False, True):
+            loss, (low, high) = make(name, dim, seed=3, rotate=rotate)
+            best = optimum(name, dim, seed=3)
+            assert low <= float(best.min()) and float(best.max()) <= high, name
+            assert abs(float(loss({"x": best}))) < 1e-9, (name, rotate)
+            assert float(loss({"x": best + 1e-2})) > 0, (name, rotate)
+            x = (torch.rand(200, dim, generator=generator, dtype=torch.float64) * 2 - 1)
+            values = torch.stack([loss({"x": row * half_width}) for row in x])
+            assert float(values.min()) > -1e-9, (name, rotate)
+
+
+def test_quality_summary_counts_cells_beaten_against_bfo_peers_only(benchmarks_on_path):
+    from quality import FRACTIONS, summarize
+
+    def run(optimizer, function, error, seed):
+        return {"optimizer": optimizer, "function": function, "dim": 10, "seed": seed,
+                "error": error, "seconds": 1.0, "curve": [error] * len(FRACTIONS)}
+
+    runs = [run(o, f, e, s) for s in range(3) for o, f, e in [
+        ("ours", "a", 1e-3), ("mealpy.ABFO", "a", 1e-2), ("cma.CMAES", "a", 1e-9),
+        ("ours", "b", 1e-12), ("mealpy.ABFO", "b", 1e-10)]]  # b: a tie at the 1e-8 floor
+    summary = summarize(runs, ["ours", "mealpy.ABFO", "cma.CMAES"], ["a", "b"], [10], 3,
+                        ours=("ours",))
+    verdict = summary["verdict"]["ours"]
+    assert verdict["cells_beating_every_bfo_peer"] == 1  # CMA-ES is not a BFO peer; ties lose
+    assert verdict["cells_with_bfo_peers"] == 2
+    assert verdict["cells_where_cma_es_is_better"] == 1
+    assert verdict["mean_log10_error_d10"] == pytest.approx((-3 + -8) / 2)
+    assert summary["verdict"]["mealpy.ABFO"]["mean_log10_error_d10"] == pytest.approx(-5)
