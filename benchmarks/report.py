@@ -25,9 +25,10 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
     ("quality", "Quality vs peers at equal budgets",
      "`python benchmarks/quality.py`: median final error over 5 seeds at 2000 x D "
      "evaluations; bold is the best median of the row. The curves are the median best-so-far "
-     "error at D = 10 (log-spaced fractions of the budget). The black-box setup is "
+     "error at D = 10 (log-spaced fractions of the budget). `fb.adaptive_bfo black-box` is "
      "`fb.adaptive_bfo(8, bounds=box, relative_steps=True, swim_length=1, "
-     "step_size_min=1e-12)` (docs/variants.md)."),
+     "step_size_min=1e-12)`; `fb.black_box` is the same swarm restarted when it stalls "
+     "(docs/variants.md)."),
     ("speed", "Speed vs peers",
      "`python benchmarks/speed.py`: every optimizer on the same shifted Rastrigin in one run; "
      "ratios are to the fastest BFO peer of that run."),

@@ -19,6 +19,8 @@ from ._base import UpdateFn as UpdateFn
 from ._bfo import BFOHyperparams as BFOHyperparams
 from ._bfo import BFOState as BFOState
 from ._bfo import bfo as bfo
+from ._black_box import BlackBoxResult as BlackBoxResult
+from ._black_box import black_box as black_box
 from ._hybrid import HybridBFOHyperparams as HybridBFOHyperparams
 from ._hybrid import HybridBFOState as HybridBFOState
 from ._hybrid import hybrid_bfo as hybrid_bfo
@@ -38,6 +40,7 @@ __all__ = [
     "AdaptiveBFOState",
     "BFOHyperparams",
     "BFOState",
+    "BlackBoxResult",
     "HybridBFOHyperparams",
     "HybridBFOState",
     "InitFn",
@@ -49,6 +52,7 @@ __all__ = [
     "UpdateFn",
     "adaptive_bfo",
     "bfo",
+    "black_box",
     "evaluate",
     "hybrid_bfo",
     "load",

@@ -29,7 +29,7 @@ def test_quality_quick_run_writes_results(tmp_path):
     result = json.loads((tmp_path / "quality_quick.json").read_text())
     assert result["quick"] is True
     cell = result["cells"]["sphere|2"]
-    assert {"fb.bfo", "fb.adaptive_bfo", "fb.adaptive_bfo black-box"} <= set(cell)
+    assert {"fb.bfo", "fb.adaptive_bfo", "fb.adaptive_bfo black-box", "fb.black_box"} <= set(cell)
     assert all(len(v["errors"]) == result["seeds"] for v in cell.values())
     runs = (tmp_path / "quality_quick_runs.jsonl").read_text().splitlines()
     # A second invocation resumes: every run is already logged, so nothing is appended.

@@ -6,10 +6,10 @@ import pathlib
 PUBLIC = {
     "functional_bfo": {
         "AdaptiveBFOHyperparams", "AdaptiveBFOState", "BFOHyperparams", "BFOState",
-        "HybridBFOHyperparams", "HybridBFOState", "InitFn", "Key", "LossFn", "Optimizer",
-        "Params", "PyTree", "UpdateFn", "adaptive_bfo", "bfo", "evaluate", "hybrid_bfo", "load",
-        "materialize", "metrics", "module_loss", "random", "run", "save", "with_grad_mask",
-        "with_hyperparams",
+        "BlackBoxResult", "HybridBFOHyperparams", "HybridBFOState", "InitFn", "Key", "LossFn",
+        "Optimizer", "Params", "PyTree", "UpdateFn", "adaptive_bfo", "bfo", "black_box",
+        "evaluate", "hybrid_bfo", "load", "materialize", "metrics", "module_loss", "random",
+        "run", "save", "with_grad_mask", "with_hyperparams",
     },
     "functional_bfo.random": {
         "bits", "fold_in", "key", "normal", "normal_rows", "split", "threefry2x32",

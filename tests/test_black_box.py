@@ -1,0 +1,90 @@
+"""fb.black_box: the black-box setup with restarts, driven to an evaluation budget."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import functional_bfo as fb
+
+
+def shifted_sphere(p):
+    return (p["x"] - 0.3).square().sum()
+
+
+def start(dim=3):
+    return {"x": torch.zeros(dim, dtype=torch.float64)}
+
+
+@given(budget=st.integers(1, 400), population=st.integers(1, 6), swims=st.integers(0, 2),
+       restart_after=st.one_of(st.none(), st.integers(1, 5)))
+def test_never_exceeds_the_budget_and_counts_what_it_spent(budget, population, swims,
+                                                           restart_after):
+    out = fb.black_box(shifted_sphere, start(2), (-1.0, 1.0), max_evals=budget,
+                       key=fb.random.key(0), population_size=population, swim_length=swims,
+                       restart_after=restart_after)
+    per_update = population * (swims + 1)
+    assert out.num_evals <= max(budget, per_update)  # the first update always runs
+    assert out.num_evals + per_update > budget  # and it stops only when no update fits
+    assert [e for e, _ in out.history] == list(range(per_update, out.num_evals + 1, per_update))
+    losses = [loss for _, loss in out.history]
+    assert losses == sorted(losses, reverse=True)  # the best never gets worse
+    assert float(out.loss) == losses[-1] == float(shifted_sphere(out.params))
+
+
+def test_without_restarts_it_is_fb_run_of_the_black_box_adaptive_bfo():
+    key = fb.random.key(3)
+    out = fb.black_box(shifted_sphere, start(), (-2.0, 2.0), max_evals=500, key=key,
+                       restart_after=None)
+    opt = fb.adaptive_bfo(8, bounds=(-2.0, 2.0), relative_steps=True, swim_length=1,
+                          step_size_min=1e-12)
+    state = fb.run(opt, opt.init(start(), key=fb.random.fold_in(key, 0)), shifted_sphere,
+                   max_evals=500)
+    assert out.restarts == 0 and out.num_evals == int(state.num_evals)
+    assert torch.equal(out.loss, state.best_loss)
+    assert torch.equal(out.params["x"], state.best_params["x"])
+
+
+def test_a_stalled_swarm_restarts_from_a_new_place_in_the_box():
+    """On a flat loss nothing ever improves, so a swarm lasts restart_after + 1 updates."""
+    seen = []
+
+    def flat(p):
+        seen.append(p["x"].detach().clone())
+        return p["x"].sum() * 0.0
+
+    out = fb.black_box(flat, start(2), (-1.0, 1.0), max_evals=16 * 30, key=fb.random.key(1),
+                       restart_after=4, evaluator=fb.evaluate.loop())
+    assert out.restarts == 30 // 5  # updates 1..5 in the first swarm, 6..10 in the next, ...
+    # Bacterium 0 of each swarm's first evaluation: the given start, then new uniform places.
+    firsts = [tuple(seen[16 * 5 * k].tolist()) for k in range(out.restarts)]
+    assert firsts[0] == (0.0, 0.0) and len(set(firsts)) == len(firsts)
+    assert all(bool((x.abs() <= 1.0).all()) for x in seen)
+
+
+def test_same_key_same_result_and_maximize():
+    a = fb.black_box(shifted_sphere, start(), (-1.0, 1.0), max_evals=300, key=fb.random.key(5))
+    b = fb.black_box(shifted_sphere, start(), (-1.0, 1.0), max_evals=300, key=fb.random.key(5))
+    assert torch.equal(a.params["x"], b.params["x"]) and a.history == b.history
+    up = fb.black_box(lambda p: -shifted_sphere(p), start(), (-1.0, 1.0), max_evals=3000,
+                      key=fb.random.key(5), maximize=True)
+    assert float(up.loss) > -1e-8 and up.history[-1][1] == float(up.loss)
+
+
+def test_reaches_the_precision_floor_on_a_shifted_sphere():
+    out = fb.black_box(shifted_sphere, start(), (-1.0, 1.0), max_evals=6000,
+                       key=fb.random.key(0))
+    assert float(out.loss) < 1e-8 and out.num_evals <= 6000
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(bounds=None), r"black_box needs bounds=\(low, high\)"),
+    (dict(max_evals=0), r"Invalid max_evals: 0"),
+    (dict(restart_after=0), r"Invalid restart_after: 0"),
+    (dict(population_size=0), r"Invalid population_size: 0"),
+])
+def test_bad_settings_raise_clear_errors(kwargs, match):
+    settings = dict(bounds=(-1.0, 1.0), max_evals=100, key=fb.random.key(0)) | kwargs
+    bounds = settings.pop("bounds")
+    with pytest.raises(ValueError, match=match):
+        fb.black_box(shifted_sphere, start(), bounds, **settings)
