@@ -114,7 +114,7 @@ def black_box(
             break
         restarts += 1
         start = _uniform_point(params, bounds, random.fold_in(key, 2 * restarts - 1))
-    loss = torch.as_tensor(sign * best_cost, dtype=state.losses.dtype)
+    loss = torch.tensor(sign * best_cost, dtype=state.losses.dtype, device=state.losses.device)
     return BlackBoxResult(best_params, loss, evals, restarts, history)
 
 
