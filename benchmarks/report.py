@@ -32,22 +32,28 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
     ("speed", "Speed vs peers",
      "`python benchmarks/speed.py`: every optimizer on the same shifted Rastrigin in one run; "
      "ratios are to the fastest BFO peer of that run."),
+    ("speed_cuda", "Speed vs peers on an NVIDIA H100 machine",
+     "`python benchmarks/speed.py --device cuda`: our updates on the machine's H100, the "
+     "peers (numpy libraries) on the same machine's 16 CPU threads, in one run."),
     ("update_overhead", "Update overhead vs the evaluation floor (CPU)",
      "`python benchmarks/update_overhead.py`: an update against the vmapped evaluations it "
      "performs, run the same way (targets: 2.0 eager, 1.3 compiled)."),
     ("update_overhead_cuda_bfo", "Update overhead on an NVIDIA H100: fb.bfo",
      "`python benchmarks/update_overhead.py --device cuda --variants bfo`."),
-    ("update_overhead_cuda_adaptive", "Update overhead on an NVIDIA H100: fb.adaptive_bfo",
-     "Measured before the one-call generator (see benchmarks/NOTES.md); ratios there are "
-     "against the eager floor."),
-    ("update_overhead_cuda_hybrid", "Update overhead on an NVIDIA H100: fb.hybrid_bfo",
-     "Measured before the one-call generator (see benchmarks/NOTES.md)."),
+    ("update_overhead_cuda_adaptive_hybrid",
+     "Update overhead on an NVIDIA H100: fb.adaptive_bfo and fb.hybrid_bfo",
+     "`python benchmarks/update_overhead.py --device cuda --variants adaptive_bfo,hybrid_bfo`."
+     " The adaptive Rastrigin row compiled with inductor's disk cache warm from an earlier "
+     "run on that machine (7 s; cold it took 51-62 s)."),
     ("scaling", "Scaling with population and parameters",
-     "`python benchmarks/scaling.py`: eager updates; peak memory is measured on CUDA only."),
+     "`python benchmarks/scaling.py`: eager updates; CPU peak memory is the peak resident set "
+     "of one update in a fresh process, over what was resident before it."),
+    ("scaling_cuda", "Scaling on an NVIDIA H100",
+     "`python benchmarks/scaling.py --device cuda`: peak memory from the CUDA allocator."),
     ("adapter_paths", "The torch.optim adapters: closure vs fast path (CPU)",
      "`python benchmarks/adapter_paths.py`."),
     ("adapter_paths_cuda", "The torch.optim adapters on an NVIDIA H100",
-     "Measured before the one-call generator."),
+     "`python benchmarks/adapter_paths.py --device cuda`."),
     ("adaptive_vs_bfo", "AdaptiveBFO vs canonical BFO",
      "`python benchmarks/adaptive_vs_bfo.py`."),
 ]
@@ -64,7 +70,7 @@ def table(stem: str) -> list[str]:
     return [line for line in lines[1:]]
 
 
-def plot_convergence(speed: dict) -> str:
+def plot_convergence(speed: dict, name: str) -> str:
     fig, (by_evals, by_time) = plt.subplots(1, 2, figsize=(11, 4))
     for name, history in speed["histories"].items():
         if not history:
@@ -72,15 +78,15 @@ def plot_convergence(speed: dict) -> str:
         evals, best, seconds = zip(*history)
         by_evals.plot(evals, best, label=name)
         by_time.plot(seconds, best, label=name)
-    for ax, xlabel in ((by_evals, "evaluations"), (by_time, "seconds (peers: pro rata)")):
+    for ax, xlabel in ((by_evals, "evaluations"), (by_time, "seconds (spread pro rata)")):
         ax.set_xlabel(xlabel)
         ax.set_ylabel("best loss")
         ax.set_yscale("log")
     by_time.set_xscale("log")
     by_evals.legend(fontsize=7)
-    fig.suptitle(f"Shifted Rastrigin, D={speed['dim']}, population {speed['population']}")
+    fig.suptitle(f"Shifted Rastrigin, D={speed['dim']}, population {speed['population']}, "
+                 f"{speed['machine'].get('gpu', 'CPU')}")
     fig.tight_layout()
-    name = "bench_convergence_rastrigin.png"
     fig.savefig(FIGURES / name, dpi=110)
     plt.close(fig)
     return name
@@ -155,8 +161,8 @@ def plot_overhead(results: dict[str, dict]) -> str:
     return name
 
 
-OVERHEAD_STEMS = ["update_overhead", "update_overhead_cuda_bfo", "update_overhead_cuda_adaptive",
-                  "update_overhead_cuda_hybrid"]
+OVERHEAD_STEMS = ["update_overhead", "update_overhead_cuda_bfo",
+                  "update_overhead_cuda_adaptive_hybrid"]
 
 
 def compile_tradeoff(results: dict[str, dict]) -> list[str]:
@@ -182,7 +188,9 @@ def main() -> None:
     FIGURES.mkdir(parents=True, exist_ok=True)
     figures = {}
     if (speed := load("speed")) is not None:
-        figures["speed"] = plot_convergence(speed)
+        figures["speed"] = plot_convergence(speed, "bench_convergence_rastrigin.png")
+    if (speed := load("speed_cuda")) is not None:
+        figures["speed_cuda"] = plot_convergence(speed, "bench_convergence_rastrigin_cuda.png")
     if (quality := load("quality")) is not None:
         figures["quality"] = plot_quality(quality)
     if (scaling := load("scaling")) is not None:
@@ -210,8 +218,7 @@ def main() -> None:
                 "are from one process in which the earlier variants and modes had already "
                 "compiled (inductor's caches warm), so a cold first compile costs more. This "
                 "is why the adapters default to `compile=False`: it pays off only for long "
-                "runs of cheap losses. The H100 rows of adaptive_bfo and hybrid_bfo predate "
-                "the one-call generator (benchmarks/NOTES.md).", ""]
+                "runs of cheap losses.", ""]
         out += compile_tradeoff(overhead) + [""]
     (ROOT / "docs" / "benchmarks.md").write_text("\n".join(out).rstrip() + "\n")
     print(f"wrote docs/benchmarks.md and {len(figures)} figures")

@@ -153,7 +153,7 @@ def main() -> None:
     rows += [measure(v, 64, d, repeats, device) for v in variants for d in dims]
     chunk_population = 16 if args.quick else 1024
     chunk_sizes = [None, 4] if args.quick else [None, 256, 64, 16]
-    chunks = [measure_chunks(chunk_population, c, repeats, device) for c in chunk_sizes]
+    chunks = [measure_chunks(chunk_population, c, 3, device) for c in chunk_sizes]
     whole = chunks[0]
     per_bacterium = whole["peak_mib"] / chunk_population if whole["peak_mib"] else None
     capacity = device_memory_mib(device)
