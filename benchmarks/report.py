@@ -70,7 +70,7 @@ def table(stem: str) -> list[str]:
     return [line for line in lines[1:]]
 
 
-def plot_convergence(speed: dict, name: str) -> str:
+def plot_convergence(speed: dict, filename: str) -> str:
     fig, (by_evals, by_time) = plt.subplots(1, 2, figsize=(11, 4))
     for name, history in speed["histories"].items():
         if not history:
@@ -87,9 +87,9 @@ def plot_convergence(speed: dict, name: str) -> str:
     fig.suptitle(f"Shifted Rastrigin, D={speed['dim']}, population {speed['population']}, "
                  f"{speed['machine'].get('gpu', 'CPU')}")
     fig.tight_layout()
-    fig.savefig(FIGURES / name, dpi=110)
+    fig.savefig(FIGURES / filename, dpi=110)
     plt.close(fig)
-    return name
+    return filename
 
 
 def plot_quality(quality: dict, dim: int = 10) -> str:

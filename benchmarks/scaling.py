@@ -172,7 +172,7 @@ def main() -> None:
         md.append(f"| {r['variant']} | {r['population']} | {r['dim']} | {r['ms']:.2f} | "
                   f"{r['evals_per_s']:,.0f} | {r['over_floor']:.1f} | {peak} |")
     a, h, c = MLP_WIDTHS
-    md += ["", f"## Chunked evaluation: MLP {a}-{h}-{c} on {MLP_SAMPLES} samples, "
+    md += ["", f"### Chunked evaluation: MLP {a}-{h}-{c} on {MLP_SAMPLES} samples, "
            f"P = {chunk_population}, fb.bfo, swim length 4", "",
            "| chunk size | ms / update | x unchunked time | peak MiB | x unchunked peak |",
            "|---|---|---|---|---|"]
