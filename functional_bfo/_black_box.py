@@ -2,7 +2,8 @@
 
 For a function of a box and nothing else (no gradients, no scale, no good start): a small
 AdaptiveBFO swarm with steps measured in box widths, restarted from new uniform places
-whenever its best has not improved for ``restart_after`` updates. Each choice was measured
+whenever its best has not improved by more than ``restart_rtol`` of itself for
+``restart_after`` updates. Each choice was measured
 against the peers in ``benchmarks/quality.py`` (see benchmarks/NOTES.md).
 """
 
@@ -19,7 +20,7 @@ from . import random
 from ._adaptive import adaptive_bfo
 from ._base import Key, LossFn, Params
 from ._bounds import resolve, sample_domain
-from ._checks import check_int
+from ._checks import check_float, check_int
 
 
 class BlackBoxResult(NamedTuple):
@@ -43,6 +44,7 @@ def black_box(
     swim_length: int = 1,
     step_size_min: float = 1e-12,
     restart_after: int | None = 30,
+    restart_rtol: float = 1e-2,
     **adaptive_kwargs: Any,
 ) -> BlackBoxResult:
     """Minimize ``loss_fn`` over the box ``bounds`` in at most ``max_evals`` evaluations.
@@ -50,7 +52,9 @@ def black_box(
     Runs :func:`functional_bfo.adaptive_bfo` with ``relative_steps=True`` (steps in units of
     each coordinate's box width), ``population_size`` bacteria and ``swim_length`` swim
     steps; the first swarm has ``params`` as bacterium 0 and the rest uniform in the box.
-    When a swarm's best has not improved for ``restart_after`` updates, a new swarm starts
+    When a swarm's best has not fallen by more than ``restart_rtol * |best|`` for
+    ``restart_after`` updates (a swarm converged into a local minimum keeps improving by
+    ever smaller amounts, which must not count as progress), a new swarm starts
     from a uniform random point of the box (and its own uniform population), with the key
     ``fold_in(key, 2 * restart)`` (its start point from ``fold_in(key, 2 * restart - 1)``);
     the best over all swarms is returned.
@@ -67,7 +71,9 @@ def black_box(
         population_size: bacteria per swarm.
         swim_length: ``N_s`` of each swarm.
         step_size_min: floor of the adapted step sizes, in box widths.
-        restart_after: updates without improvement that end a swarm; None never restarts.
+        restart_after: updates without progress that end a swarm; None never restarts.
+        restart_rtol: the relative improvement an update needs to count as progress; 0
+            counts every improvement.
         **adaptive_kwargs: further :func:`functional_bfo.adaptive_bfo` settings
             (``maximize``, ``evaluator``, ``adaptation_rate``, ...).
 
@@ -91,6 +97,7 @@ def black_box(
                          "fb.adaptive_bfo with fb.run.")
     budget = check_int("max_evals", max_evals, 1)
     stall_limit = None if restart_after is None else check_int("restart_after", restart_after, 1)
+    rtol = check_float("restart_rtol", restart_rtol, 0.0)
     opt = adaptive_bfo(population_size, bounds=bounds, relative_steps=True,
                        swim_length=swim_length, step_size_min=step_size_min, **adaptive_kwargs)
     sign = -1.0 if adaptive_kwargs.get("maximize", False) else 1.0
@@ -100,6 +107,7 @@ def black_box(
     start = params
     while True:
         state = opt.init(start, key=random.fold_in(key, 2 * restarts))
+        progress, stalled = math.inf, 0  # this swarm's best at its last progress; updates since
         while per_update is None or evals + per_update <= budget:
             new = opt.update(state, loss_fn, *args)
             per_update = int(new.num_evals - state.num_evals)
@@ -108,7 +116,11 @@ def black_box(
             if cost < best_cost:
                 best_params, best_cost = state.best_params, cost
             history.append((evals, sign * best_cost))
-            if stall_limit is not None and int(state.stall) >= stall_limit:
+            if cost < (progress - rtol * abs(progress) if math.isfinite(progress) else progress):
+                progress, stalled = cost, 0
+            else:
+                stalled += 1
+            if stall_limit is not None and stalled >= stall_limit:
                 break
         else:  # the budget cannot pay for another update
             break

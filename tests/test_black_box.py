@@ -62,6 +62,18 @@ def test_a_stalled_swarm_restarts_from_a_new_place_in_the_box():
     assert all(bool((x.abs() <= 1.0).all()) for x in seen)
 
 
+def test_progress_below_restart_rtol_counts_as_a_stall():
+    """A swarm in a basin keeps improving by ever smaller amounts: that is not progress."""
+    def nearly_flat(p):
+        return 1.0 + 1e-6 * (p["x"] - 0.3).square().sum()
+
+    settings = dict(max_evals=16 * 30, key=fb.random.key(1), restart_after=4)
+    relative = fb.black_box(nearly_flat, start(2), (-1.0, 1.0), **settings)
+    assert relative.restarts == 30 // 5  # every update after a swarm's first is a stall
+    every = fb.black_box(nearly_flat, start(2), (-1.0, 1.0), restart_rtol=0.0, **settings)
+    assert every.restarts < relative.restarts  # tiny improvements keep a swarm alive
+
+
 def test_same_key_same_result_and_maximize():
     a = fb.black_box(shifted_sphere, start(), (-1.0, 1.0), max_evals=300, key=fb.random.key(5))
     b = fb.black_box(shifted_sphere, start(), (-1.0, 1.0), max_evals=300, key=fb.random.key(5))
@@ -81,6 +93,7 @@ def test_reaches_the_precision_floor_on_a_shifted_sphere():
     (dict(bounds=None), r"black_box needs bounds=\(low, high\)"),
     (dict(max_evals=0), r"Invalid max_evals: 0"),
     (dict(restart_after=0), r"Invalid restart_after: 0"),
+    (dict(restart_rtol=-0.1), r"Invalid restart_rtol: -0.1"),
     (dict(population_size=0), r"Invalid population_size: 0"),
 ])
 def test_bad_settings_raise_clear_errors(kwargs, match):
