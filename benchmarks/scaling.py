@@ -86,15 +86,21 @@ def _updater(spec: dict, device: str):
     return opt.init(params, key=fb.random.key(0)), opt, loss
 
 
-def measure(variant: str, population: int, dim: int, repeats: int, device: str) -> dict:
-    spec = {"problem": "rastrigin", "variant": variant, "population": population, "dim": dim}
+def _timed(spec: dict, repeats: int, device: str):
+    """(state after one update, median ms of an update from it, its peak MiB) for a spec."""
     state, opt, loss = _updater(spec, device)
     state = opt.update(state, loss)
-    evaluate = torch.func.vmap(rastrigin)
-    floor = median_ms(lambda: [evaluate(state.population) for _ in range(5)], repeats, device)
     ms = median_ms(lambda: opt.update(state, loss), repeats, device)
     peak = (peak_mib(lambda: opt.update(state, loss), device) if device.startswith("cuda")
             else peak_mib_cpu_fresh(spec))
+    return state, ms, peak
+
+
+def measure(variant: str, population: int, dim: int, repeats: int, device: str) -> dict:
+    spec = {"problem": "rastrigin", "variant": variant, "population": population, "dim": dim}
+    state, ms, peak = _timed(spec, repeats, device)
+    evaluate = torch.func.vmap(rastrigin)
+    floor = median_ms(lambda: [evaluate(state.population) for _ in range(5)], repeats, device)
     evals = population * 5
     return {"variant": variant, "population": population, "dim": dim, "ms": ms,
             "floor_ms": floor, "over_floor": ms / floor, "evals_per_s": evals / (ms / 1e3),
@@ -125,11 +131,7 @@ def device_memory_mib(device: str) -> float:
 def measure_chunks(population: int, chunk_size: int | None, repeats: int,
                    device: str) -> dict:
     spec = {"problem": "mlp", "population": population, "chunk_size": chunk_size}
-    state, opt, loss = _updater(spec, device)
-    state = opt.update(state, loss)
-    ms = median_ms(lambda: opt.update(state, loss), repeats, device)
-    peak = (peak_mib(lambda: opt.update(state, loss), device) if device.startswith("cuda")
-            else peak_mib_cpu_fresh(spec))
+    _, ms, peak = _timed(spec, repeats, device)
     return {"population": population, "chunk_size": chunk_size, "ms": ms, "peak_mib": peak}
 
 
