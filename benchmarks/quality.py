@@ -71,6 +71,7 @@ def run_ours(label: str, name: str, dim: int, seed: int, budget: int) -> dict:
     if OURS[label] is None:
         out = fb.black_box(loss, {"x": start}, box, max_evals=budget, key=fb.random.key(seed))
         return {"error": float(out.loss), "evals": out.num_evals, "restarts": out.restarts,
+                "explorer_updates": out.explorer_updates,
                 "seconds": time.perf_counter() - started, "curve": _curve(out.history, budget)}
     opt = OURS[label](box)
     state = opt.init({"x": start}, key=fb.random.key(seed))

@@ -8,6 +8,7 @@ length); elimination–dispersal gets likelier as the swarm stagnates or collaps
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, NamedTuple
 
@@ -227,6 +228,21 @@ class AdaptiveStatic(NamedTuple):
     sign: float
     min_size: int  # smallest active population (== size: fixed)
     relative_steps: bool = False  # steps in units of the box width where it is finite
+
+
+def adaptive_static(population_size: int, **kwargs: Any) -> AdaptiveStatic:
+    """The structural settings of ``adaptive_bfo(population_size, **kwargs)``.
+
+    For variants that drive :func:`adaptive_step` themselves; ``adaptive_bfo``'s own
+    defaults fill in what is not given, so the two never drift apart.
+    """
+    given = inspect.signature(adaptive_bfo).bind(population_size, **kwargs)
+    given.apply_defaults()
+    a = given.arguments
+    return AdaptiveStatic(population_size, a["swim_length"], a["chemotaxis_steps"],
+                          a["stagnation_steps"], a["bounds"], a["boundary"], a["tumble"],
+                          -1.0 if a["maximize"] else 1.0,
+                          a["min_population_size"] or population_size, a["relative_steps"])
 
 
 class AdaptiveStep(NamedTuple):

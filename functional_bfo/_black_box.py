@@ -1,10 +1,19 @@
-"""The black-box setup: box-relative AdaptiveBFO with restarts, driven to an evaluation budget.
+"""The black-box setup: box-relative AdaptiveBFO swarms with restarts, driven to a budget.
 
-For a function of a box and nothing else (no gradients, no scale, no good start): a small
-AdaptiveBFO swarm with steps measured in box widths, restarted from new uniform places
-whenever its best has not improved by more than ``restart_rtol`` of itself for
-``restart_after`` updates. Each choice was measured
-against the peers in ``benchmarks/quality.py`` (see benchmarks/NOTES.md).
+For a function of a box and nothing else (no gradients, no scale, no good start), two kinds
+of swarm share the budget:
+
+- converging swarms: a small AdaptiveBFO swarm with steps measured in box widths and a
+  tumble metric learned from its own successful tumbles (``_metric.py``), restarted from a
+  new uniform place whenever its best stops improving by more than ``restart_rtol`` of
+  itself; they find precise minima, one basin at a time;
+- an exploring swarm, started once ``explore_after`` converging swarms in a row have ended
+  without beating the best: the same swarm, but every ``JITTER_PERIOD`` updates each
+  bacterium is kicked by ``N(0, jitter)`` box widths per coordinate and keeps the kick
+  (population basin hopping, the mechanism behind pymetaheuristic's BFO on Rastrigin). It
+  rides a global structure (Ackley's funnel at D = 30) that restarts only sample.
+
+Each choice was measured against the peers in ``benchmarks/quality.py`` (benchmarks/NOTES.md).
 """
 
 from __future__ import annotations
@@ -17,10 +26,26 @@ import torch
 from torch import Tensor
 
 from . import random
-from ._adaptive import adaptive_bfo
+from ._adaptive import AdaptiveBFOState, adaptive_bfo, adaptive_static, adaptive_step
 from ._base import Key, LossFn, Params
-from ._bounds import resolve, sample_domain
+from ._bounds import box_relative, project, resolve, sample_domain
 from ._checks import check_float, check_int
+from ._chemotaxis import costs_by
+from ._metric import (
+    MAX_METRIC_SIZE,
+    TumbleMetric,
+    flat_rows,
+    isotropic,
+    learn,
+    shape_directions,
+    widths,
+)
+from ._tree import take
+from .evaluate import check_evaluator
+
+JITTER_PERIOD = 10  # updates between the exploring swarm's kicks
+CONVERGING_SHARE = 0.1  # of the updates after the hand-over, kept by the converging swarms
+EXPLORER_STREAM = 2**31 - 1  # fold_in data of the exploring swarm's key (restarts use 0, 1, ...)
 
 
 class BlackBoxResult(NamedTuple):
@@ -29,7 +54,8 @@ class BlackBoxResult(NamedTuple):
     params: Params  # the best point evaluated, like the initial params
     loss: Tensor  # () its loss
     num_evals: int  # loss evaluations spent (never more than max_evals)
-    restarts: int  # swarms started after the first
+    restarts: int  # converging swarms started after the first
+    explorer_updates: int  # updates given to the exploring swarm (0: it never started)
     history: list[tuple[int, float]]  # (evaluations so far, best loss) after every update
 
 
@@ -45,19 +71,30 @@ def black_box(
     step_size_min: float = 1e-12,
     restart_after: int | None = 30,
     restart_rtol: float = 1e-2,
+    metric_rate: float = 2.0,
+    explore_after: int | None = 2,
+    jitter: float = 0.01,
     **adaptive_kwargs: Any,
 ) -> BlackBoxResult:
     """Minimize ``loss_fn`` over the box ``bounds`` in at most ``max_evals`` evaluations.
 
-    Runs :func:`functional_bfo.adaptive_bfo` with ``relative_steps=True`` (steps in units of
-    each coordinate's box width), ``population_size`` bacteria and ``swim_length`` swim
-    steps; the first swarm has ``params`` as bacterium 0 and the rest uniform in the box.
-    When a swarm's best has not fallen by more than ``restart_rtol * |best|`` for
+    Converging swarms run :func:`functional_bfo.adaptive_bfo` with ``relative_steps=True``
+    (steps in units of each coordinate's box width), ``population_size`` bacteria and
+    ``swim_length`` swim steps; the first has ``params`` as bacterium 0 and the rest uniform
+    in the box. Their tumbles follow a metric learned from the swarm's successful tumbles
+    (reset with each swarm), which turns a narrow rotated valley into a round one. When a
+    swarm's best has not fallen by more than ``restart_rtol * |best|`` for
     ``restart_after`` updates (a swarm converged into a local minimum keeps improving by
-    ever smaller amounts, which must not count as progress), a new swarm starts
-    from a uniform random point of the box (and its own uniform population), with the key
-    ``fold_in(key, 2 * restart)`` (its start point from ``fold_in(key, 2 * restart - 1)``);
-    the best over all swarms is returned.
+    ever smaller amounts, which must not count as progress), a new swarm starts from a
+    uniform random point of the box, with the key ``fold_in(key, 2 * restart)`` (its start
+    point from ``fold_in(key, 2 * restart - 1)``).
+
+    Once ``explore_after`` swarms in a row have ended without beating the best so far (the
+    restarts only keep sampling local minima), an exploring swarm starts at ``params``
+    (key ``fold_in(key, 2**31 - 1)``) and takes all but ``1/10`` of the remaining updates:
+    every 10 updates each of its bacteria moves by ``jitter`` box widths times a standard
+    normal per coordinate and keeps that move, so it hops basins along the function's
+    global structure. The best point over all swarms is returned.
 
     Args:
         loss_fn: ``loss_fn(params, *args) -> 0-d tensor``, as for every optimizer here.
@@ -65,15 +102,22 @@ def black_box(
         bounds: the box, as for :func:`functional_bfo.bfo`; coordinates with an open side
             take absolute steps and restart around ``params``.
         *args: data passed to every ``loss_fn`` call.
-        max_evals: the evaluation budget (each update costs
-            ``population_size * (swim_length + 1)``).
+        max_evals: the evaluation budget, at least one update
+            (``population_size * (swim_length + 1)`` evaluations).
         key: the random key; the same key gives the same result.
         population_size: bacteria per swarm.
         swim_length: ``N_s`` of each swarm.
         step_size_min: floor of the adapted step sizes, in box widths.
-        restart_after: updates without progress that end a swarm; None never restarts.
+        restart_after: updates without progress that end a converging swarm; None never
+            restarts (and so never explores).
         restart_rtol: the relative improvement an update needs to count as progress; 0
             counts every improvement.
+        metric_rate: how fast the tumble metric learns (``rate * successes / (n^2 + 12)``
+            per update for ``n`` parameters); 0 tumbles isotropically. The metric costs
+            ``n^2`` memory and ``n^3`` time per update, so it needs ``n <= 2000``.
+        explore_after: converging swarms in a row that end without beating the best before
+            the exploring swarm takes over; None never explores.
+        jitter: the exploring swarm's kick, in box widths.
         **adaptive_kwargs: further :func:`functional_bfo.adaptive_bfo` settings
             (``maximize``, ``evaluator``, ``adaptation_rate``, ...).
 
@@ -81,7 +125,8 @@ def black_box(
         A :class:`BlackBoxResult`.
 
     Raises:
-        ValueError: no bounds, a bad budget or restart setting, or a bad AdaptiveBFO setting.
+        ValueError: no bounds, a bad budget, restart, metric or exploration setting, or a
+            bad AdaptiveBFO setting.
 
     Examples:
         >>> import torch, functional_bfo as fb
@@ -98,36 +143,143 @@ def black_box(
     budget = check_int("max_evals", max_evals, 1)
     stall_limit = None if restart_after is None else check_int("restart_after", restart_after, 1)
     rtol = check_float("restart_rtol", restart_rtol, 0.0)
-    opt = adaptive_bfo(population_size, bounds=bounds, relative_steps=True,
-                       swim_length=swim_length, step_size_min=step_size_min, **adaptive_kwargs)
+    rate = check_float("metric_rate", metric_rate, 0.0)
+    hand_over = None if explore_after is None else check_int("explore_after", explore_after, 1)
+    kick = check_float("jitter", jitter, 0.0, low_open=True)
+    settings = dict(bounds=bounds, relative_steps=True, swim_length=swim_length,
+                    step_size_min=step_size_min, **adaptive_kwargs)
+    opt = adaptive_bfo(population_size, **settings)  # validates the swarm's settings
+    per_update = population_size * (swim_length + 1)
+    if budget < per_update:
+        raise ValueError(f"Invalid max_evals: {max_evals}; one update costs population_size "
+                         f"* (swim_length + 1) = {per_update} evaluations, so give at least "
+                         "that or a smaller swarm.")
+    size = sum(x.numel() for x in optree.tree_leaves(params))
+    if rate > 0 and size > MAX_METRIC_SIZE:
+        raise ValueError(f"metric_rate={metric_rate} learns a {size} x {size} tumble metric; "
+                         f"it is limited to {MAX_METRIC_SIZE} parameters (n^2 memory, n^3 time "
+                         "per update). Pass metric_rate=0 for isotropic tumbles.")
     sign = -1.0 if adaptive_kwargs.get("maximize", False) else 1.0
-    best_params, best_cost = params, math.inf
-    evals, restarts, per_update = 0, 0, None
+    dtype = torch.promote_types(optree.tree_leaves(params)[0].dtype, torch.float32)
+    box = resolve(bounds, params, dtype)
+    static = adaptive_static(population_size, **settings)
+    evaluate = costs_by(check_evaluator(adaptive_kwargs.get("evaluator")), loss_fn, args,
+                        population_size, dtype, sign)
+    width = widths(box, params) if rate > 0 else None
+
+    def step(state: AdaptiveBFOState, metric: TumbleMetric | None):
+        """One AdaptiveBFO update with tumbles shaped by ``metric``, which learns from it."""
+        if metric is None:
+            return AdaptiveBFOState(**adaptive_step(state, static, evaluate).fields), None
+        out = adaptive_step(state, static, evaluate, lambda direction, source, known:
+                            shape_directions(metric, direction, width, params))
+        new = AdaptiveBFOState(**out.fields)
+        moves = flat_rows(new.population) - flat_rows(take(state.population, out.source))
+        return new, learn(metric, moves[out.known & (moves != 0).any(dim=1)], width, rate)
+
+    converging = _Converging(opt, step, params, bounds, key, stall_limit, rtol, rate > 0, sign)
+    explorer = None
+    evals, handed, after, converging_after = 0, False, 0, 0
     history: list[tuple[int, float]] = []
-    start = params
-    while True:
-        state = opt.init(start, key=random.fold_in(key, 2 * restarts))
-        progress, stalled = math.inf, 0  # this swarm's best at its last progress; updates since
-        while per_update is None or evals + per_update <= budget:
-            new = opt.update(state, loss_fn, *args)
-            per_update = int(new.num_evals - state.num_evals)
-            evals, state = evals + per_update, new
-            cost = sign * float(state.best_loss)
-            if cost < best_cost:
-                best_params, best_cost = state.best_params, cost
-            history.append((evals, sign * best_cost))
-            if cost < (progress - rtol * abs(progress) if math.isfinite(progress) else progress):
-                progress, stalled = cost, 0
-            else:
-                stalled += 1
-            if stall_limit is not None and stalled >= stall_limit:
-                break
-        else:  # the budget cannot pay for another update
-            break
-        restarts += 1
-        start = _uniform_point(params, bounds, random.fold_in(key, 2 * restarts - 1))
-    loss = torch.tensor(sign * best_cost, dtype=state.losses.dtype, device=state.losses.device)
-    return BlackBoxResult(best_params, loss, evals, restarts, history)
+    while evals + per_update <= budget:
+        handed = handed or (hand_over is not None and converging.failed >= hand_over)
+        if handed and explorer is None:
+            explorer = _Explorer(opt, step, params, box, key, kick, sign)
+        if handed and converging_after >= CONVERGING_SHARE * (after + 1):
+            evals += explorer.update()
+        else:
+            evals += converging.update()
+            converging_after += handed
+        after += handed
+        best = min(converging.best_cost, math.inf if explorer is None else explorer.best_cost)
+        history.append((evals, sign * best))
+    best_params, best_cost = converging.best_params, converging.best_cost
+    if explorer is not None and explorer.best_cost < best_cost:
+        best_params, best_cost = explorer.best_params, explorer.best_cost
+    losses = converging.state.losses
+    loss = torch.tensor(sign * best_cost, dtype=losses.dtype, device=losses.device)
+    return BlackBoxResult(best_params, loss, evals, converging.restarts,
+                          0 if explorer is None else explorer.updates, history)
+
+
+class _Converging:
+    """Converging swarms, one at a time: each restarted from a new place when it stalls."""
+
+    def __init__(self, opt, step, params, bounds, key, stall_limit, rtol, learns, sign):
+        self.opt, self.step, self.params, self.bounds, self.key = opt, step, params, bounds, key
+        self.stall_limit, self.rtol, self.learns, self.sign = stall_limit, rtol, learns, sign
+        self.best_params, self.best_cost = params, math.inf  # over every converging swarm
+        self.restarts = 0
+        self.failed = 0  # swarms in a row that ended without beating the best before them
+        self._start(params)
+
+    def _start(self, start: Params) -> None:
+        self.state = self.opt.init(start, key=random.fold_in(self.key, 2 * self.restarts))
+        size = sum(x.numel() for x in optree.tree_leaves(start))
+        device = optree.tree_leaves(self.state.population)[0].device
+        self.metric = isotropic(size, device) if self.learns else None
+        self.entry_best = self.best_cost  # the best this swarm has to beat
+        self.progress, self.stalled = math.inf, 0  # best at its last progress; updates since
+
+    def update(self) -> int:
+        """One update of the current swarm (restarting it if it stalled); evaluations spent."""
+        before = int(self.state.num_evals)
+        self.state, self.metric = self.step(self.state, self.metric)
+        spent = int(self.state.num_evals) - before
+        cost = self.sign * float(self.state.best_loss)
+        if cost < self.best_cost:
+            self.best_params, self.best_cost = self.state.best_params, cost
+        limit = self.progress - self.rtol * abs(self.progress)
+        if cost < (limit if math.isfinite(self.progress) else self.progress):
+            self.progress, self.stalled = cost, 0
+        else:
+            self.stalled += 1
+        if self.stall_limit is not None and self.stalled >= self.stall_limit:
+            self.failed = self.failed + 1 if cost >= self.entry_best else 0
+            self.restarts += 1
+            key = random.fold_in(self.key, 2 * self.restarts - 1)
+            self._start(_uniform_point(self.params, self.bounds, key))
+        return spent
+
+
+class _Explorer:
+    """The exploring swarm: every JITTER_PERIOD updates its bacteria take a kept random kick."""
+
+    def __init__(self, opt, step, params, box, key, jitter, sign):
+        self.step, self.box, self.jitter, self.sign = step, box, jitter, sign
+        self.key = random.fold_in(key, EXPLORER_STREAM)
+        self.state = opt.init(params, key=self.key)
+        self.best_params, self.best_cost = params, math.inf
+        self.updates = 0
+
+    def update(self) -> int:
+        """One update, then the kick when it is due; evaluations spent."""
+        before = int(self.state.num_evals)
+        self.state, _ = self.step(self.state, None)
+        self.updates += 1
+        if self.updates % JITTER_PERIOD == 0:
+            self.state = self._kicked(self.state)
+        cost = self.sign * float(self.state.best_loss)
+        if cost < self.best_cost:
+            self.best_params, self.best_cost = self.state.best_params, cost
+        return int(self.state.num_evals) - before
+
+    def _kicked(self, state: AdaptiveBFOState) -> AdaptiveBFOState:
+        """Every bacterium moved by ``N(0, jitter)`` box widths per coordinate, kept as is.
+
+        Forgetting the losses makes the next tumble of each bacterium be accepted whatever
+        it costs (so the kick is not undone), and steps below three kicks grow back to it.
+        """
+        dtype = state.losses.dtype
+        z = random.tree_normal_like(random.fold_in(self.key, self.updates), state.population,
+                                    dtype)
+        leaves, spec = optree.tree_flatten(state.population)
+        moved = [project(x + (self.jitter * k).to(x.dtype), b, "clip")
+                 for x, k, b in zip(leaves, spec.flatten_up_to(box_relative(z, self.box)),
+                                    self.box)]
+        return state._replace(population=spec.unflatten(moved),
+                              losses=torch.full_like(state.losses, math.nan),
+                              step_sizes=state.step_sizes.clamp_min(3 * self.jitter))
 
 
 def _uniform_point(params: Params, bounds: Any, key: Key) -> Params:

@@ -8,7 +8,6 @@ loss, so each evaluation yields both and is counted once.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -16,7 +15,7 @@ import optree
 import torch
 from torch import Tensor
 
-from ._adaptive import AdaptiveBFOHyperparams, AdaptiveStatic, adaptive_bfo, adaptive_step
+from ._adaptive import AdaptiveBFOHyperparams, adaptive_bfo, adaptive_static, adaptive_step
 from ._base import Key, LossFn, Optimizer, Params
 from ._checks import check_float, check_int, check_losses, check_state, path_str
 from ._chemotaxis import rank_costs
@@ -152,15 +151,8 @@ def hybrid_bfo(
         raise ValueError(f"Invalid grad_mask: {grad_mask!r}; expected None, a bool, or a pytree "
                          "like params of bools.")
     base = adaptive_bfo(population_size, **adaptive_kwargs)  # validates the rest
-    # adaptive_bfo's own defaults fill in what was not given, so the two never drift apart.
-    given = inspect.signature(adaptive_bfo).bind(population_size, **adaptive_kwargs)
-    given.apply_defaults()
-    a = given.arguments
     size = population_size
-    static = AdaptiveStatic(size, a["swim_length"], a["chemotaxis_steps"],
-                            a["stagnation_steps"], a["bounds"], a["boundary"], a["tumble"],
-                            -1.0 if a["maximize"] else 1.0, a["min_population_size"] or size,
-                            a["relative_steps"])
+    static = adaptive_static(size, **adaptive_kwargs)
 
     def init_fn(params: Params, *, key: Key) -> HybridBFOState:
         state = base.init(params, key=key)

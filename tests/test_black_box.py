@@ -17,15 +17,19 @@ def start(dim=3):
 
 
 @given(budget=st.integers(1, 400), population=st.integers(1, 6), swims=st.integers(0, 2),
-       restart_after=st.one_of(st.none(), st.integers(1, 5)))
+       restart_after=st.one_of(st.none(), st.integers(1, 5)),
+       explore_after=st.one_of(st.none(), st.integers(1, 2)))
 def test_never_exceeds_the_budget_and_counts_what_it_spent(budget, population, swims,
-                                                           restart_after):
-    out = fb.black_box(shifted_sphere, start(2), (-1.0, 1.0), max_evals=budget,
-                       key=fb.random.key(0), population_size=population, swim_length=swims,
-                       restart_after=restart_after)
+                                                           restart_after, explore_after):
     per_update = population * (swims + 1)
-    assert out.num_evals <= max(budget, per_update)  # the first update always runs
-    assert out.num_evals + per_update > budget  # and it stops only when no update fits
+    settings = dict(max_evals=budget, key=fb.random.key(0), population_size=population,
+                    swim_length=swims, restart_after=restart_after, explore_after=explore_after)
+    if budget < per_update:
+        with pytest.raises(ValueError, match=f"one update costs .* = {per_update} evaluations"):
+            fb.black_box(shifted_sphere, start(2), (-1.0, 1.0), **settings)
+        return
+    out = fb.black_box(shifted_sphere, start(2), (-1.0, 1.0), **settings)
+    assert out.num_evals <= budget < out.num_evals + per_update  # stops when no update fits
     assert [e for e, _ in out.history] == list(range(per_update, out.num_evals + 1, per_update))
     losses = [loss for _, loss in out.history]
     assert losses == sorted(losses, reverse=True)  # the best never gets worse
@@ -35,7 +39,7 @@ def test_never_exceeds_the_budget_and_counts_what_it_spent(budget, population, s
 def test_without_restarts_it_is_fb_run_of_the_black_box_adaptive_bfo():
     key = fb.random.key(3)
     out = fb.black_box(shifted_sphere, start(), (-2.0, 2.0), max_evals=500, key=key,
-                       restart_after=None)
+                       restart_after=None, metric_rate=0.0)
     opt = fb.adaptive_bfo(8, bounds=(-2.0, 2.0), relative_steps=True, swim_length=1,
                           step_size_min=1e-12)
     state = fb.run(opt, opt.init(start(), key=fb.random.fold_in(key, 0)), shifted_sphere,
@@ -54,7 +58,7 @@ def test_a_stalled_swarm_restarts_from_a_new_place_in_the_box():
         return p["x"].sum() * 0.0
 
     out = fb.black_box(flat, start(2), (-1.0, 1.0), max_evals=16 * 30, key=fb.random.key(1),
-                       restart_after=4, evaluator=fb.evaluate.loop())
+                       restart_after=4, explore_after=None, evaluator=fb.evaluate.loop())
     assert out.restarts == 30 // 5  # updates 1..5 in the first swarm, 6..10 in the next, ...
     # Bacterium 0 of each swarm's first evaluation: the given start, then new uniform places.
     firsts = [tuple(seen[16 * 5 * k].tolist()) for k in range(out.restarts)]
@@ -67,7 +71,8 @@ def test_progress_below_restart_rtol_counts_as_a_stall():
     def nearly_flat(p):
         return 1.0 + 1e-6 * (p["x"] - 0.3).square().sum()
 
-    settings = dict(max_evals=16 * 30, key=fb.random.key(1), restart_after=4)
+    settings = dict(max_evals=16 * 30, key=fb.random.key(1), restart_after=4,
+                    explore_after=None)
     relative = fb.black_box(nearly_flat, start(2), (-1.0, 1.0), **settings)
     assert relative.restarts == 30 // 5  # every update after a swarm's first is a stall
     every = fb.black_box(nearly_flat, start(2), (-1.0, 1.0), restart_rtol=0.0, **settings)
@@ -95,9 +100,72 @@ def test_reaches_the_precision_floor_on_a_shifted_sphere():
     (dict(restart_after=0), r"Invalid restart_after: 0"),
     (dict(restart_rtol=-0.1), r"Invalid restart_rtol: -0.1"),
     (dict(population_size=0), r"Invalid population_size: 0"),
+    (dict(metric_rate=-1.0), r"Invalid metric_rate: -1.0"),
+    (dict(explore_after=0), r"Invalid explore_after: 0"),
+    (dict(jitter=0.0), r"Invalid jitter: 0.0"),
 ])
 def test_bad_settings_raise_clear_errors(kwargs, match):
     settings = dict(bounds=(-1.0, 1.0), max_evals=100, key=fb.random.key(0)) | kwargs
     bounds = settings.pop("bounds")
     with pytest.raises(ValueError, match=match):
         fb.black_box(shifted_sphere, start(), bounds, **settings)
+
+
+def test_a_big_problem_needs_isotropic_tumbles():
+    big = {"x": torch.zeros(2001, dtype=torch.float64)}
+    with pytest.raises(ValueError, match="limited to 2000 parameters.*metric_rate=0"):
+        fb.black_box(shifted_sphere, big, (-1.0, 1.0), max_evals=100, key=fb.random.key(0))
+    out = fb.black_box(shifted_sphere, big, (-1.0, 1.0), max_evals=32, key=fb.random.key(0),
+                       metric_rate=0.0)
+    assert out.num_evals == 32
+
+
+def ellipsoid(p):
+    """A 2-D ellipsoid of condition 1e6, rotated by 45 degrees: a narrow diagonal valley."""
+    u, v = (p["x"][0] + p["x"][1] - 0.2) / 2**0.5, (p["x"][0] - p["x"][1]) / 2**0.5
+    return u.square() + 1e6 * v.square()
+
+
+def test_the_learned_metric_follows_a_rotated_valley():
+    """Isotropic tumbles crawl along the valley; the learned metric stretches along it."""
+    def final_losses(**settings):
+        return [float(fb.black_box(ellipsoid, start(2), (-1.0, 1.0), max_evals=8000,
+                                   key=fb.random.key(k), explore_after=None, **settings).loss)
+                for k in range(3)]
+
+    assert max(final_losses()) < 1e-7 and min(final_losses(metric_rate=0.0)) > 1e-4
+
+
+def test_after_failed_restarts_the_exploring_swarm_takes_nine_updates_in_ten():
+    """On a flat loss no swarm beats the best: two failures in a row hand the budget over."""
+    seen = []
+
+    def flat(p):
+        seen.append(p["x"].detach().clone())
+        return p["x"].sum() * 0.0
+
+    out = fb.black_box(flat, start(2), (-1.0, 1.0), max_evals=16 * 100, key=fb.random.key(1),
+                       restart_after=4, evaluator=fb.evaluate.loop())
+    # Swarm 1 sets the best; swarm 2 (updates 6..10) fails to beat it, swarm 3 (11..15) too.
+    after = 100 - 15
+    assert 0.85 * after <= out.explorer_updates <= 0.92 * after
+    assert out.restarts == 3 + (after - out.explorer_updates) // 5
+    assert all(bool((x.abs() <= 1.0).all()) for x in seen)  # kicks are clipped to the box
+    again = fb.black_box(flat, start(2), (-1.0, 1.0), max_evals=16 * 100, key=fb.random.key(1),
+                         restart_after=4, evaluator=fb.evaluate.loop())
+    assert again.explorer_updates == out.explorer_updates and again.history == out.history
+
+
+def test_the_exploring_swarm_finds_lower_basins_than_restarts_on_rastrigin():
+    """Rastrigin's big valley: kicked bacteria hop basins downhill; restarts only sample them."""
+    def rastrigin(p):
+        z = p["x"] - 1.3
+        return 10 * z.numel() + (z.square() - 10 * torch.cos(2 * torch.pi * z)).sum()
+
+    settings = dict(max_evals=2000 * 10, restart_after=30)
+    box = (-5.12, 5.12)
+    explored = [float(fb.black_box(rastrigin, start(10), box, key=fb.random.key(k),
+                                   explore_after=1, **settings).loss) for k in range(3)]
+    restarted = [float(fb.black_box(rastrigin, start(10), box, key=fb.random.key(k),
+                                    explore_after=None, **settings).loss) for k in range(3)]
+    assert sorted(explored)[1] < sorted(restarted)[1]
