@@ -3,10 +3,10 @@
 For a function of a box and nothing else (no gradients, no scale, no good start), two kinds
 of swarm share the budget:
 
-- converging swarms: a small AdaptiveBFO swarm with steps measured in box widths and a
-  tumble metric learned from its own successful tumbles (``_metric.py``), restarted from a
-  new uniform place whenever its best stops improving by more than ``restart_rtol`` of
-  itself; they find precise minima, one basin at a time;
+- converging swarms: a small AdaptiveBFO swarm with steps measured in box widths (every
+  other one with a tumble metric learned from its own successful tumbles, ``_metric.py``),
+  restarted from a new uniform place whenever its best stops improving by more than
+  ``restart_rtol`` of itself; they find precise minima, one basin at a time;
 - an exploring swarm, started once ``explore_after`` converging swarms in a row have ended
   without beating the best: the same swarm, but every ``JITTER_PERIOD`` updates each
   bacterium is kicked by ``N(0, jitter)`` box widths per coordinate and keeps the kick
@@ -81,8 +81,10 @@ def black_box(
     Converging swarms run :func:`functional_bfo.adaptive_bfo` with ``relative_steps=True``
     (steps in units of each coordinate's box width), ``population_size`` bacteria and
     ``swim_length`` swim steps; the first has ``params`` as bacterium 0 and the rest uniform
-    in the box. Their tumbles follow a metric learned from the swarm's successful tumbles
-    (reset with each swarm), which turns a narrow rotated valley into a round one. When a
+    in the box. The tumbles of the first swarm, and of every other one after it, follow a
+    metric learned from that swarm's successful tumbles, which turns a narrow rotated
+    valley into a round one; the swarms between tumble isotropically, because a learned
+    metric makes a swarm less likely to find a funnel like Ackley's. When a
     swarm's best has not fallen by more than ``restart_rtol * |best|`` for
     ``restart_after`` updates (a swarm converged into a local minimum keeps improving by
     ever smaller amounts, which must not count as progress), a new swarm starts from a
@@ -217,7 +219,10 @@ class _Converging:
         self.state = self.opt.init(start, key=random.fold_in(self.key, 2 * self.restarts))
         size = sum(x.numel() for x in optree.tree_leaves(start))
         device = optree.tree_leaves(self.state.population)[0].device
-        self.metric = isotropic(size, device) if self.learns else None
+        # A portfolio: even swarms learn a metric, odd ones tumble isotropically (a learned
+        # metric makes a swarm less likely to find Ackley's funnel; benchmarks/NOTES.md).
+        learns = self.learns and self.restarts % 2 == 0
+        self.metric = isotropic(size, device) if learns else None
         self.entry_best = self.best_cost  # the best this swarm has to beat
         self.progress, self.stalled = math.inf, 0  # best at its last progress; updates since
 

@@ -169,3 +169,22 @@ def test_the_exploring_swarm_finds_lower_basins_than_restarts_on_rastrigin():
     restarted = [float(fb.black_box(rastrigin, start(10), box, key=fb.random.key(k),
                                     explore_after=None, **settings).loss) for k in range(3)]
     assert sorted(explored)[1] < sorted(restarted)[1]
+
+
+def test_even_swarms_learn_the_metric_and_odd_ones_tumble_isotropically():
+    """Each swarm lasts restart_after + 1 updates here; swarm 1 is the same with or without."""
+    def points(metric_rate):
+        seen = []
+
+        def recorded(p):
+            seen.append(p["x"].detach().clone())
+            return ellipsoid(p)
+
+        fb.black_box(recorded, start(2), (-1.0, 1.0), max_evals=16 * 15, key=fb.random.key(2),
+                     restart_after=4, restart_rtol=1e9, explore_after=None,
+                     metric_rate=metric_rate, evaluator=fb.evaluate.loop())
+        return torch.stack(seen).reshape(3, 5 * 16, 2)  # swarm, evaluation, coordinate
+
+    learned, isotropic = points(2.0), points(0.0)
+    assert torch.equal(learned[1], isotropic[1])
+    assert not torch.equal(learned[0], isotropic[0]) and not torch.equal(learned[2], isotropic[2])
