@@ -27,8 +27,9 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "evaluations; bold is the best median of the row. The curves are the median best-so-far "
      "error at D = 10 (log-spaced fractions of the budget). `fb.adaptive_bfo black-box` is "
      "`fb.adaptive_bfo(8, bounds=box, relative_steps=True, swim_length=1, "
-     "step_size_min=1e-12)`; `fb.black_box` is the same swarm restarted when it stalls "
-     "(docs/variants.md)."),
+     "step_size_min=1e-12)`; `fb.black_box` is that swarm restarted when it stalls, every "
+     "other swarm with a learned tumble metric, and a jittered exploring swarm once "
+     "restarts stop finding better basins (docs/variants.md)."),
     ("speed", "Speed vs peers",
      "`python benchmarks/speed.py`: every optimizer on the same shifted Rastrigin in one run; "
      "ratios are to the fastest BFO peer of that run."),
