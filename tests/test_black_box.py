@@ -188,3 +188,20 @@ def test_even_swarms_learn_the_metric_and_odd_ones_tumble_isotropically():
     learned, isotropic = points(2.0), points(0.0)
     assert torch.equal(learned[1], isotropic[1])
     assert not torch.equal(learned[0], isotropic[0]) and not torch.equal(learned[2], isotropic[2])
+
+
+def test_pytrees_open_sides_and_float32_go_through_the_metric_and_the_explorer():
+    """Two leaves, one with an open side, in float32: every swarm kind keeps shapes and box."""
+    params = {"w": torch.zeros(2, 3), "b": torch.zeros(4)}
+    bounds = {"w": (-1.0, 1.0), "b": (torch.tensor(-2.0), torch.tensor(float("inf")))}
+
+    def loss(p):
+        return (p["w"] - 0.4).square().sum() + (p["b"] - 1.5).square().sum()
+
+    out = fb.black_box(loss, params, bounds, max_evals=16 * 200, key=fb.random.key(0),
+                       restart_after=3, explore_after=1)
+    assert out.restarts >= 2 and out.explorer_updates > 0  # all three kinds of swarm ran
+    assert out.params["w"].shape == (2, 3) and out.params["b"].shape == (4,)
+    assert out.params["w"].dtype == out.params["b"].dtype == out.loss.dtype == torch.float32
+    assert bool((out.params["w"].abs() <= 1.0).all()) and bool((out.params["b"] >= -2.0).all())
+    assert float(out.loss) < 1e-2
