@@ -16,6 +16,21 @@ def start(dim=3):
     return {"x": torch.zeros(dim, dtype=torch.float64)}
 
 
+def flat_loss(p):
+    return p["x"].sum() * 0.0
+
+
+def recording(loss):
+    """``loss`` that also keeps every point it is called at, and the list it keeps them in."""
+    seen = []
+
+    def recorded(p):
+        seen.append(p["x"].detach().clone())
+        return loss(p)
+
+    return recorded, seen
+
+
 @given(budget=st.integers(1, 400), population=st.integers(1, 6), swims=st.integers(0, 2),
        restart_after=st.one_of(st.none(), st.integers(1, 5)),
        explore_after=st.one_of(st.none(), st.integers(1, 2)))
@@ -51,12 +66,7 @@ def test_without_restarts_it_is_fb_run_of_the_black_box_adaptive_bfo():
 
 def test_a_stalled_swarm_restarts_from_a_new_place_in_the_box():
     """On a flat loss nothing ever improves, so a swarm lasts restart_after + 1 updates."""
-    seen = []
-
-    def flat(p):
-        seen.append(p["x"].detach().clone())
-        return p["x"].sum() * 0.0
-
+    flat, seen = recording(flat_loss)
     out = fb.black_box(flat, start(2), (-1.0, 1.0), max_evals=16 * 30, key=fb.random.key(1),
                        restart_after=4, explore_after=None, evaluator=fb.evaluate.loop())
     assert out.restarts == 30 // 5  # updates 1..5 in the first swarm, 6..10 in the next, ...
@@ -138,12 +148,7 @@ def test_the_learned_metric_follows_a_rotated_valley():
 
 def test_after_failed_restarts_the_exploring_swarm_takes_nine_updates_in_ten():
     """On a flat loss no swarm beats the best: two failures in a row hand the budget over."""
-    seen = []
-
-    def flat(p):
-        seen.append(p["x"].detach().clone())
-        return p["x"].sum() * 0.0
-
+    flat, seen = recording(flat_loss)
     out = fb.black_box(flat, start(2), (-1.0, 1.0), max_evals=16 * 100, key=fb.random.key(1),
                        restart_after=4, evaluator=fb.evaluate.loop())
     # Swarm 1 sets the best; swarm 2 (updates 6..10) fails to beat it, swarm 3 (11..15) too.
@@ -174,12 +179,7 @@ def test_the_exploring_swarm_finds_lower_basins_than_restarts_on_rastrigin():
 def test_even_swarms_learn_the_metric_and_odd_ones_tumble_isotropically():
     """Each swarm lasts restart_after + 1 updates here; swarm 1 is the same with or without."""
     def points(metric_rate):
-        seen = []
-
-        def recorded(p):
-            seen.append(p["x"].detach().clone())
-            return ellipsoid(p)
-
+        recorded, seen = recording(ellipsoid)
         fb.black_box(recorded, start(2), (-1.0, 1.0), max_evals=16 * 15, key=fb.random.key(2),
                      restart_after=4, restart_rtol=1e9, explore_after=None,
                      metric_rate=metric_rate, evaluator=fb.evaluate.loop())
