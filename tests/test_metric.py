@@ -1,0 +1,77 @@
+"""The black-box setup's learned tumble metric: invariants, no drift without selection, learning."""
+
+import math
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from functional_bfo._metric import TumbleMetric, isotropic, learn, shape_directions, widths
+
+
+def random_metric(n: int, seed: int) -> TumbleMetric:
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(n, n, generator=g, dtype=torch.float64)
+    cov = a @ a.T + n * torch.eye(n, dtype=torch.float64)
+    cov = 0.5 * (cov + cov.T)
+    cov = cov * (n / torch.trace(cov))
+    return TumbleMetric(cov, torch.linalg.cholesky(cov))
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 8), count=st.integers(0, 6), seed=st.integers(0, 10**6),
+       rate=st.floats(0.0, 50.0), scale=st.floats(1e-6, 1e3))
+def test_learn_keeps_a_symmetric_positive_definite_metric_of_trace_n(n, count, seed, rate,
+                                                                      scale):
+    metric = random_metric(n, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    moves = scale * torch.randn(count, n, generator=g, dtype=torch.float64)
+    out = learn(metric, moves, torch.full((n,), 2.0, dtype=torch.float64), rate)
+    assert torch.equal(out.cov, out.cov.T)
+    assert math.isclose(float(torch.trace(out.cov)), n, rel_tol=1e-9)
+    assert torch.allclose(out.factor @ out.factor.T, out.cov, atol=1e-9)
+    if count == 0 or rate == 0:
+        assert torch.allclose(out.cov, metric.cov, atol=1e-12)
+
+
+def test_tumbles_drawn_from_the_metric_and_not_selected_leave_it_where_it_was():
+    """Each move is rescaled to Mahalanobis length sqrt(n): unbiased for any move length."""
+    n, metric = 4, random_metric(4, 0)
+    g = torch.Generator().manual_seed(1)
+    out, total, steps = metric, torch.zeros(n, n, dtype=torch.float64), 3000
+    for _ in range(steps):
+        z = torch.randn(2, n, generator=g, dtype=torch.float64)
+        lengths = torch.rand(2, 1, generator=g, dtype=torch.float64) * 10  # any step length
+        out = learn(out, lengths * (z @ metric.factor.T), torch.ones(n, dtype=torch.float64),
+                    1.0)
+        total += out.cov
+    assert torch.allclose(total / steps, metric.cov, atol=0.05)  # wanders, does not drift
+
+
+def test_successes_along_a_valley_stretch_the_metric_along_it():
+    n = 3
+    valley = torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64) / 2**0.5
+    g = torch.Generator().manual_seed(2)
+    metric = isotropic(n, torch.device("cpu"))
+    for _ in range(200):
+        signs = torch.randint(0, 2, (2, 1), generator=g).to(torch.float64) * 2 - 1
+        noise = 0.05 * torch.randn(2, n, generator=g, dtype=torch.float64)
+        metric = learn(metric, signs * valley + noise, torch.ones(n, dtype=torch.float64), 2.0)
+    values, vectors = torch.linalg.eigh(metric.cov)
+    assert float(values[-1] / values[0]) > 100
+    assert abs(float(vectors[:, -1] @ valley)) > 0.99
+
+
+def test_directions_are_shaped_in_box_widths_and_keep_the_population_tree():
+    params = {"a": torch.zeros(2, dtype=torch.float32), "b": torch.zeros(1)}
+    box = [(torch.tensor(-1.0), torch.tensor(1.0)), (torch.tensor(0.0), torch.tensor(math.inf))]
+    width = widths(box, params)
+    assert width.tolist() == [2.0, 2.0, 1.0]
+    direction = {"a": torch.tensor([[0.6, 0.0], [0.0, 0.4]]), "b": torch.tensor([[0.8], [0.3]])}
+    same = shape_directions(isotropic(3, torch.device("cpu")), direction, width, params)
+    assert all(torch.allclose(same[k], direction[k]) and same[k].dtype == direction[k].dtype
+               for k in direction)
+    swap = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    swapped = shape_directions(TumbleMetric(swap @ swap.T, swap), direction, width, params)
+    assert torch.allclose(swapped["a"], direction["a"].flip(1))  # A u swaps the two coordinates
+    assert torch.allclose(swapped["b"], direction["b"])
