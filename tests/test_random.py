@@ -640,15 +640,16 @@ def compiled_vs_eager():
 
 @pytest.mark.slow
 @IGNORE_JIT_DEPRECATION
-def test_compile_keys_and_uniform_bitwise_equal_to_eager(compiled_vs_eager):
+def test_compile_keys_uniform_and_cpu_normals_bitwise_equal_to_eager(compiled_vs_eager):
     for eager, got in compiled_vs_eager.values():
         for e, g in zip(eager[:3], got[:3], strict=True):
             assert g.dtype == e.dtype and g.shape == e.shape
             assert torch.equal(g, e)
-        # The normals agree to within float rounding even where not bitwise (see below).
+        # On CPU the normals too: erfinv is an opaque op there, eager's own kernel (on GPU
+        # inductor's erfinv may round one ulp differently).
         for e, g in zip(eager[3:], got[3:], strict=True):
             assert g.dtype == e.dtype and g.shape == e.shape
-            assert torch.allclose(g, e, rtol=1e-5, atol=1e-6)
+            assert torch.equal(g, e)
     # Different steps give different draws (the step is not constant-folded).
     draws = [got[1] for _, got in compiled_vs_eager.values()]
     assert not torch.equal(draws[0], draws[1])
