@@ -28,7 +28,7 @@ from torch import Tensor
 from . import random
 from ._adaptive import AdaptiveBFOState, adaptive_bfo, adaptive_static, adaptive_step
 from ._base import Key, LossFn, Params
-from ._bounds import box_relative, project, resolve, sample_domain
+from ._bounds import LeafBounds, box_relative, project, resolve, sample_domain
 from ._checks import check_float, check_int
 from ._chemotaxis import costs_by
 from ._metric import (
@@ -179,7 +179,7 @@ def black_box(
         moves = flat_rows(new.population) - flat_rows(take(state.population, out.source))
         return new, learn(metric, moves[out.known & (moves != 0).any(dim=1)], width, rate)
 
-    converging = _Converging(opt, step, params, bounds, key, stall_limit, rtol, rate > 0, sign)
+    converging = _Converging(opt, step, params, box, key, stall_limit, rtol, rate > 0, sign)
     explorer = None
     evals, handed, after, converging_after = 0, False, 0, 0
     history: list[tuple[int, float]] = []
@@ -204,11 +204,24 @@ def black_box(
                           0 if explorer is None else explorer.updates, history)
 
 
-class _Converging:
+class _Swarm:
+    """What both kinds of swarm share: a state the driver advances, and the best it has seen."""
+
+    def _advance(self, metric: TumbleMetric | None):
+        """One update of ``self.state``: (evaluations spent, the metric after it, best cost)."""
+        before = int(self.state.num_evals)
+        self.state, metric = self.step(self.state, metric)
+        cost = self.sign * float(self.state.best_loss)
+        if cost < self.best_cost:
+            self.best_params, self.best_cost = self.state.best_params, cost
+        return int(self.state.num_evals) - before, metric, cost
+
+
+class _Converging(_Swarm):
     """Converging swarms, one at a time: each restarted from a new place when it stalls."""
 
-    def __init__(self, opt, step, params, bounds, key, stall_limit, rtol, learns, sign):
-        self.opt, self.step, self.params, self.bounds, self.key = opt, step, params, bounds, key
+    def __init__(self, opt, step, params, box, key, stall_limit, rtol, learns, sign):
+        self.opt, self.step, self.params, self.box, self.key = opt, step, params, box, key
         self.stall_limit, self.rtol, self.learns, self.sign = stall_limit, rtol, learns, sign
         self.best_params, self.best_cost = params, math.inf  # over every converging swarm
         self.restarts = 0
@@ -228,12 +241,7 @@ class _Converging:
 
     def update(self) -> int:
         """One update of the current swarm (restarting it if it stalled); evaluations spent."""
-        before = int(self.state.num_evals)
-        self.state, self.metric = self.step(self.state, self.metric)
-        spent = int(self.state.num_evals) - before
-        cost = self.sign * float(self.state.best_loss)
-        if cost < self.best_cost:
-            self.best_params, self.best_cost = self.state.best_params, cost
+        spent, self.metric, cost = self._advance(self.metric)
         limit = self.progress - self.rtol * abs(self.progress)
         if cost < (limit if math.isfinite(self.progress) else self.progress):
             self.progress, self.stalled = cost, 0
@@ -243,11 +251,11 @@ class _Converging:
             self.failed = self.failed + 1 if cost >= self.entry_best else 0
             self.restarts += 1
             key = random.fold_in(self.key, 2 * self.restarts - 1)
-            self._start(_uniform_point(self.params, self.bounds, key))
+            self._start(_uniform_point(self.params, self.box, key))
         return spent
 
 
-class _Explorer:
+class _Explorer(_Swarm):
     """The exploring swarm: every JITTER_PERIOD updates its bacteria take a kept random kick."""
 
     def __init__(self, opt, step, params, box, key, jitter, sign):
@@ -259,15 +267,11 @@ class _Explorer:
 
     def update(self) -> int:
         """One update, then the kick when it is due; evaluations spent."""
-        before = int(self.state.num_evals)
-        self.state, _ = self.step(self.state, None)
+        spent, _, _ = self._advance(None)
         self.updates += 1
-        if self.updates % JITTER_PERIOD == 0:
+        if self.updates % JITTER_PERIOD == 0:  # a kick moves bacteria, never the best seen
             self.state = self._kicked(self.state)
-        cost = self.sign * float(self.state.best_loss)
-        if cost < self.best_cost:
-            self.best_params, self.best_cost = self.state.best_params, cost
-        return int(self.state.num_evals) - before
+        return spent
 
     def _kicked(self, state: AdaptiveBFOState) -> AdaptiveBFOState:
         """Every bacterium moved by ``N(0, jitter)`` box widths per coordinate, kept as is.
@@ -287,11 +291,10 @@ class _Explorer:
                               step_sizes=state.step_sizes.clamp_min(3 * self.jitter))
 
 
-def _uniform_point(params: Params, bounds: Any, key: Key) -> Params:
-    """A point uniform in the box (``params`` itself on coordinates with an open side)."""
+def _uniform_point(params: Params, box: list[LeafBounds | None], key: Key) -> Params:
+    """A point uniform in the resolved ``box`` (``params`` itself where a side is open)."""
     leaves, spec = optree.tree_flatten(params)
     dtype = torch.promote_types(leaves[0].dtype, torch.float32)
-    box = resolve(bounds, params, dtype)
     z = optree.tree_leaves(random.tree_normal_like(key, params, dtype))
     scale = torch.zeros((), dtype=dtype)
     return spec.unflatten([sample_domain(x.to(dtype), zi, b, scale.to(x.device)).to(x.dtype)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ._base import Params
-from ._bounds import LeafBounds
+from ._bounds import LeafBounds, box_relative
 from ._tree import unflatten_like
 
 MAX_METRIC_SIZE = 2000  # parameters: the metric costs n^2 memory and n^3 time per update
@@ -40,14 +40,9 @@ def isotropic(size: int, device: torch.device) -> TumbleMetric:
 
 def widths(box: list[LeafBounds | None], params: Params) -> Tensor:
     """Each flattened coordinate's box width (1 where the box is open), float64, shape (n,)."""
-    out = []
-    for x, b in zip(optree.tree_leaves(params), box):
-        w = torch.ones(x.shape, dtype=torch.float64, device=x.device)
-        if b is not None:
-            width = (b[1] - b[0]).to(torch.float64)
-            w = torch.where(torch.isfinite(width), width, 1.0) * w
-        out.append(w.reshape(-1))
-    return torch.cat(out)
+    ones = optree.tree_map(
+        lambda x: torch.ones((1, *x.shape), dtype=torch.float64, device=x.device), params)
+    return flat_rows(box_relative(ones, box))[0]
 
 
 def flat_rows(population: Params) -> Tensor:
