@@ -14,8 +14,9 @@ GPU kernel may round it one ulp differently), and every function works under
 
 The 32-bit words are carried in ``int64`` tensors with explicit masking: torch's ``uint32``
 supports too few ops, and signed 32-bit overflow is undefined behaviour in generated C++.
-On CPU, when numpy is installed, the block function runs in numpy's native ``uint32``
-arithmetic instead: the same bits, about 4x faster (the tensor version is ~170 small
+On CPU the block function runs as one small C loop built with the system compiler
+(:mod:`functional_bfo._threefry_c`), or, where none works, in numpy's native ``uint32``
+arithmetic: the same bits, about 12x and 4x faster than the tensor version (~170 small
 kernels per call, dominated by dispatch).
 """
 
@@ -32,6 +33,7 @@ import optree
 import torch
 from torch import Tensor
 
+from . import _threefry_c
 from ._tree import unflatten_like
 
 __all__ = [
@@ -73,8 +75,12 @@ def _threefry_rounds(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Te
 # every node), while as an op it compiles in no time and is bitwise equal to eager.
 @torch.library.custom_op("functional_bfo::threefry2x32", mutates_args=())
 def _threefry_op(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
-    if _np is not None and x0.device.type == "cpu":
-        return _threefry_numpy(k0, k1, x0, x1)
+    if x0.device.type == "cpu":
+        kernel = _threefry_c.kernel()
+        if kernel is not None:
+            return _threefry_c.threefry2x32(kernel, k0, k1, x0, x1)
+        if _np is not None:
+            return _threefry_numpy(k0, k1, x0, x1)
     return _threefry_rounds(k0, k1, x0, x1)
 
 

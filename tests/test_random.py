@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import optree
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import functional_bfo as fb
+from functional_bfo import _threefry_c
 
 R = fb.random
 M32 = 0xFFFFFFFF
@@ -105,19 +107,62 @@ def test_threefry_matches_reference(k0, k1, x0, data):
     assert got == [ref_threefry2x32(k0, k1, a, b) for a, b in zip(x0, x1, strict=True)]
 
 
+def _c_block_function(*args):
+    kernel = _threefry_c.kernel()
+    if kernel is None:
+        pytest.skip("no C compiler: the C Threefry kernel could not be built")
+    return _threefry_c.threefry2x32(kernel, *args)
+
+
 @HYP
-@given(k0=words, k1=words, rows=st.integers(1, 4), cols=st.integers(1, 5),
-       broadcast=st.sampled_from(["none", "x1_row", "key_vector"]))
-def test_numpy_and_tensor_block_functions_agree(k0, k1, rows, cols, broadcast):
-    """The CPU numpy path is bitwise the tensor path, broadcasting included."""
+@given(k0=words, k1=words, rows=st.integers(1, 4), cols=st.integers(1, 300),
+       broadcast=st.sampled_from(["none", "x1_row", "key_vector", "transposed"]),
+       path=st.sampled_from(["numpy", "c"]))
+def test_cpu_block_functions_agree_with_the_tensor_one(k0, k1, rows, cols, broadcast, path):
+    """The numpy and C paths are bitwise the tensor path: broadcasting, strided inputs, and
+    more lanes than the C kernel's block of 256."""
     x0 = torch.randint(0, 2**32, (rows, cols))
+    if broadcast == "transposed":
+        x0 = torch.randint(0, 2**32, (cols, rows)).T
     x1 = torch.randint(0, 2**32, (1, cols) if broadcast == "x1_row" else (rows, cols))
     a = torch.tensor(k0) if broadcast != "key_vector" else torch.full((cols,), k0)
     b = torch.tensor(k1)
     expected = R._threefry_rounds(a, b, x0, x1)
-    got = R._threefry_numpy(a, b, x0, x1)
+    got = (R._threefry_numpy if path == "numpy" else _c_block_function)(a, b, x0, x1)
     for e, g in zip(expected, got):
         assert e.shape == g.shape and g.dtype == torch.int64 and torch.equal(e, g)
+
+
+def test_c_kernel_is_built_once_per_cache_and_reused(tmp_path):
+    if _threefry_c.kernel() is None:
+        pytest.skip("no C compiler: the C Threefry kernel could not be built")
+    path = _threefry_c.build(os.environ.get("CC") or "cc", tmp_path)
+    assert path.parent == tmp_path and [p.name for p in tmp_path.iterdir()] == [path.name]
+    stamp = path.stat().st_mtime_ns
+    assert _threefry_c.build(os.environ.get("CC") or "cc", tmp_path) == path
+    assert path.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    x = torch.arange(5)
+    got = _threefry_c.threefry2x32(_threefry_c.load(path), torch.tensor(1), torch.tensor(2), x, x)
+    assert all(torch.equal(g, e) for g, e in zip(got, R._threefry_rounds(*_t(1, 2), x, x)))
+
+
+def test_c_kernel_without_a_compiler_warns_once_and_numpy_takes_over(tmp_path, monkeypatch):
+    with pytest.raises(RuntimeError, match="no-such-compiler"):
+        _threefry_c.build("no-such-compiler", tmp_path)
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setenv("FUNCTIONAL_BFO_CACHE", str(tmp_path / "empty"))
+    _threefry_c.kernel.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="FUNCTIONAL_BFO_NO_C=1"):
+            assert _threefry_c.kernel() is None
+        x = torch.arange(6)
+        got = R.threefry2x32(_t(3, 4), x, x)  # no second warning (the suite errors on one)
+        assert all(torch.equal(g, e) for g, e in zip(got, R._threefry_rounds(*_t(3, 4), x, x)))
+        monkeypatch.setenv("FUNCTIONAL_BFO_NO_C", "1")
+        _threefry_c.kernel.cache_clear()
+        assert _threefry_c.kernel() is None  # switched off: no warning
+    finally:
+        _threefry_c.kernel.cache_clear()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
