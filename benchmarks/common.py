@@ -12,9 +12,16 @@ import pathlib
 import platform
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 
 import torch
+import torch._inductor.config
+
+# Compile times are reported cold: with inductor's caches on, a rerun (or a variant compiled
+# after one with the same graph) would look almost free to compile.
+torch._inductor.config.force_disable_caches = True
+warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")  # says just that
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 

@@ -216,10 +216,11 @@ def main() -> None:
         out += ["## Compile trade-off", "",
                 "From the same overhead runs: `torch.compile` time against the time it saves "
                 "per update; break-even = compile s / (eager ms - compiled ms). Compile times "
-                "are from one process in which the earlier variants and modes had already "
-                "compiled (inductor's caches warm), so a cold first compile costs more. This "
-                "is why the adapters default to `compile=False`: it pays off only for long "
-                "runs of cheap losses.", ""]
+                "on the CPU are cold (the benchmarks turn inductor's caches off), as a first "
+                "run pays them; the GPU rows were recorded before that, in one process whose "
+                "earlier variants had already compiled, so a cold compile there costs more. "
+                "This is why the adapters default to `compile=False`: it pays off only for "
+                "long runs of cheap losses.", ""]
         out += compile_tradeoff(overhead) + [""]
     (ROOT / "docs" / "benchmarks.md").write_text("\n".join(out).rstrip() + "\n")
     print(f"wrote docs/benchmarks.md and {len(figures)} figures")
