@@ -131,11 +131,12 @@ def sample_domain(anchor: Tensor, z: Tensor, bounds: LeafBounds | None, scale: T
     """New positions from standard normals ``z``.
 
     Uniform in the box where it is finite (through the normal CDF, so one draw serves both
-    cases), else ``anchor + scale * z``.
+    cases), else ``anchor + scale * z`` clipped to the side that is finite, if one is.
     """
     around = anchor + scale * z
     if bounds is None:
         return around
     low, high = bounds
     inside = low + (high - low) * torch.special.ndtr(z)
-    return torch.where(torch.isfinite(low) & torch.isfinite(high), inside, around)
+    return torch.where(torch.isfinite(low) & torch.isfinite(high), inside,
+                       torch.clamp(around, low, high))

@@ -55,6 +55,19 @@ def test_per_leaf_bounds_pytree_and_uniform_initial_population():
     assert abs(state.population["a"][1:].mean().item()) < 0.1
 
 
+@pytest.mark.parametrize("factory", [fb.bfo, fb.adaptive_bfo, fb.hybrid_bfo])
+def test_a_half_open_box_holds_the_initial_bacteria(factory):
+    """On a coordinate with one finite side, new bacteria spread around the params by
+    init_scale and are clipped to that side, like every later position (this held only
+    after the first update before)."""
+    bounds = (torch.tensor(-0.5), torch.tensor(torch.inf))
+    state = factory(population_size=400, bounds=bounds).init({"x": torch.zeros(3)},
+                                                             key=fb.random.key(4))
+    x = state.population["x"]
+    assert bool((x >= -0.5).all()) and float((x == -0.5).float().mean()) > 0.2
+    assert float(x.max()) > 1.5  # the open side is not clipped
+
+
 class Pair(NamedTuple):
     weight: torch.Tensor
     scale: torch.Tensor
