@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 import torch
-from common import machine, median_ms, parser, sync, write
+from common import compile_cold, machine, median_ms, parser, sync, write
 from torch import nn
 
 from functional_bfo.adapters import BFO, AdaptiveBFO, HybridBFO
@@ -74,6 +74,7 @@ def bench(cls, widths, samples, population, repeats, device) -> dict:
 
 
 def main() -> None:
+    compile_cold()
     args = parser(__doc__).parse_args()
     widths, samples = ((16, 32, 4), 128) if args.quick else ((64, 128, 10), 256)
     population = 16 if args.quick else 64

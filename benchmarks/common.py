@@ -18,11 +18,6 @@ from collections.abc import Callable
 import torch
 import torch._inductor.config
 
-# Compile times are reported cold: with inductor's caches on, a rerun (or a variant compiled
-# after one with the same graph) would look almost free to compile.
-torch._inductor.config.force_disable_caches = True
-warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")  # says just that
-
 RESULTS = pathlib.Path(__file__).parent / "results"
 
 
@@ -32,6 +27,16 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--out", type=pathlib.Path, default=RESULTS, help="results folder")
     return p
+
+
+def compile_cold() -> None:
+    """Turn inductor's caches off for this process, so compile times are reported cold.
+
+    With them on, a rerun (or a variant compiled after one with the same graph) would look
+    almost free to compile. Scripts that time compiles call it first thing in ``main``.
+    """
+    torch._inductor.config.force_disable_caches = True
+    warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")  # says just that
 
 
 def sync(device: str) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import optree
 import peers
 import torch
-from common import machine, parser, sync, write
+from common import compile_cold, machine, parser, sync, write
 from problems import BOXES, shift_of
 
 import functional_bfo as fb
@@ -124,6 +124,7 @@ def run_peer(name: str, numpy_loss, dim, population, budget) -> dict:
 
 
 def main() -> None:
+    compile_cold()
     p = parser(__doc__)
     p.add_argument("--target", type=float, default=None,
                    help="time-to-target threshold (default: 0.6 x the start loss)")

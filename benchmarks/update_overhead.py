@@ -18,7 +18,7 @@ import math
 import time
 
 import torch
-from common import machine, median_ms, parser, sync, write
+from common import compile_cold, machine, median_ms, parser, sync, write
 
 import functional_bfo as fb
 from functional_bfo import random as fbr
@@ -124,6 +124,7 @@ def time_threefry_compile() -> dict:
 
 
 def main() -> None:
+    compile_cold()
     p = parser(__doc__)
     p.add_argument("--variants", default="bfo,adaptive_bfo,hybrid_bfo")
     args = p.parse_args()
