@@ -2,14 +2,16 @@
 
 On the CPU the block function is the largest cost of an update after the loss itself: numpy
 makes ~110 passes over the counter arrays, while one C loop keeps each lane's 20 rounds in
-registers and vectorizes (AVX2 where the CPU has it, chosen at load time): about 3x faster
-than numpy on the 8k lanes of a 256 x 30 update, 4x on large draws, with the same bits.
+registers and vectorizes (AVX2 where the CPU has it, chosen at load time): the 8k lanes of
+a 256 x 30 update take 44 us against numpy's 290 us, a large draw a quarter of numpy's
+time, with the same bits.
 
 The library is compiled on first use (about 0.2 s) into ``$FUNCTIONAL_BFO_CACHE`` (default
 ``~/.cache/functional_bfo``) under a name that hashes the source, compiler and flags, so
-processes share it; ``$CC`` picks the compiler (default ``cc``). When it cannot be built a
-warning says why, once, and the caller falls back to numpy. ``FUNCTIONAL_BFO_NO_C=1`` turns
-it off without a warning.
+processes share it (a private temporary folder when that is not writable); ``$CC`` picks
+the compiler (default: the first of ``cc``, ``gcc``, ``clang`` found). When it cannot be
+built a warning says why, once, and the caller falls back to numpy.
+``FUNCTIONAL_BFO_NO_C=1`` turns it off without a warning.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import hashlib
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -87,6 +90,12 @@ def cache_dir() -> Path:
     return Path(base) / "functional_bfo"
 
 
+def compiler() -> str:
+    """``$CC``, else the first of ``cc``, ``gcc``, ``clang`` on the path."""
+    found = (name for name in ("cc", "gcc", "clang") if shutil.which(name))
+    return os.environ.get("CC") or next(found, "cc")
+
+
 def build(compiler: str, directory: Path) -> Path:
     """Compile ``SOURCE`` into a shared library in ``directory`` (reused when already there).
 
@@ -129,7 +138,11 @@ def kernel():
         return None
     with _build_lock:
         try:
-            return load(build(os.environ.get("CC") or "cc", cache_dir()))
+            try:
+                path = build(compiler(), cache_dir())
+            except OSError:  # an unwritable cache: build in a private folder of this process
+                path = build(compiler(), Path(tempfile.mkdtemp(prefix="functional_bfo-")))
+            return load(path)
         except (RuntimeError, OSError) as error:
             warnings.warn(
                 f"functional_bfo: could not build the C Threefry kernel ({error}); random "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 
 import optree
 import pytest
@@ -136,14 +135,30 @@ def test_cpu_block_functions_agree_with_the_tensor_one(k0, k1, rows, cols, broad
 def test_c_kernel_is_built_once_per_cache_and_reused(tmp_path):
     if _threefry_c.kernel() is None:
         pytest.skip("no C compiler: the C Threefry kernel could not be built")
-    path = _threefry_c.build(os.environ.get("CC") or "cc", tmp_path)
+    path = _threefry_c.build(_threefry_c.compiler(), tmp_path)
     assert path.parent == tmp_path and [p.name for p in tmp_path.iterdir()] == [path.name]
     stamp = path.stat().st_mtime_ns
-    assert _threefry_c.build(os.environ.get("CC") or "cc", tmp_path) == path
+    assert _threefry_c.build(_threefry_c.compiler(), tmp_path) == path
     assert path.stat().st_mtime_ns == stamp  # reused, not rebuilt
     x = torch.arange(5)
     got = _threefry_c.threefry2x32(_threefry_c.load(path), torch.tensor(1), torch.tensor(2), x, x)
     assert all(torch.equal(g, e) for g, e in zip(got, R._threefry_rounds(*_t(1, 2), x, x)))
+
+
+def test_c_kernel_with_an_unwritable_cache_builds_in_a_private_folder(tmp_path, monkeypatch):
+    if _threefry_c.kernel() is None:
+        pytest.skip("no C compiler: the C Threefry kernel could not be built")
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("FUNCTIONAL_BFO_CACHE", str(tmp_path / "a_file" / "cache"))
+    _threefry_c.kernel.cache_clear()
+    try:
+        kernel = _threefry_c.kernel()  # no warning: the suite turns warnings into errors
+        assert kernel is not None
+        x = torch.arange(4)
+        got = _threefry_c.threefry2x32(kernel, *_t(7, 8), x, x)
+        assert all(torch.equal(g, e) for g, e in zip(got, R._threefry_rounds(*_t(7, 8), x, x)))
+    finally:
+        _threefry_c.kernel.cache_clear()
 
 
 def test_c_kernel_without_a_compiler_warns_once_and_numpy_takes_over(tmp_path, monkeypatch):
