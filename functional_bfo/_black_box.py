@@ -202,12 +202,13 @@ def black_box(
     history: list[tuple[int, float]] = []
     main_budget = budget - per_update * int(polish_share * budget / per_update)
     while evals + per_update <= budget:
-        if evals + per_update > main_budget and not converging.holds_best(explorer):
-            break
+        polishing = evals + per_update > main_budget
+        if polishing and not converging.holds_best(explorer):
+            break  # the polisher takes the rest of the budget
         handed = handed or (hand_over is not None and converging.failed >= hand_over)
         if handed and explorer is None:
             explorer = _Explorer(opt, step, params, box, key, kick, sign)
-        if handed and converging_after >= CONVERGING_SHARE * (after + 1):
+        if handed and not polishing and converging_after >= CONVERGING_SHARE * (after + 1):
             evals += explorer.update()
         else:
             evals += converging.update()

@@ -151,16 +151,23 @@ def test_the_learned_metric_follows_a_rotated_valley():
 def test_after_failed_restarts_the_exploring_swarm_takes_nine_updates_in_ten():
     """On a flat loss no swarm beats the best: two failures in a row hand the budget over."""
     flat, seen = recording(flat_loss)
-    out = fb.black_box(flat, start(2), (-1.0, 1.0), max_evals=16 * 100, key=fb.random.key(1),
-                       restart_after=4, evaluator=fb.evaluate.loop())
+    settings = dict(key=fb.random.key(1), restart_after=4, evaluator=fb.evaluate.loop())
+    out = fb.black_box(flat, start(2), (-1.0, 1.0), max_evals=16 * 100, polish=0.0, **settings)
     # Swarm 1 sets the best; swarm 2 (updates 6..10) fails to beat it, swarm 3 (11..15) too.
     after = 100 - 15
     assert 0.85 * after <= out.explorer_updates <= 0.92 * after
     assert out.restarts == 3 + (after - out.explorer_updates) // 5
     assert all(bool((x.abs() <= 1.0).all()) for x in seen)  # kicks are clipped to the box
-    again = fb.black_box(flat, start(2), (-1.0, 1.0), max_evals=16 * 100, key=fb.random.key(1),
-                         restart_after=4, evaluator=fb.evaluate.loop())
+    again = fb.black_box(flat, start(2), (-1.0, 1.0), max_evals=16 * 100, polish=0.0,
+                         **settings)
     assert again.explorer_updates == out.explorer_updates and again.history == out.history
+    # Polishing the last 10 updates: every swarm ties the flat best, so the converging swarm
+    # holds it and takes all of them; the explorer only had the first 90.
+    first_90 = fb.black_box(flat, start(2), (-1.0, 1.0), max_evals=16 * 90, polish=0.0,
+                            **settings)
+    polished = fb.black_box(flat, start(2), (-1.0, 1.0), max_evals=16 * 100, polish=0.1,
+                            **settings)
+    assert polished.explorer_updates == first_90.explorer_updates < out.explorer_updates
 
 
 def test_the_exploring_swarm_finds_lower_basins_than_restarts_on_rastrigin():
