@@ -96,13 +96,13 @@ def compiler() -> str:
     return os.environ.get("CC") or next(found, "cc")
 
 
-def build(compiler: str, directory: Path) -> Path:
-    """Compile ``SOURCE`` into a shared library in ``directory`` (reused when already there).
+def build(cc: str, directory: Path) -> Path:
+    """Compile ``SOURCE`` with the command ``cc`` into a library in ``directory``, or reuse it.
 
     Raises:
         RuntimeError: the compiler is missing or fails; the message carries its output.
     """
-    command = [*shlex.split(compiler), *FLAGS]
+    command = [*shlex.split(cc), *FLAGS]
     tag = "\0".join([SOURCE, *command, platform.machine(), sys.platform])
     path = directory / f"threefry2x32-{hashlib.sha256(tag.encode()).hexdigest()[:16]}.so"
     if path.exists():
@@ -146,8 +146,8 @@ def kernel():
         except (RuntimeError, OSError) as error:
             warnings.warn(
                 f"functional_bfo: could not build the C Threefry kernel ({error}); random "
-                "numbers on the CPU are drawn with numpy instead (the same bits, about 3x "
-                "slower). Install a C compiler (or point $CC at one), or set "
+                "numbers on the CPU are drawn with numpy (or tensor ops) instead: the same "
+                "bits, 3-10x slower. Install a C compiler (or point $CC at one), or set "
                 "FUNCTIONAL_BFO_NO_C=1 to silence this.", RuntimeWarning, stacklevel=2)
             return None
 
