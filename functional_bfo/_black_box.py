@@ -203,7 +203,7 @@ def black_box(
     main_budget = budget - per_update * int(polish_share * budget / per_update)
     while evals + per_update <= budget:
         polishing = evals + per_update > main_budget
-        if polishing and not converging.holds_best(explorer):
+        if polishing and not converging.holds(_best(converging, explorer)[1]):
             break  # the polisher takes the rest of the budget
         handed = handed or (hand_over is not None and converging.failed >= hand_over)
         if handed and explorer is None:
@@ -214,11 +214,8 @@ def black_box(
             evals += converging.update()
             converging_after += handed
         after += handed
-        best = min(converging.best_cost, math.inf if explorer is None else explorer.best_cost)
-        history.append((evals, sign * best))
-    best_params, best_cost = converging.best_params, converging.best_cost
-    if explorer is not None and explorer.best_cost < best_cost:
-        best_params, best_cost = explorer.best_params, explorer.best_cost
+        history.append((evals, sign * _best(converging, explorer)[1]))
+    best_params, best_cost = _best(converging, explorer)
     if evals + per_update <= budget and math.isfinite(best_cost):
         polisher = _Polisher(opt, step, best_params, best_cost, key, kick, sign)
         while evals + per_update <= budget:
@@ -230,6 +227,12 @@ def black_box(
     loss = torch.tensor(sign * best_cost, dtype=losses.dtype, device=losses.device)
     return BlackBoxResult(best_params, loss, evals, converging.restarts,
                           0 if explorer is None else explorer.updates, history)
+
+
+def _best(*swarms) -> tuple[Params, float]:
+    """The best point and cost any of ``swarms`` has seen (None skipped; ties: the first)."""
+    return min(((s.best_params, s.best_cost) for s in swarms if s is not None),
+               key=lambda found: found[1])
 
 
 class _Swarm:
@@ -267,10 +270,9 @@ class _Converging(_Swarm):
         self.entry_best = self.best_cost  # the best this swarm has to beat
         self.progress, self.stalled = math.inf, 0  # best at its last progress; updates since
 
-    def holds_best(self, explorer) -> bool:
-        """Whether the current swarm found the best point seen by any swarm."""
-        best = min(self.best_cost, math.inf if explorer is None else explorer.best_cost)
-        return self.sign * float(self.state.best_loss) <= best
+    def holds(self, best_cost: float) -> bool:
+        """Whether the current swarm found a point as good as ``best_cost``."""
+        return self.sign * float(self.state.best_loss) <= best_cost
 
     def update(self) -> int:
         """One update of the current swarm (restarting it if it stalled); evaluations spent."""
