@@ -7,13 +7,15 @@ as the update (eager, or compiled in the same mode). The ratio update / floor is
 optimizer itself costs. Problems: 30-D Rastrigin (P=256) and an MLP 64-128-10 on
 256 samples (P=64). Modes: eager, ``torch.compile(fullgraph=True)``, and on CUDA also
 ``mode="reduce-overhead"`` (CUDA graphs). On CPU it also times compiling one Threefry call
-inlined vs as the opaque custom op functional_bfo uses (see docs/design.md).
+inlined vs as the opaque custom op functional_bfo uses, and the block function on one
+update's lanes as tensor ops, in numpy and as the C loop (see docs/design.md).
 
     python benchmarks/update_overhead.py [--quick] [--device cuda] [--variants bfo,...]
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -123,6 +125,27 @@ def time_threefry_compile() -> dict:
     return out
 
 
+def time_block_functions(repeats: int) -> dict:
+    """The CPU block function on an update's lanes: tensor rounds, numpy, the C loop."""
+    from functional_bfo import _threefry_c
+
+    words = (torch.tensor(5), torch.tensor(7), torch.tensor(3))  # key and step counter
+    paths = {"tensor": fbr._threefry_rounds, "numpy": fbr._threefry_numpy}
+    kernel = _threefry_c.kernel()
+    if kernel is not None:
+        paths["c"] = functools.partial(_threefry_c.threefry2x32, kernel)
+    out = {}
+    # One update's noise: P rows of ceil((2n + 3) / 2) lanes (random.normal_rows).
+    for name, rows, n in (("rastrigin-30", 256, 30), ("mlp-64-128-10", 64, 9610)):
+        half = n + 2
+        lanes = torch.arange(rows).unsqueeze(1) * half + torch.arange(half)
+        for path, fn in paths.items():
+            out[f"block_ms_{name}_{path}"] = median_ms(functools.partial(fn, *words, lanes),
+                                                       repeats)
+        out[f"block_lanes_{name}"] = rows * half
+    return out
+
+
 def main() -> None:
     compile_cold()
     p = parser(__doc__)
@@ -141,6 +164,7 @@ def main() -> None:
     result = {"machine": machine(device), "quick": args.quick, "updates": rows}
     if device == "cpu" and not args.quick:
         result.update(time_threefry_compile())
+        result.update(time_block_functions(repeats))
     md = [f"# Update overhead vs the vmapped-evaluation floor "
           f"({'quick' if args.quick else 'full'} run, {device})", "",
           f"Machine: {result['machine']}", "",
@@ -160,6 +184,13 @@ def main() -> None:
         md += ["", "Compiling one Threefry call: inlined "
                f"{result['threefry_compile_s_inlined']:.1f} s, as the custom op "
                f"{result['threefry_compile_s_custom_op']:.1f} s."]
+    for name in ("rastrigin-30", "mlp-64-128-10"):
+        if f"block_lanes_{name}" in result:
+            times = ", ".join(f"{path} {result[f'block_ms_{name}_{path}']:.3f} ms"
+                              for path in ("tensor", "numpy", "c")
+                              if f"block_ms_{name}_{path}" in result)
+            md += ["", f"The block function on one {name} update's "
+                   f"{result[f'block_lanes_{name}']:,} lanes: {times}."]
     write(args, "update_overhead", result, md)
 
 

@@ -2,9 +2,8 @@
 
 On the CPU the block function is the largest cost of an update after the loss itself: numpy
 makes ~110 passes over the counter arrays, while one C loop keeps each lane's 20 rounds in
-registers and vectorizes (AVX2 where the CPU has it, chosen at load time): the 8k lanes of
-a 256 x 30 update take 44 us against numpy's 290 us, a large draw a quarter of numpy's
-time, with the same bits.
+registers and vectorizes (AVX2 where the CPU has it, chosen at load time): about 6x faster than
+numpy on an update's lanes, with the same bits (``benchmarks/update_overhead.py``).
 
 The library is compiled on first use (about 0.2 s) into ``$FUNCTIONAL_BFO_CACHE`` (default
 ``~/.cache/functional_bfo``) under a name that hashes the source, compiler and flags, so
