@@ -150,6 +150,11 @@ def plot_overhead(results: dict[str, dict]) -> str:
                 if f"{mode}_ms" in r:
                     labels.append(f"{where} {r['problem']} {r['variant']} {mode}")
                     values.append(r.get(f"{mode}_over_own_floor", r[f"{mode}_over_floor"]))
+            if "eager_ray_ms" in r:  # swim_batch = N_s + 1, against both floors
+                labels.append(f"{where} {r['problem']} {r['variant']} eager ray")
+                values.append(r["eager_ray_over_floor"])
+                labels.append(f"{where} {r['problem']} {r['variant']} eager ray / 1-call floor")
+                values.append(r["eager_ray_over_one_call_floor"])
     fig, ax = plt.subplots(figsize=(9, 0.28 * len(labels) + 1))
     ax.barh(range(len(labels)), values)
     ax.set_yticks(range(len(labels)), labels, fontsize=7)

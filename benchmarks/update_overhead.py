@@ -6,9 +6,12 @@ hybrid_bfo, which needs the gradients), on the population's candidates, run the 
 as the update (eager, or compiled in the same mode). The ratio update / floor is what the
 optimizer itself costs. Problems: 30-D Rastrigin (P=256) and an MLP 64-128-10 on
 256 samples (P=64). Modes: eager, ``torch.compile(fullgraph=True)``, and on CUDA also
-``mode="reduce-overhead"`` (CUDA graphs). On CPU it also times compiling one Threefry call
-inlined vs as the opaque custom op functional_bfo uses, and the block function on one
-update's lanes as tensor ops, in numpy and as the C loop (see docs/design.md).
+``mode="reduce-overhead"`` (CUDA graphs). Eager is also timed with ``swim_batch=N_s + 1``
+(the whole swim ray in one evaluation call), against both the N_s + 1-call floor and the
+floor of those stacked candidates evaluated in one call. On CPU it also times compiling
+one Threefry call inlined vs as the opaque custom op functional_bfo uses, and the block
+function on one update's lanes as tensor ops, in numpy and as the C loop (see
+docs/design.md).
 
     python benchmarks/update_overhead.py [--quick] [--device cuda] [--variants bfo,...]
 """
@@ -19,6 +22,7 @@ import functools
 import math
 import time
 
+import optree
 import torch
 from common import compile_cold, machine, median_ms, parser, sync, write
 
@@ -101,6 +105,16 @@ def time_update(name: str, variant: str, population: int, problem, repeats: int,
             row[f"{mode}_over_own_floor"] = ms / row[f"floor_{mode}_ms"]
         row[f"{mode}_compile_s"] = compile_s
         row[f"{mode}_evals_per_s"] = population * (swim + 1) / (ms / 1e3)
+    if "eager" in modes:  # the whole swim ray in one call: the same trajectory, fewer calls
+        ray = FACTORIES[variant](**kwargs, swim_batch=swim + 1)
+        ray_state = ray.update(ray.init(params, key=fb.random.key(0)), loss)
+        stacked = optree.tree_map(lambda x: x.repeat((swim + 1,) + (1,) * (x.dim() - 1)),
+                                  candidates)
+        row["floor_one_call_ms"] = median_ms(lambda: evaluate(stacked), repeats, device)
+        ms = median_ms(lambda: ray.update(ray_state, loss), repeats, device)
+        row["eager_ray_ms"] = ms
+        row["eager_ray_over_floor"] = ms / row["floor_ms"]
+        row["eager_ray_over_one_call_floor"] = ms / row["floor_one_call_ms"]
     return row
 
 
@@ -169,17 +183,24 @@ def main() -> None:
           f"({'quick' if args.quick else 'full'} run, {device})", "",
           f"Machine: {result['machine']}", "",
           "Each ratio divides by the floor evaluated the same way (eager floor for eager, the "
-          "floor compiled in the same mode for compiled modes).", "",
+          "floor compiled in the same mode for compiled modes). The floor is the N_s + 1 "
+          "evaluation calls of one population each that an update makes by default. "
+          "`eager ray` is the eager update with `swim_batch=N_s + 1` (one call of the "
+          "stacked candidates, the same trajectory); `1-call floor` is those stacked "
+          "candidates evaluated in one call.", "",
           "| problem | variant | P | floor ms | " + " | ".join(
-              f"{m} ms | {m}/floor" for m in modes) + " | compile s |",
-          "|---|---|---|---|" + "---|---|" * len(modes) + "---|"]
+              f"{m} ms | {m}/floor" for m in modes)
+          + " | eager ray ms | ray/floor | 1-call floor ms | ray/1-call floor | compile s |",
+          "|---|---|---|---|" + "---|---|" * len(modes) + "---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['problem']} | {r['variant']} | {r['population']} | "
                   f"{r['floor_ms']:.3f} | " + " | ".join(
                       f"{r[f'{m}_ms']:.3f} | "
                       f"{r.get(f'{m}_over_own_floor', r[f'{m}_over_floor']):.2f}"
                       for m in modes)
-                  + f" | {r['compiled_compile_s']:.1f} |")
+                  + f" | {r['eager_ray_ms']:.3f} | {r['eager_ray_over_floor']:.2f} | "
+                  f"{r['floor_one_call_ms']:.3f} | {r['eager_ray_over_one_call_floor']:.2f}"
+                  f" | {r['compiled_compile_s']:.1f} |")
     if "threefry_compile_s_inlined" in result:
         md += ["", "Compiling one Threefry call: inlined "
                f"{result['threefry_compile_s_inlined']:.1f} s, as the custom op "

@@ -80,6 +80,7 @@ def adaptive_bfo(
     step_size_max: float = 1.0,
     adaptation_rate: float = 0.3,
     swim_length: int = 4,
+    swim_batch: int = 1,
     chemotaxis_steps: int = 10,
     elimination_prob: float = 0.02,
     elimination_prob_max: float = 0.25,
@@ -124,6 +125,7 @@ def adaptive_bfo(
         step_size_max: ceiling of the adapted step sizes.
         adaptation_rate: ``a`` above.
         swim_length: ``N_s``, the most swim steps after a tumble.
+        swim_batch: swim points per evaluator call, as in :func:`functional_bfo.bfo`.
         chemotaxis_steps: updates between reproductions (and dispersal events).
         elimination_prob: ``P_ed`` with no pressure.
         elimination_prob_max: ``P_ed`` under full pressure.
@@ -167,6 +169,7 @@ def adaptive_bfo(
     """
     size = check_int("population_size", population_size, 1)
     swims = check_int("swim_length", swim_length, 0)
+    check_int("swim_batch", swim_batch, 1)
     n_c = check_int("chemotaxis_steps", chemotaxis_steps, 1)
     n_stag = check_int("stagnation_steps", stagnation_steps, 1)
     min_size = size if min_population_size is None else check_int(
@@ -192,7 +195,7 @@ def adaptive_bfo(
     evaluator = check_evaluator(evaluator)
     sign = -1.0 if maximize else 1.0
     static = AdaptiveStatic(size, swims, n_c, n_stag, bounds, boundary, tumble, sign, min_size,
-                            relative_steps)
+                            relative_steps, swim_batch)
 
     def init_fn(params: Params, *, key: Key) -> AdaptiveBFOState:
         start = initial_population(params, key, size, bounds, hyper["init_scale"])
@@ -208,7 +211,7 @@ def adaptive_bfo(
     def update_fn(state: AdaptiveBFOState, loss_fn: LossFn, *args: Any) -> AdaptiveBFOState:
         check_state(state, size)
         dtype = state.losses.dtype
-        evaluate = costs_by(evaluator, loss_fn, args, size, dtype, sign)
+        evaluate = costs_by(evaluator, loss_fn, args, dtype, sign)
         step = adaptive_step(state, static, evaluate)
         return AdaptiveBFOState(**step.fields)
 
@@ -228,6 +231,7 @@ class AdaptiveStatic(NamedTuple):
     sign: float
     min_size: int  # smallest active population (== size: fixed)
     relative_steps: bool = False  # steps in units of the box width where it is finite
+    swim_batch: int = 1  # swim points per evaluator call
 
 
 def adaptive_static(population_size: int, **kwargs: Any) -> AdaptiveStatic:
@@ -242,7 +246,8 @@ def adaptive_static(population_size: int, **kwargs: Any) -> AdaptiveStatic:
     return AdaptiveStatic(population_size, a["swim_length"], a["chemotaxis_steps"],
                           a["stagnation_steps"], a["bounds"], a["boundary"], a["tumble"],
                           -1.0 if a["maximize"] else 1.0,
-                          a["min_population_size"] or population_size, a["relative_steps"])
+                          a["min_population_size"] or population_size, a["relative_steps"],
+                          a["swim_batch"])
 
 
 class AdaptiveStep(NamedTuple):
@@ -312,14 +317,15 @@ def adaptive_step(
     stay_aux = None if start_aux is None else start_aux(source, known)
 
     def evaluate_active(candidates: Params):
-        raw, aux = evaluate(candidates)
-        return torch.where(active, raw, torch.inf), aux  # padding never wins nor moves
+        raw, aux = evaluate(candidates)  # padding never wins nor moves
+        return torch.where(active, raw.reshape(-1, size), torch.inf).reshape(-1), aux
 
     result = swim(population, direction, step_sizes * length * active, known.to(dtype), last,
                   evaluate=evaluate_active, swarm_cost=lambda _: 0.0, bounds=box,
                   boundary=static.boundary, swims=static.swims,
                   best_params=state.best_params, best_cost=sign * state.best_loss,
-                  stay=(last, last, stay_aux))
+                  stay=(last, last, stay_aux),
+                  per_call=static.swim_batch)
 
     # The 1/5th success rule, only where the bacterium knew where it stood.
     grow = torch.where(result.cost < last, hp.adaptation_rate, -hp.adaptation_rate / 4)

@@ -183,7 +183,7 @@ def black_box(
     box = resolve(bounds, params, dtype)
     static = adaptive_static(population_size, **settings)
     evaluate = costs_by(check_evaluator(adaptive_kwargs.get("evaluator")), loss_fn, args,
-                        population_size, dtype, sign)
+                        dtype, sign)
     width = widths(box, params) if rate > 0 else None
 
     def step(state: AdaptiveBFOState, metric: TumbleMetric | None):

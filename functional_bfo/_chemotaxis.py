@@ -3,10 +3,12 @@
 A tumble picks a unit direction uniformly on the sphere (a normalized Gaussian; Passino
 draws each coordinate in [-1, 1], which favours the cube's diagonals). The swim walks the
 ray ``theta + k * C * phi`` for ``k = 1 .. N_s + 1`` and stops at the first step that does
-not improve on the previous one. Every point of the ray is evaluated in ``N_s + 1`` batched
-calls, so no evaluation is repeated and the count per update is fixed; points past the stop
-still count towards the best ever seen. Variants reuse ``swim`` with their own directions,
-step lengths and evaluations.
+not improve on the previous one. Every point of the ray is evaluated, so no evaluation is
+repeated and the count per update is fixed; points past the stop still count towards the
+best ever seen. The points go to the evaluator ``per_call`` at a time (stacked as
+``per_call * P`` candidates): fewer calls cost less per-call overhead, more points per
+call hold more candidates (and the loss's activations) at once; the trajectory is the
+same. Variants reuse ``swim`` with their own directions, step lengths and evaluations.
 """
 
 from __future__ import annotations
@@ -58,12 +60,17 @@ def ray_point(
     bounds: list[LeafBounds | None],
     mode: str,
 ) -> Params:
-    """``project(theta + distance * phi)`` per bacterium; ``distance`` has shape (P,)."""
+    """``project(theta + distance * phi)`` per bacterium.
+
+    ``distance`` of shape (P,) gives one point per bacterium; of shape (G, P), G points each,
+    stacked point-major as ``G * P`` rows (row ``g * P + i`` is bacterium i's point g).
+    """
     leaves, spec = optree.tree_flatten(population)
     out = []
     for x, d, b in zip(leaves, spec.flatten_up_to(direction), bounds):
-        step = rows(distance, x) * d
-        out.append(project(x.to(d.dtype) + step, b, mode).to(x.dtype))
+        step = distance.reshape(distance.shape + (1,) * (x.dim() - 1)) * d
+        point = project(x.to(d.dtype) + step, b, mode).to(x.dtype)
+        out.append(point.reshape((-1,) + x.shape[1:]))
     return optree.tree_unflatten(spec, out)
 
 
@@ -93,6 +100,7 @@ def swim(
     best_params: Params,
     best_cost: Tensor,
     stay: tuple[Tensor, Tensor, Any] | None = None,
+    per_call: int = 1,
 ) -> SwimResult:
     """Tumble and swim: evaluate ``theta + (start + k) C phi`` for ``k = 0 .. swims``.
 
@@ -100,44 +108,61 @@ def swim(
     before (``last`` is the cost where it stands, +inf when unknown). Passino's bacterium
     ends at the last point it reached, improving or not. With ``stay`` (the raw cost, cost
     and aux where each bacterium stands) the swim is greedy: a bacterium ends at the last
-    point that improved, or stays. ``evaluate`` maps candidates to ``(sign-adjusted cost,
-    aux)``; ``aux`` is kept at each final point without storing the whole ray.
+    point that improved, or stays. ``evaluate`` maps stacked candidates (``G * P`` rows,
+    ``G <= per_call`` points of every bacterium) to ``(sign-adjusted cost, aux)``; ``aux``
+    is kept at each final point without storing the whole ray.
     """
     greedy = stay is not None
+    size = last.shape[0]
     final_raw, final_cost, final_aux = stay if greedy else (None, None, None)
     reached = torch.ones_like(last, dtype=torch.bool)
     moved = torch.zeros_like(reached)
     distance = torch.zeros_like(last)
     previous = last
-    for k in range(swims + 1):
-        along = (start + k) * step_length
+    for first in range(0, swims + 1, per_call):
+        ks = torch.arange(first, min(first + per_call, swims + 1), dtype=last.dtype,
+                          device=last.device)
+        along = (start + ks.unsqueeze(1)) * step_length  # (G, P)
         candidates = ray_point(population, direction, along, bounds, boundary)
         raw, aux = evaluate(candidates)
         best_params, best_cost = keep_best(best_params, best_cost, candidates, raw)
-        cost = raw + swarm_cost(candidates)
-        improved = reached & (cost < previous)
-        if final_raw is None:  # Passino: every bacterium arrives at its first point
-            final_raw, final_cost, final_aux, arrive = raw, cost, aux, reached
-        else:
-            arrive = improved if greedy else reached
-            final_raw = torch.where(arrive, raw, final_raw)
-            final_cost = torch.where(arrive, cost, final_cost)
-            final_aux = None if aux is None else where(arrive, aux, final_aux)
-        distance = torch.where(arrive, along, distance)
-        moved = moved | arrive
-        reached, previous = improved, cost
+        costs = (raw + swarm_cost(candidates)).reshape(-1, size)
+        raws = raw.reshape(-1, size)
+        for g in range(len(ks)):
+            raw, cost = raws[g], costs[g]
+            point_aux = None if aux is None else point_rows(aux, g, size)
+            improved = reached & (cost < previous)
+            if final_raw is None:  # Passino: every bacterium arrives at its first point
+                final_raw, final_cost, final_aux, arrive = raw, cost, point_aux, reached
+            else:
+                arrive = improved if greedy else reached
+                final_raw = torch.where(arrive, raw, final_raw)
+                final_cost = torch.where(arrive, cost, final_cost)
+                final_aux = None if aux is None else where(arrive, point_aux, final_aux)
+            distance = torch.where(arrive, along[g], distance)
+            moved = moved | arrive
+            reached, previous = improved, cost
     final = ray_point(population, direction, distance, bounds, boundary)
     if greedy:
         final = where(moved, final, population)
     return SwimResult(final, final_raw, final_cost, final_aux, best_params, best_cost)
 
 
-def costs_by(evaluator, loss_fn, args: tuple, size: int, dtype: torch.dtype, sign: float):
-    """``evaluate(candidates) -> (cost, None)``: sign-adjusted losses, non-finite as +inf."""
+def point_rows(stacked: Any, g: int, size: int) -> Any:
+    """Rows ``g * size .. (g + 1) * size`` of every leaf: one swim point's share of a batch."""
+    return optree.tree_map(lambda x: x[g * size:(g + 1) * size], stacked)
+
+
+def costs_by(evaluator, loss_fn, args: tuple, dtype: torch.dtype, sign: float):
+    """``evaluate(candidates) -> (cost, None)``: sign-adjusted losses, non-finite as +inf.
+
+    ``candidates`` may stack several swim points of every bacterium: one loss per row.
+    """
 
     def evaluate(candidates: Params) -> tuple[Tensor, None]:
+        count = optree.tree_leaves(candidates)[0].shape[0]
         with torch.no_grad():
-            losses = check_losses(evaluator(loss_fn, candidates, *args), size).to(dtype)
+            losses = check_losses(evaluator(loss_fn, candidates, *args), count).to(dtype)
         return rank_costs(losses, sign), None
 
     return evaluate

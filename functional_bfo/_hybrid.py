@@ -109,7 +109,7 @@ def hybrid_bfo(
         chunk_size: evaluate at most this many bacteria at once.
         evaluator: None evaluates losses and gradients with ``torch.func.grad_and_value``
             under ``vmap``; else ``evaluator(loss_fn, population, *args) -> (losses,
-            grads)`` with ``losses`` of shape (P,) and ``grads`` like ``population`` (NaN
+            grads)`` with one loss per row of ``population`` and ``grads`` like it (NaN
             where a gradient is unknown), for losses that cannot be vmapped (the
             ``torch.optim`` adapter calls a closure per bacterium). ``loss_fn`` there is
             already restricted to the marked leaves.
@@ -199,7 +199,8 @@ def hybrid_bfo(
                     torch.func.grad_and_value(differentiable),
                     in_dims=(0,) + (None,) * len(args), chunk_size=chunk_size)
                 grads, losses = batched(candidates, *args)
-            losses = check_losses(losses, size).to(dtype)
+            count = optree.tree_leaves(candidates)[0].shape[0]  # stacked swim points
+            losses = check_losses(losses, count).to(dtype)
             return rank_costs(losses, sign), grads
 
         def steer(direction: Params, source: Tensor, known: Tensor) -> Params:

@@ -1,8 +1,10 @@
 """Population evaluators: how ``loss_fn`` is applied to every bacterium of a population.
 
 An evaluator is any callable ``evaluator(loss_fn, population, *args) -> Tensor`` returning one
-loss per bacterium, shape ``(P,)``. ``vmap`` (the default) batches the whole population into
-one call of ``loss_fn`` through ``torch.func.vmap``, optionally in chunks to bound memory;
+loss per row of ``population``, shape ``(N,)``: ``N = P`` candidates, or ``swim_batch * P``
+when the optimizer stacks several swim points of each bacterium into one call. ``vmap`` (the
+default) batches the whole population into one call of ``loss_fn`` through
+``torch.func.vmap``, optionally in chunks to bound memory;
 ``loop`` calls ``loss_fn`` once per bacterium, for losses that cannot be vmapped. A distributed
 evaluator implements the same protocol (it may shard the population across processes), which
 is why bacterium randomness never depends on how the population is split.
@@ -31,14 +33,14 @@ VMAP_FAILED_MSG = (
 
 
 class Evaluator(Protocol):
-    """``evaluator(loss_fn, population, *args) -> losses`` of shape ``(P,)``.
+    """``evaluator(loss_fn, population, *args) -> losses`` of shape ``(N,)``, one per row.
 
     ``population`` has a leading bacterium axis on every leaf; ``args`` go to ``loss_fn``
     unbatched. Must be pure and sync-free to keep ``update`` compilable.
     """
 
     def __call__(self, loss_fn: LossFn, population: Params, *args: Any) -> Tensor:
-        """Losses of every bacterium, shape (P,)."""
+        """Losses of every candidate, shape (N,)."""
         ...
 
 

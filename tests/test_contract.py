@@ -134,6 +134,18 @@ def test_compile_fullgraph_has_no_graph_breaks_and_matches_eager(variant):
     assert torch.equal(compiled_state.num_evals, eager_state.num_evals)
 
 
+@variants
+def test_whole_swim_ray_in_one_call_compiles_and_keeps_the_trajectory(variant):
+    torch._dynamo.reset()
+    points = variant.kwargs.get("swim_length", 4) + 1
+    opt, batched = variant.make(), variant.make(swim_batch=points)
+    state = opt.update(opt.init(params(), key=fb.random.key(9)), loss_fn)
+    explain = torch._dynamo.explain(batched.update)(state, loss_fn)
+    assert explain.graph_break_count == 0, explain.break_reasons
+    assert explain.graph_count == 1
+    assert_trees_equal(run_updates(batched, state, 4), run_updates(opt, state, 4))
+
+
 CONVERGENCE = [  # (problem, max_evals, tolerance on best loss - minimum)
     (sphere(5), 20_000, 0.05),
     (rosenbrock(2), 20_000, 0.05),

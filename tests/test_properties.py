@@ -228,6 +228,25 @@ def test_chunked_vmap_equals_unchunked_bitwise(case, data):
     assert_trees_equal(chunked, whole)
 
 
+@given(cases(), st.data())
+def test_swim_batch_changes_only_how_candidates_are_grouped(case, data):
+    """Any number of swim points per evaluator call: the same trajectory, bitwise."""
+    points = case.kwargs["swim_length"] + 1
+    batch = data.draw(st.integers(2, points + 1), label="swim_batch")
+    rows = []
+
+    def recording(loss_fn, population, *args):
+        rows.append(optree.tree_leaves(population)[0].shape[0])
+        return fb.evaluate.vmap()(loss_fn, population, *args)
+
+    one = run_updates(case.opt(), case.init())
+    grouped = run_updates(case.opt(swim_batch=batch, evaluator=recording), case.init())
+    assert_trees_equal(grouped, one)
+    calls = -(-points // batch)
+    sizes = [min(batch, points - c * batch) * case.size for c in range(calls)]
+    assert rows == sizes * UPDATES
+
+
 @given(cases())
 def test_loop_evaluator_matches_vmap_evaluator(case):
     vmapped = run_updates(case.opt(), case.init())
