@@ -13,7 +13,8 @@ BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
 @pytest.mark.parametrize("script,stem", [("adapter_paths.py", "adapter_paths_quick"),
                                          ("update_overhead.py", "update_overhead_quick"),
                                          ("speed.py", "speed_quick"),
-                                         ("scaling.py", "scaling_quick")])
+                                         ("scaling.py", "scaling_quick"),
+                                         ("swim_batch.py", "swim_batch_quick")])
 def test_quick_run_writes_results(script, stem, tmp_path):
     subprocess.run([sys.executable, script, "--quick", "--out", str(tmp_path)],
                    cwd=BENCHMARKS, check=True, capture_output=True, timeout=600)
