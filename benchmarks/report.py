@@ -41,6 +41,9 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
     ("update_overhead", "Update overhead vs the evaluation floor (CPU)",
      "`python benchmarks/update_overhead.py`: an update against the vmapped evaluations it "
      "performs, run the same way (targets: 2.0 eager, 1.3 compiled)."),
+    ("swim_batch", "Swim points per evaluation call (CPU)",
+     "`python benchmarks/swim_batch.py`: `swim_batch=1` (the default) against the whole swim "
+     "ray in one call; the trajectory is the same."),
     ("update_overhead_cuda_bfo", "Update overhead on an NVIDIA H100: fb.bfo",
      "`python benchmarks/update_overhead.py --device cuda --variants bfo`."),
     ("update_overhead_cuda_adaptive_hybrid",

@@ -35,7 +35,8 @@ def time_batches(name: str, population: int, problem, mode: str, repeats: int,
             torch._dynamo.reset()
             update = torch.compile(opt.update, fullgraph=True)
             update(state, loss)
-        row[f"batch_{batch}_ms"] = median_ms(lambda u=update: u(state, loss), repeats, device)
+        row[f"batch_{batch}_ms"] = median_ms(lambda u=update, s=state: u(s, loss), repeats,
+                                             device)
     row["ratio"] = row[f"batch_{SWIM + 1}_ms"] / row["batch_1_ms"]
     return row
 
