@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import optree
 import torch
@@ -16,7 +16,21 @@ BOUNDS_FORM_MSG = (
     "or a pytree shaped like params with a (low, high) pair at each leaf"
 )
 
-LeafBounds = tuple[Tensor, Tensor]
+
+
+class LeafBounds(NamedTuple):
+    """One leaf's box in the compute dtype, with the constants every projection reuses."""
+
+    low: Tensor
+    high: Tensor
+    width: Tensor  # high - low: inf where a side is open
+    finite: Tensor  # bool: the width is finite
+
+
+def leaf_bounds(low: Tensor, high: Tensor) -> LeafBounds:
+    """The box ``[low, high]`` (tensors of one dtype, broadcastable to the leaf)."""
+    width = high - low
+    return LeafBounds(low, high, width, torch.isfinite(width))
 
 
 def _is_pair(x: Any) -> bool:
@@ -63,12 +77,34 @@ def _round_inward(v: Tensor, dtype: torch.dtype, toward: float) -> Tensor:
     return torch.where(outside, torch.nextafter(r, torch.full_like(r, toward)), r)
 
 
+# Eager updates resolve the same box every step (~20 small ops); keep the last few boxes.
+# An entry holds its bounds object, so the id in its key cannot be reused while it lives.
+_RESOLVED: dict[tuple, tuple[Any, list]] = {}
+_RESOLVED_MAX = 64
+
+
 def resolve(bounds: Any, params: Any, dtype: torch.dtype) -> list[LeafBounds | None]:
     """One ``(low, high)`` pair of ``dtype`` tensors per leaf of ``params`` (None: unbounded).
 
     The box is rounded inward to the leaf's own precision, so a position stored in the leaf's
-    dtype is never outside the bounds as given.
+    dtype is never outside the bounds as given. Eagerly the result is memoized per bounds
+    object and params structure, shapes, dtypes and devices (bounds are read once).
     """
+    if torch.compiler.is_compiling():  # traced once anyway, and constant-folded
+        return _resolve(bounds, params, dtype)
+    leaves, spec = optree.tree_flatten(params)
+    key = (id(bounds), spec, dtype, tuple((x.shape, x.dtype, x.device) for x in leaves))
+    hit = _RESOLVED.get(key)
+    if hit is not None and hit[0] is bounds:
+        return hit[1]
+    box = _resolve(bounds, params, dtype)
+    if len(_RESOLVED) >= _RESOLVED_MAX:
+        _RESOLVED.clear()
+    _RESOLVED[key] = (bounds, box)
+    return box
+
+
+def _resolve(bounds: Any, params: Any, dtype: torch.dtype) -> list[LeafBounds | None]:
     paths, leaves, spec = optree.tree_flatten_with_path(params)
     if bounds is None:
         return [None] * len(leaves)
@@ -95,7 +131,7 @@ def resolve(bounds: Any, params: Any, dtype: torch.dtype) -> list[LeafBounds | N
                                  f"does not broadcast to the leaf's shape {tuple(leaf.shape)}.")
         low = _round_inward(low, leaf.dtype, torch.inf).to(dtype)
         high = _round_inward(high, leaf.dtype, -torch.inf).to(dtype)
-        out.append((low, high))
+        out.append(leaf_bounds(low, high))
     return out
 
 
@@ -103,16 +139,15 @@ def project(x: Tensor, bounds: LeafBounds | None, mode: str) -> Tensor:
     """``x`` (any dtype) moved into the box; coordinates with an infinite side are clipped."""
     if bounds is None:
         return x
-    low, high = bounds
-    width = high - low
+    low, high, width, finite = bounds
     if mode != "clip":
         period = 2 * width if mode == "reflect" else width
-        y = torch.remainder(x - low, torch.where(torch.isfinite(period), period, 1.0))
+        y = torch.remainder(x - low, torch.where(finite, period, 1.0))
         if mode == "reflect":
             y = torch.where(y > width, period - y, y)
-        x = torch.where(torch.isfinite(width), low + y, x)
+        x = torch.where(finite, low + y, x)
     # The final clamp also catches rounding at the faces, so no position ever leaves the box.
-    return torch.minimum(torch.maximum(x, low), high)
+    return torch.clamp(x, low, high)
 
 
 def box_relative(direction: Any, bounds: list[LeafBounds | None]) -> Any:
@@ -121,8 +156,7 @@ def box_relative(direction: Any, bounds: list[LeafBounds | None]) -> Any:
     out = []
     for d, b in zip(leaves, bounds):
         if b is not None:
-            width = b[1] - b[0]
-            d = d * torch.where(torch.isfinite(width), width, 1.0).to(d.dtype)
+            d = d * torch.where(b.finite, b.width, 1.0).to(d.dtype)
         out.append(d)
     return optree.tree_unflatten(spec, out)
 
@@ -136,7 +170,6 @@ def sample_domain(anchor: Tensor, z: Tensor, bounds: LeafBounds | None, scale: T
     around = anchor + scale * z
     if bounds is None:
         return around
-    low, high = bounds
-    inside = low + (high - low) * torch.special.ndtr(z)
-    return torch.where(torch.isfinite(low) & torch.isfinite(high), inside,
-                       torch.clamp(around, low, high))
+    low, high, width, finite = bounds
+    inside = low + width * torch.special.ndtr(z)
+    return torch.where(finite, inside, torch.clamp(around, low, high))

@@ -115,6 +115,8 @@ def swim(
     greedy = stay is not None
     size = last.shape[0]
     final_raw, final_cost, final_aux = stay if greedy else (None, None, None)
+    # Without a swarming term the compared cost is the raw cost: track it once.
+    plain = not greedy or stay[0] is stay[1]
     reached = torch.ones_like(last, dtype=torch.bool)
     moved = torch.zeros_like(reached)
     distance = torch.zeros_like(last)
@@ -126,8 +128,10 @@ def swim(
         candidates = ray_point(population, direction, along, bounds, boundary)
         raw, aux = evaluate(candidates)
         best_params, best_cost = keep_best(best_params, best_cost, candidates, raw)
-        costs = (raw + swarm_cost(candidates)).reshape(-1, size)
+        extra = swarm_cost(candidates)
+        plain = plain and isinstance(extra, float) and extra == 0.0
         raws = raw.reshape(-1, size)
+        costs = raws if plain else (raw + extra).reshape(-1, size)
         for g in range(len(ks)):
             raw, cost = raws[g], costs[g]
             point_aux = None if aux is None else point_rows(aux, g, size)
@@ -137,10 +141,11 @@ def swim(
             else:
                 arrive = improved if greedy else reached
                 final_raw = torch.where(arrive, raw, final_raw)
-                final_cost = torch.where(arrive, cost, final_cost)
+                final_cost = final_raw if plain else torch.where(arrive, cost, final_cost)
                 final_aux = None if aux is None else where(arrive, point_aux, final_aux)
             distance = torch.where(arrive, along[g], distance)
-            moved = moved | arrive
+            if greedy:
+                moved = moved | arrive
             reached, previous = improved, cost
     final = ray_point(population, direction, distance, bounds, boundary)
     if greedy:

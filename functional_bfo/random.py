@@ -75,6 +75,10 @@ def _threefry_rounds(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Te
 # every node), while as an op it compiles in no time and is bitwise equal to eager.
 @torch.library.custom_op("functional_bfo::threefry2x32", mutates_args=())
 def _threefry_op(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
+    return _threefry_impl(k0, k1, x0, x1)
+
+
+def _threefry_impl(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
     if x0.device.type == "cpu":
         kernel = _threefry_c.kernel()
         if kernel is not None:
@@ -141,7 +145,13 @@ def threefry2x32(key: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
         The two output words, each shaped like ``x0 + x1``.
     """
     check_key(key)
-    return _threefry_op(key[0], key[1], x0, x1)
+    words = (key[0], key[1], x0, x1)
+    if torch.compiler.is_compiling() or any(map(_is_wrapped, words)):
+        return _threefry_op(*words)  # opaque to the compiler; vmap through its batching rule
+    return _threefry_impl(*words)  # eagerly the custom-op dispatch would cost ~35 us a call
+
+
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def key(seed: int, *, device: torch.device | str | None = None) -> Tensor:

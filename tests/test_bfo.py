@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import functional_bfo as fb
-from functional_bfo._bounds import project
+from functional_bfo._bounds import leaf_bounds, project
 
 
 def sq(p):
@@ -32,14 +32,12 @@ def test_positions_never_leave_the_box(mode):
 
 
 def test_projection_modes_by_hand():
-    low, high = torch.tensor(0.0), torch.tensor(1.0)
+    box = leaf_bounds(torch.tensor(0.0), torch.tensor(1.0))
     x = torch.tensor([-0.25, 0.5, 1.25, 2.5, -1.75])
-    assert torch.equal(project(x, (low, high), "clip"), torch.tensor([0.0, 0.5, 1.0, 1.0, 0.0]))
-    assert torch.equal(project(x, (low, high), "reflect"),
-                       torch.tensor([0.25, 0.5, 0.75, 0.5, 0.25]))
-    assert torch.equal(project(x, (low, high), "wrap"),
-                       torch.tensor([0.75, 0.5, 0.25, 0.5, 0.25]))
-    half_open = (torch.tensor(0.0), torch.tensor(torch.inf))
+    assert torch.equal(project(x, box, "clip"), torch.tensor([0.0, 0.5, 1.0, 1.0, 0.0]))
+    assert torch.equal(project(x, box, "reflect"), torch.tensor([0.25, 0.5, 0.75, 0.5, 0.25]))
+    assert torch.equal(project(x, box, "wrap"), torch.tensor([0.75, 0.5, 0.25, 0.5, 0.25]))
+    half_open = leaf_bounds(torch.tensor(0.0), torch.tensor(torch.inf))
     assert torch.equal(project(x, half_open, "reflect"), torch.tensor([0.0, 0.5, 1.25, 2.5, 0.0]))
 
 

@@ -6,6 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from functional_bfo._bounds import leaf_bounds
 from functional_bfo._metric import TumbleMetric, isotropic, learn, shape_directions, widths
 
 
@@ -64,7 +65,8 @@ def test_successes_along_a_valley_stretch_the_metric_along_it():
 
 def test_directions_are_shaped_in_box_widths_and_keep_the_population_tree():
     params = {"a": torch.zeros(2, dtype=torch.float32), "b": torch.zeros(1)}
-    box = [(torch.tensor(-1.0), torch.tensor(1.0)), (torch.tensor(0.0), torch.tensor(math.inf))]
+    box = [leaf_bounds(torch.tensor(-1.0), torch.tensor(1.0)),
+           leaf_bounds(torch.tensor(0.0), torch.tensor(math.inf))]
     width = widths(box, params)
     assert width.tolist() == [2.0, 2.0, 1.0]
     direction = {"a": torch.tensor([[0.6, 0.0], [0.0, 0.4]]), "b": torch.tensor([[0.8], [0.3]])}
