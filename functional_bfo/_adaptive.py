@@ -21,7 +21,7 @@ from ._checks import check_bool, check_choice, check_float, check_int, check_sta
 from ._chemotaxis import TUMBLES, costs_by, swim, tumble_directions
 from ._dispersal import dispersal_mask, initial_population, sample_population
 from ._noise import bacterium_noise
-from ._reproduction import reproduction_index
+from ._reproduction import cycle_flags, reproduction_index
 from ._tree import diversity, take, where
 from .evaluate import Evaluator, check_evaluator
 
@@ -277,35 +277,46 @@ def adaptive_step(
     box = resolve(static.bounds, state.best_params, dtype)
     noise = bacterium_noise(state.key, state.step, size, state.best_params, dtype)
 
-    # Reproduction, then dispersal under pressure, every chemotaxis_steps updates.
-    reproduce = (state.step > 0) & (state.step % static.chemotaxis_steps == 0)
+    # Reproduction, then dispersal under pressure, every chemotaxis_steps updates (False:
+    # known not to happen now, see cycle_flags).
+    (reproduce,) = cycle_flags(state.step, (static.chemotaxis_steps,))
     varying = static.min_size < size
     count = state.active_size
-    source = reproduction_index(state.health, reproduce, count if varying else None)
-    population = take(state.population, source)
-    cost = sign * state.losses[source]  # NaN where never evaluated
-    step_sizes = state.step_sizes[source]
-    health = torch.where(reproduce, torch.zeros_like(state.health), state.health)
-    spread = diversity(population, dtype) / state.reference_diversity.clamp_min(1e-30)
-    pressure = torch.maximum(state.stall.to(dtype) / static.stagnation_steps, 1 - spread)
-    pressure = pressure.clamp(0, 1)
-    p_ed = hp.elimination_prob + (hp.elimination_prob_max - hp.elimination_prob) * pressure
-    slots = torch.arange(size, device=cost.device)
-    if varying:  # grow under pressure, shrink while improving; woken slots start afresh
-        stalled = state.stall >= static.stagnation_steps
-        change = torch.where(stalled, max(1, size // 8), (state.stall == 0).long().neg())
-        new_count = torch.where(reproduce, (count + change).clamp(static.min_size, size), count)
-        woken = (slots < new_count) & (slots >= count)
-        count = new_count
-    else:
-        woken = torch.zeros_like(slots, dtype=torch.bool)
+    slots = torch.arange(size, device=count.device)
+    population, losses, step_sizes, health = (state.population, state.losses, state.step_sizes,
+                                              state.health)
+    source = slots
+    if reproduce is not False:
+        source = reproduction_index(health, reproduce, count if varying else None)
+        population, losses = take(population, source), losses[source]
+        step_sizes = step_sizes[source]
+        health = torch.where(reproduce, torch.zeros_like(health), health)
+    cost = sign * losses  # NaN where never evaluated
+    known = ~torch.isnan(cost)
+    if reproduce is not False:
+        spread = diversity(population, dtype) / state.reference_diversity.clamp_min(1e-30)
+        pressure = torch.maximum(state.stall.to(dtype) / static.stagnation_steps, 1 - spread)
+        pressure = pressure.clamp(0, 1)
+        p_ed = hp.elimination_prob + (hp.elimination_prob_max - hp.elimination_prob) * pressure
+        if varying:  # grow under pressure, shrink while improving; woken slots start afresh
+            stalled = state.stall >= static.stagnation_steps
+            change = torch.where(stalled, max(1, size // 8), (state.stall == 0).long().neg())
+            new_count = torch.where(reproduce, (count + change).clamp(static.min_size, size),
+                                    count)
+            woken = (slots < new_count) & (slots >= count)
+            count = new_count
+        else:
+            woken = torch.zeros_like(slots, dtype=torch.bool)
+        active = slots < count
+        leader = torch.where(torch.isnan(cost) | ~active, torch.inf, cost).argmin()
+        dispersed = ((dispersal_mask(noise.coin, p_ed, reproduce) & active & (slots != leader))
+                     | woken)
+        fresh = sample_population(noise.place, state.best_params, box, hp.init_scale, dtype)
+        population = where(dispersed, fresh, population)
+        step_sizes = torch.where(dispersed, hp.step_size, step_sizes)
+        known = known & ~dispersed
     active = slots < count
-    leader = torch.where(torch.isnan(cost) | ~active, torch.inf, cost).argmin()
-    dispersed = (dispersal_mask(noise.coin, p_ed, reproduce) & active & (slots != leader)) | woken
-    fresh = sample_population(noise.place, state.best_params, box, hp.init_scale, dtype)
-    population = where(dispersed, fresh, population)
-    step_sizes = torch.where(dispersed, hp.step_size, step_sizes)
-    known = ~torch.isnan(cost) & ~dispersed & active
+    known = known & active
 
     direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
                                           static.tumble, hp.levy_beta)
@@ -321,7 +332,7 @@ def adaptive_step(
         return torch.where(active, raw.reshape(-1, size), torch.inf).reshape(-1), aux
 
     result = swim(population, direction, step_sizes * length * active, known.to(dtype), last,
-                  evaluate=evaluate_active, swarm_cost=lambda _: 0.0, bounds=box,
+                  evaluate=evaluate_active, swarm_cost=None, bounds=box,
                   boundary=static.boundary, swims=static.swims,
                   best_params=state.best_params, best_cost=sign * state.best_loss,
                   stay=(last, last, stay_aux),

@@ -24,7 +24,7 @@ from ._checks import (
 from ._chemotaxis import TUMBLES, costs_by, swim, tumble_directions
 from ._dispersal import dispersal_mask, initial_population, sample_population
 from ._noise import bacterium_noise
-from ._reproduction import reproduction_index
+from ._reproduction import cycle_flags, reproduction_index
 from ._swarming import SwarmingWeights, cell_to_cell
 from ._tree import sq_norms, take, where
 from .evaluate import Evaluator, check_evaluator
@@ -219,31 +219,37 @@ def bfo(
         box = resolve(bounds, state.best_params, dtype)
         noise = bacterium_noise(state.key, state.step, size, state.best_params, dtype)
 
-        # Reproduction and elimination–dispersal happen on cycle boundaries, by counter.
-        reproduce = (state.step > 0) & (state.step % n_c == 0)
-        disperse = (state.step > 0) & (state.step % (n_c * n_re) == 0)
-        source = reproduction_index(state.health, reproduce)
-        population = take(state.population, source)
-        cost = sign * state.losses[source]  # NaN where never evaluated
-        health = torch.where(reproduce, torch.zeros_like(state.health), state.health)
-        dispersed = dispersal_mask(noise.coin, hp.elimination_prob, disperse)
-        fresh = sample_population(noise.place, state.best_params, box, hp.init_scale, dtype)
-        population = where(dispersed, fresh, population)
-        known = ~torch.isnan(cost) & ~dispersed
+        # Reproduction and elimination–dispersal happen on cycle boundaries, by counter
+        # (False: known not to happen now, see cycle_flags).
+        reproduce, disperse = cycle_flags(state.step, (n_c, n_c * n_re))
+        population, losses, health = state.population, state.losses, state.health
+        if reproduce is not False:
+            source = reproduction_index(health, reproduce)
+            population, losses = take(population, source), losses[source]
+            health = torch.where(reproduce, torch.zeros_like(health), health)
+        cost = sign * losses  # NaN where never evaluated
+        known = ~torch.isnan(cost)
+        if disperse is not False:
+            dispersed = dispersal_mask(noise.coin, hp.elimination_prob, disperse)
+            fresh = sample_population(noise.place, state.best_params, box, hp.init_scale, dtype)
+            population = where(dispersed, fresh, population)
+            known = known & ~dispersed
 
-        swarm_sq = sq_norms(population, dtype) if swarming else None
-        weights = SwarmingWeights(hp.d_attract, hp.w_attract, hp.h_repel, hp.w_repel)
+        swarm_cost = None
+        if swarming:
+            swarm_sq = sq_norms(population, dtype)
+            weights = SwarmingWeights(hp.d_attract, hp.w_attract, hp.h_repel, hp.w_repel)
 
-        def swarm_cost(positions: Params) -> Tensor | float:
-            """J_cc against the population as it stands at the start of the step."""
-            if not swarming:
-                return 0.0
-            return cell_to_cell(positions, population, swarm_sq, weights, dtype)
+            def swarm_cost(positions: Params) -> Tensor:
+                """J_cc against the population as it stands at the start of the step."""
+                return cell_to_cell(positions, population, swarm_sq, weights, dtype)
+
+            cost = cost + swarm_cost(population)
 
         direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
                                               tumble, hp.levy_beta)
         start = known.to(dtype)  # an unknown bacterium first evaluates where it stands
-        last = torch.where(known, cost + swarm_cost(population), torch.inf)
+        last = torch.where(known, cost, torch.inf)
 
         result = swim(population, direction, hp.step_size * length, start, last,
                       evaluate=costs_by(evaluator, loss_fn, args, dtype, sign),

@@ -93,7 +93,7 @@ def swim(
     last: Tensor,
     *,
     evaluate: Callable[[Params], tuple[Tensor, Any]],
-    swarm_cost: Callable[[Params], Tensor | float],
+    swarm_cost: Callable[[Params], Tensor] | None,
     bounds: list[LeafBounds | None],
     boundary: str,
     swims: int,
@@ -116,7 +116,7 @@ def swim(
     size = last.shape[0]
     final_raw, final_cost, final_aux = stay if greedy else (None, None, None)
     # Without a swarming term the compared cost is the raw cost: track it once.
-    plain = not greedy or stay[0] is stay[1]
+    plain = swarm_cost is None and (not greedy or stay[0] is stay[1])
     reached = torch.ones_like(last, dtype=torch.bool)
     moved = torch.zeros_like(reached)
     distance = torch.zeros_like(last)
@@ -128,12 +128,10 @@ def swim(
         candidates = ray_point(population, direction, along, bounds, boundary)
         raw, aux = evaluate(candidates)
         best_params, best_cost = keep_best(best_params, best_cost, candidates, raw)
-        extra = swarm_cost(candidates)
-        plain = plain and isinstance(extra, float) and extra == 0.0
         raws = raw.reshape(-1, size)
-        costs = raws if plain else (raw + extra).reshape(-1, size)
         for g in range(len(ks)):
-            raw, cost = raws[g], costs[g]
+            raw = raws[g]  # J_cc per point: the same sums whatever the batch
+            cost = raw if swarm_cost is None else raw + swarm_cost(point_rows(candidates, g, size))
             point_aux = None if aux is None else point_rows(aux, g, size)
             improved = reached & (cost < previous)
             if final_raw is None:  # Passino: every bacterium arrives at its first point

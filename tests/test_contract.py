@@ -90,11 +90,24 @@ def test_vmap_over_states_equals_separate_runs(variant):
     keys = fb.random.split(fb.random.key(6), 4)
     states = torch.func.vmap(lambda k: opt.init(params(), key=k))(keys)
     step = torch.func.vmap(opt.update, in_dims=(0, None))
-    for _ in range(3):
+    for _ in range(7):  # past reproductions and a dispersal
         states = step(states, loss_fn)
     for i in range(4):
-        single = run_updates(opt, opt.init(params(), key=keys[i]), 3)
+        single = run_updates(opt, opt.init(params(), key=keys[i]), 7)
         assert_trees_equal(optree.tree_map(lambda x, i=i: x[i], states), single)
+
+
+@variants
+def test_eager_cpu_cycle_shortcut_equals_the_masked_update(variant, monkeypatch):
+    """Eager CPU updates skip reproduction and dispersal work between cycles; bitwise the
+    same as the masked update that compiled, GPU and vmapped updates run."""
+    import functional_bfo._reproduction as reproduction
+
+    opt = variant.make()
+    state = opt.init(params(), key=fb.random.key(12))
+    shortcut = run_updates(opt, state, 13)
+    monkeypatch.setattr(reproduction, "_is_wrapped", lambda step: True)  # read nothing
+    assert_trees_equal(run_updates(opt, state, 13), shortcut)
 
 
 @variants
