@@ -121,15 +121,15 @@ def swim(
     moved = torch.zeros_like(reached)
     distance = torch.zeros_like(last)
     previous = last
+    ks = torch.arange(swims + 1, dtype=last.dtype, device=last.device).unsqueeze(1)
+    alongs = (start + ks) * step_length  # (swims + 1, P): every point's distance
     for first in range(0, swims + 1, per_call):
-        ks = torch.arange(first, min(first + per_call, swims + 1), dtype=last.dtype,
-                          device=last.device)
-        along = (start + ks.unsqueeze(1)) * step_length  # (G, P)
+        along = alongs[first:first + per_call]  # (G, P)
         candidates = ray_point(population, direction, along, bounds, boundary)
         raw, aux = evaluate(candidates)
         best_params, best_cost = keep_best(best_params, best_cost, candidates, raw)
         raws = raw.reshape(-1, size)
-        for g in range(len(ks)):
+        for g in range(along.shape[0]):
             raw = raws[g]  # J_cc per point: the same sums whatever the batch
             cost = raw if swarm_cost is None else raw + swarm_cost(point_rows(candidates, g, size))
             point_aux = None if aux is None else point_rows(aux, g, size)
