@@ -59,6 +59,27 @@ def median_ms(fn: Callable[[], object], repeats: int, device: str = "cpu",
     return 1e3 * statistics.median(times)
 
 
+def paired_ms(floor: Callable[[], object], work: Callable[[], object], repeats: int,
+              device: str = "cpu", work_calls: int = 1) -> tuple[float, float, float]:
+    """Median ms of ``floor`` and of ``work`` (per call of ``work_calls``), and the median
+    of their per-repeat ratios: each repeat times one right after the other, so a burst of
+    load on a shared machine moves both and the ratio stays put."""
+    for _ in range(2):
+        floor(), work()
+    pairs = []
+    for _ in range(repeats):
+        times = []
+        for fn in (floor, work):
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            times.append(1e3 * (time.perf_counter() - start))
+        pairs.append((times[0], times[1] / work_calls))
+    return (statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs),
+            statistics.median(b / a for a, b in pairs))
+
+
 def machine(device: str) -> dict:
     out = {"platform": platform.platform(), "processor": platform.processor() or "unknown",
            "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,

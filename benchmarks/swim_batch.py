@@ -4,7 +4,8 @@
 (the trajectory is bitwise the same), so this measures per-call overhead against the cost
 of larger batches: ``fb.bfo`` eager on 30- to 3000-D Rastrigin (P = 256) and on MLPs of
 three widths on 256 samples (P = 64), and compiled on the two problems of
-``update_overhead.py``. The ratio is the whole ray's time over one point per call.
+``update_overhead.py``. The ratio is the whole ray's time over one point per call (the
+median of per-repeat ratios).
 
     python benchmarks/swim_batch.py [--quick] [--device cuda]
 """
@@ -12,7 +13,7 @@ three widths on 256 samples (P = 64), and compiled on the two problems of
 from __future__ import annotations
 
 import torch
-from common import compile_cold, machine, median_ms, parser, write
+from common import compile_cold, machine, paired_ms, parser, write
 from update_overhead import mlp_problem, rastrigin_problem
 
 import functional_bfo as fb
@@ -26,6 +27,7 @@ def time_batches(name: str, population: int, problem, mode: str, repeats: int,
     row = {"problem": name, "population": population, "mode": mode,
            "point_kib": population * sum(x.numel() * x.element_size()
                                          for x in params.values()) / 1024}
+    calls = []
     for batch in (1, SWIM + 1):
         opt = fb.bfo(population_size=population, swim_length=SWIM, chemotaxis_steps=10,
                      swim_batch=batch, **extra)
@@ -35,9 +37,10 @@ def time_batches(name: str, population: int, problem, mode: str, repeats: int,
             torch._dynamo.reset()
             update = torch.compile(opt.update, fullgraph=True)
             update(state, loss)
-        row[f"batch_{batch}_ms"] = median_ms(lambda u=update, s=state: u(s, loss), repeats,
-                                             device)
-    row["ratio"] = row[f"batch_{SWIM + 1}_ms"] / row["batch_1_ms"]
+        calls.append(lambda u=update, s=state: u(s, loss))
+    # Back to back per repeat, so load on a shared machine moves both and not the ratio.
+    row["batch_1_ms"], row[f"batch_{SWIM + 1}_ms"], row["ratio"] = paired_ms(
+        *calls, repeats, device)
     return row
 
 

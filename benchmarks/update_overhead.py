@@ -24,7 +24,7 @@ import time
 
 import optree
 import torch
-from common import compile_cold, machine, median_ms, parser, sync, write
+from common import compile_cold, machine, median_ms, paired_ms, parser, sync, write
 
 import functional_bfo as fb
 from functional_bfo import random as fbr
@@ -33,12 +33,11 @@ FACTORIES = {"bfo": fb.bfo, "adaptive_bfo": fb.adaptive_bfo, "hybrid_bfo": fb.hy
 CYCLE = 10  # chemotaxis_steps: updates per reproduction
 
 
-def eager_ms(update, state, loss, repeats: int, device: str) -> float:
-    """Median over ``repeats`` of the mean time per update over CYCLE consecutive updates.
+def cycle(update, state, loss):
+    """CYCLE consecutive updates from ``state`` (one reproduction), advancing each call.
 
     Eager CPU updates skip reproduction and dispersal work on the updates where they do not
-    happen (``cycle_flags``), so one fixed state would time only those; a run of CYCLE
-    updates includes one reproduction.
+    happen (``cycle_flags``), so one fixed state would time only those.
     """
     current = [state]
 
@@ -48,7 +47,7 @@ def eager_ms(update, state, loss, repeats: int, device: str) -> float:
             s = update(s, loss)
         current[0] = s
 
-    return median_ms(run, repeats, device) / CYCLE
+    return run
 
 
 def rastrigin_problem(dim: int, device: str):
@@ -84,8 +83,11 @@ def time_update(name: str, variant: str, population: int, problem, repeats: int,
                                else loss)
     row = {"problem": name, "variant": variant, "population": population,
            "params": sum(x.numel() for x in params.values()), "swim_length": swim}
-    row["floor_ms"] = median_ms(lambda: [evaluate(candidates) for _ in range(swim + 1)],
-                                repeats, device)
+    def floor_eager():
+        for _ in range(swim + 1):
+            evaluate(candidates)
+
+    floor_calls = {"eager": floor_eager}
     for mode in modes[1:]:  # the floor compiled the same way: the fair bar for that mode
         torch._dynamo.reset()
         floor = torch.compile(evaluate, fullgraph=True,
@@ -97,7 +99,8 @@ def time_update(name: str, variant: str, population: int, problem, repeats: int,
                     torch.compiler.cudagraph_mark_step_begin()
                 floor(candidates)
 
-        row[f"floor_{mode}_ms"] = median_ms(floor_call, repeats, device, warmup=3)
+        floor_call()
+        floor_calls[mode] = floor_call
     for mode in modes:
         if mode == "eager":
             update = opt.update
@@ -118,26 +121,26 @@ def time_update(name: str, variant: str, population: int, problem, repeats: int,
                 torch.compiler.cudagraph_mark_step_begin()
             return update(state, loss)
 
-        if mode == "eager":
-            ms = eager_ms(update, state, loss, repeats, device)
-        else:  # no per-step shortcuts when compiled: one state times every step
-            ms = median_ms(call, repeats, device)
+        # Compiled updates take no per-step shortcuts: one fixed state times every step.
+        work, calls = (cycle(update, state, loss), CYCLE) if mode == "eager" else (call, 1)
+        floor_ms, ms, ratio = paired_ms(floor_calls[mode], work, repeats, device, calls)
+        row["floor_ms" if mode == "eager" else f"floor_{mode}_ms"] = floor_ms
         row[f"{mode}_ms"] = ms
-        row[f"{mode}_over_floor"] = ms / row["floor_ms"]
-        if mode != "eager":
-            row[f"{mode}_over_own_floor"] = ms / row[f"floor_{mode}_ms"]
+        row[f"{mode}_over_floor" if mode == "eager" else f"{mode}_over_own_floor"] = ratio
         row[f"{mode}_compile_s"] = compile_s
         row[f"{mode}_evals_per_s"] = population * (swim + 1) / (ms / 1e3)
+    for mode in modes[1:]:
+        row[f"{mode}_over_floor"] = row[f"{mode}_ms"] / row["floor_ms"]
     if "eager" in modes:  # the whole swim ray in one call: the same trajectory, fewer calls
         ray = FACTORIES[variant](**kwargs, swim_batch=swim + 1)
         ray_state = ray.update(ray.init(params, key=fb.random.key(0)), loss)
         stacked = optree.tree_map(lambda x: x.repeat((swim + 1,) + (1,) * (x.dim() - 1)),
                                   candidates)
-        row["floor_one_call_ms"] = median_ms(lambda: evaluate(stacked), repeats, device)
-        ms = eager_ms(ray.update, ray_state, loss, repeats, device)
-        row["eager_ray_ms"] = ms
-        row["eager_ray_over_floor"] = ms / row["floor_ms"]
-        row["eager_ray_over_one_call_floor"] = ms / row["floor_one_call_ms"]
+        work = cycle(ray.update, ray_state, loss)
+        _, row["eager_ray_ms"], row["eager_ray_over_floor"] = paired_ms(
+            floor_eager, work, repeats, device, CYCLE)
+        row["floor_one_call_ms"], _, row["eager_ray_over_one_call_floor"] = paired_ms(
+            lambda: evaluate(stacked), work, repeats, device, CYCLE)
     return row
 
 
@@ -206,8 +209,9 @@ def main() -> None:
           f"({'quick' if args.quick else 'full'} run, {device})", "",
           f"Machine: {result['machine']}", "",
           "Each ratio divides by the floor evaluated the same way (eager floor for eager, the "
-          "floor compiled in the same mode for compiled modes). The floor is the N_s + 1 "
-          "evaluation calls of one population each that an update makes by default. "
+          "floor compiled in the same mode for compiled modes), as the median of per-repeat "
+          "ratios, each repeat timing the floor and the update back to back. The floor is "
+          "the N_s + 1 evaluation calls of one population each that an update makes by default. "
           "`eager ray` is the eager update with `swim_batch=N_s + 1` (one call of the "
           "stacked candidates, the same trajectory); `1-call floor` is those stacked "
           "candidates evaluated in one call. Eager times are per update over runs of "
