@@ -10,21 +10,22 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+from ._eager import plain_cpu
 
 
 def cycle_flags(step: Tensor, periods: tuple[int, ...]) -> list[Tensor | bool]:
     """``step > 0 and step % period == 0`` for each period: whether a cycle ends now.
 
-    Eagerly on the CPU, outside ``torch.func`` transforms, the step is read (no device sync
-    there) and a flag that does not hold is Python ``False``, so the update skips the work it
+    Plainly eager on the CPU (``plain_cpu``) the step is read, which syncs nothing there,
+    and a flag that does not hold is Python ``False``, so the update skips the work it
     would mask away. Otherwise each flag is a 0-d bool tensor: no sync, no graph break, and
     the masked work runs; results are the same either way.
     """
-    if torch.compiler.is_compiling() or step.device.type != "cpu" or _is_wrapped(step):
+    if not plain_cpu(step):
         return [(step > 0) & (step % period == 0) for period in periods]
     now = int(step)
-    return [now > 0 and now % period == 0 and torch.tensor(True) for period in periods]
+    return [torch.tensor(True) if now > 0 and now % period == 0 else False
+            for period in periods]
 
 
 def reproduction_index(health: Tensor, reproduce: Tensor, active: Tensor | None = None) -> Tensor:

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from . import _threefry_c
+from ._eager import plain_cpu
 from ._tree import unflatten_like
 
 __all__ = [
@@ -146,12 +147,9 @@ def threefry2x32(key: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
     """
     check_key(key)
     words = (key[0], key[1], x0, x1)
-    if torch.compiler.is_compiling() or any(map(_is_wrapped, words)):
-        return _threefry_op(*words)  # opaque to the compiler; vmap through its batching rule
-    return _threefry_impl(*words)  # eagerly the custom-op dispatch would cost ~35 us a call
-
-
-_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    if plain_cpu(*words):  # the custom op's dispatch would cost ~35 us a call
+        return _threefry_impl(*words)
+    return _threefry_op(*words)  # opaque to compilers and traces; vmap by its batching rule
 
 
 def key(seed: int, *, device: torch.device | str | None = None) -> Tensor:
