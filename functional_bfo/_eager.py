@@ -1,4 +1,4 @@
-"""When an update may take eager-only shortcuts: read a 0-d tensor, skip a custom op.
+"""When an update may take eager-only shortcuts: read a 0-d tensor, skip an opaque op.
 
 Compiled, exported, traced, vmapped or on a GPU, an update must stay a pure tensor program
 (no host reads, no graph breaks, no data baked into a trace); plainly eager on the CPU, a

@@ -71,12 +71,20 @@ def _threefry_rounds(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Te
     return x0, x1
 
 
-# The block function is one opaque op for torch.compile: inlined, its 20 dependent rounds
-# cost inductor minutes per call site (its fusion heuristics re-walk the whole chain at
-# every node), while as an op it compiles in no time and is bitwise equal to eager.
-@torch.library.custom_op("functional_bfo::threefry2x32", mutates_args=())
-def _threefry_op(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
-    return _threefry_impl(k0, k1, x0, x1)
+# The ops here are plain library ops: opaque to compilers and traces, with a fake (for
+# shapes) and a vmap rule each. torch.library.custom_op would add ~35 us of Python dispatch
+# per call, which a compiled CPU update pays on its critical path.
+_LIB = torch.library.Library("functional_bfo", "FRAGMENT")
+
+
+def _define(schema: str, impl, fake, vmap, dispatch_key: str = "CompositeExplicitAutograd"):
+    """Define ``functional_bfo::<schema>`` with its kernel, fake and vmap rule; its overload."""
+    name = schema[: schema.index("(")]
+    _LIB.define(schema)
+    _LIB.impl(name, impl, dispatch_key)
+    torch.library.register_fake(f"functional_bfo::{name}", fake, lib=_LIB)
+    torch.library.register_vmap(f"functional_bfo::{name}", vmap, lib=_LIB)
+    return getattr(torch.ops.functional_bfo, name).default
 
 
 def _threefry_impl(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
@@ -111,8 +119,7 @@ def _threefry_numpy(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Ten
             torch.from_numpy(x1.astype(_np.int64)).reshape(shape))
 
 
-@_threefry_op.register_fake
-def _(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
+def _threefry_fake(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
     shape = torch.broadcast_shapes(k0.shape, k1.shape, x0.shape, x1.shape)
     return x0.new_empty(shape), x0.new_empty(shape)
 
@@ -131,7 +138,12 @@ def _threefry_vmap(info, in_dims, *args: Tensor):
     return (y0.expand(shape), y1.expand(shape)), (0, 0)
 
 
-_threefry_op.register_vmap(_threefry_vmap)
+# One opaque op for torch.compile: inlined, the 20 dependent rounds cost inductor minutes per
+# call site (its fusion heuristics re-walk the whole chain at every node), while as an op
+# they compile in no time and are bitwise equal to eager.
+_threefry_op = _define(
+    "threefry2x32(Tensor k0, Tensor k1, Tensor x0, Tensor x1) -> (Tensor, Tensor)",
+    _threefry_impl, _threefry_fake, _threefry_vmap)
 
 
 def threefry2x32(key: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
@@ -146,8 +158,11 @@ def threefry2x32(key: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
         The two output words, each shaped like ``x0 + x1``.
     """
     check_key(key)
-    words = (key[0], key[1], x0, x1)
-    if plain_cpu(*words):  # the custom op's dispatch would cost ~35 us a call
+    return _block(key[0], key[1], x0, x1)
+
+
+def _block(*words: Tensor) -> tuple[Tensor, Tensor]:
+    if plain_cpu(*words):  # the op's dispatch would cost ~10 us a call
         return _threefry_impl(*words)
     return _threefry_op(*words)  # opaque to compilers and traces; vmap by its batching rule
 
@@ -229,17 +244,8 @@ def _unit_interval(words: Tensor, dtype: torch.dtype, *, open_low: bool) -> Tens
 # On CPU, inductor emits erfinv as a scalar loop: 0.42 ms against eager's vectorized 0.05 ms
 # for the ~16k normals of a 256 x 30 update. As an opaque op, a compiled CPU graph runs eager's
 # kernel (and its bits); eager calls torch.erfinv directly, without the op's dispatch.
-@torch.library.custom_op("functional_bfo::erfinv", mutates_args=())
-def _erfinv_op(x: Tensor) -> Tensor:
-    return torch.erfinv(x)
-
-
-@_erfinv_op.register_fake
-def _(x: Tensor) -> Tensor:
-    return torch.empty_like(x)
-
-
-_erfinv_op.register_vmap(lambda info, in_dims, x: (_erfinv_op(x), in_dims[0]))
+_erfinv_op = _define("erfinv(Tensor x) -> Tensor", torch.erfinv, torch.empty_like,
+                     lambda info, in_dims, x: (_erfinv_op(x), in_dims[0]))
 
 
 def _inverse_normal_cdf(u: Tensor) -> Tensor:
@@ -284,14 +290,15 @@ def normal(key: Tensor, shape: tuple[int, ...] = (), dtype: torch.dtype = torch.
     return _inverse_normal_cdf(u).reshape(shape).to(dtype)
 
 
-def normal_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
+def normal_rows(key: Tensor, counter: Tensor | int, rows: int, cols: int,
                 dtype: torch.dtype = torch.float32) -> Tensor:
     """``(rows, cols)`` standard normals, every row its own stream, in one block-function call.
 
     Row ``r`` is made from the words of counters ``(counter, r * h + j)``, ``j < h`` (``h``
     the row's half word count), so rows never share words, a row's numbers do not depend on
     ``rows``, and ``counter`` (a step number, a 0-d integer tensor) gives each call fresh
-    streams without a host sync. This is how an update draws every bacterium's noise.
+    streams without a host sync. This is how an update draws every bacterium's noise. On
+    the CPU it is one opaque op (words, uniforms and the inverse CDF in one call).
 
     Raises:
         ValueError: ``rows * h`` does not fit the 32-bit counter word.
@@ -299,16 +306,62 @@ def normal_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
     check_key(key)
     _words_per_value(dtype)  # rejects non-floating dtypes
     compute = torch.float64 if dtype == torch.float64 else torch.float32
-    per_row = cols * _words_per_value(compute)
-    half = (per_row + 1) // 2
+    half = (cols * _words_per_value(compute) + 1) // 2
     if rows * half > 2**32:
         raise ValueError(f"normal_rows: {rows} rows of {cols} values need {rows * half} "
                          "counters, more than the 2**32 a call can address; draw in parts.")
+    counter = torch.as_tensor(counter, device=key.device).to(torch.int64)
+    if key.device.type != "cpu":
+        return _normal_rows(key, counter, rows, cols, compute).to(dtype)
+    if plain_cpu(key, counter):  # the op's dispatch would cost ~10 us a call
+        return _normal_rows_cpu(key, counter, rows, cols, compute == torch.float64).to(dtype)
+    return _normal_rows_op(key, counter, rows, cols, compute == torch.float64).to(dtype)
+
+
+def _normal_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
+                 compute: torch.dtype) -> Tensor:
+    """``normal_rows`` in tensor ops (``compute`` float32 or float64), on any device.
+
+    ``key`` ``(..., 2)`` and ``counter`` ``(...)`` may carry leading batch axes (broadcast).
+    """
+    per_row = cols * _words_per_value(compute)
+    half = (per_row + 1) // 2
     index = torch.arange(half, dtype=torch.int64, device=key.device)
     lanes = torch.arange(rows, dtype=torch.int64, device=key.device).unsqueeze(1) * half + index
-    y0, y1 = threefry2x32(key, torch.as_tensor(counter).to(torch.int64) & _MASK32, lanes)
-    words = torch.cat([y0, y1], dim=1)[:, :per_row]
-    return _inverse_normal_cdf(_unit_interval(words, compute, open_low=True)).to(dtype)
+    y0, y1 = _block(key[..., 0, None, None], key[..., 1, None, None],
+                    (counter & _MASK32)[..., None, None], lanes)
+    words = torch.cat([y0, y1], dim=-1)[..., :per_row]
+    return _inverse_normal_cdf(_unit_interval(words, compute, open_low=True))
+
+
+def _normal_rows_cpu(key: Tensor, counter: Tensor, rows: int, cols: int, wide: bool) -> Tensor:
+    """``_normal_rows`` on the CPU: the C loop makes the uniforms, then eager's erfinv."""
+    compute = torch.float64 if wide else torch.float32
+    kernels = _threefry_c.kernel()
+    if kernels is None:
+        return _normal_rows(key, counter, rows, cols, compute)
+    x = _threefry_c.unit_rows(kernels, key, int(counter), rows, cols, compute)
+    return x.erfinv_().mul_(math.sqrt(2.0))
+
+
+def _normal_rows_fake(key: Tensor, counter: Tensor, rows: int, cols: int, wide: bool) -> Tensor:
+    return key.new_empty((rows, cols), dtype=torch.float64 if wide else torch.float32)
+
+
+def _normal_rows_vmap(info, in_dims, key, counter, rows, cols, wide):
+    """Batching rule: the tensor-op version, with the batch axes leading."""
+    key, counter = (x if d is None else x.movedim(d, 0)
+                    for x, d in zip((key, counter), in_dims))
+    compute = torch.float64 if wide else torch.float32
+    return _normal_rows(key, counter, rows, cols, compute), 0
+
+
+# On the CPU a compiled update makes all its noise in this one op: the same bits as
+# _normal_rows (every step to the uniforms is exact), without the scalar loop inductor makes
+# of the int64 words -> float conversion (~90 us an update) or a second op's dispatch.
+_normal_rows_op = _define(
+    "normal_rows(Tensor key, Tensor counter, int rows, int cols, bool wide) -> Tensor",
+    _normal_rows_cpu, _normal_rows_fake, _normal_rows_vmap, dispatch_key="CPU")
 
 
 def tree_normal_like(key: Tensor, tree, dtype: torch.dtype | None = None):

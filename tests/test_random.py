@@ -191,6 +191,35 @@ def test_normal_rows_rows_are_streams_of_their_own(dtype):
     assert not torch.equal(many[0], many[1])
 
 
+@HYP
+@given(seed=seeds, counter=st.integers(0, 2**40), rows=st.integers(1, 40),
+       cols=st.integers(1, 300), dtype=st.sampled_from([torch.float32, torch.float64]),
+       path=st.sampled_from(["op", "eager"]))
+def test_cpu_normal_rows_op_is_bitwise_the_tensor_ops(seed, counter, rows, cols, dtype, path):
+    """The CPU op (the C loop's uniforms, then erfinv) draws the tensor version's bits, over
+    more lanes than the C block of 256, with counters past the 32-bit word."""
+    if _threefry_c.kernel() is None:
+        pytest.skip("no C compiler: the C Threefry kernel could not be built")
+    k, c = R.key(seed), torch.tensor(counter)
+    expected = R._normal_rows(k, c, rows, cols, dtype)
+    wide = dtype == torch.float64
+    got = (R._normal_rows_op(k, c, rows, cols, wide) if path == "op"
+           else R.normal_rows(k, c, rows, cols, dtype))
+    assert got.shape == (rows, cols) and got.dtype == dtype and torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=("float32", "float64"))
+def test_normal_rows_vmaps_over_keys_and_counters_and_compiles(dtype):
+    keys, steps = R.split(R.key(7), 3), torch.tensor([0, 5, 2**33])
+    draw = lambda k, c: R.normal_rows(k, c, 4, 9, dtype)  # noqa: E731
+    for in_dims in ((0, None), (None, 0), (0, 0)):
+        args = (keys if in_dims[0] == 0 else keys[1], steps if in_dims[1] == 0 else steps[1])
+        loop_args = [a if d == 0 else [a] * 3 for a, d in zip(args, in_dims)]
+        assert torch.equal(torch.func.vmap(draw, in_dims)(*args), _loop(draw, *loop_args))
+    compiled = torch.compile(draw, fullgraph=True)
+    assert torch.equal(compiled(keys[0], steps[2]), draw(keys[0], steps[2]))
+
+
 def test_normal_rows_is_standard_normal_and_rejects_overflow():
     z = R.normal_rows(R.key(1), 0, 400, 100).flatten().double()
     assert abs(float(z.mean())) < 0.02 and abs(float(z.std()) - 1) < 0.02
