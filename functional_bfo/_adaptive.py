@@ -8,6 +8,7 @@ length); elimination–dispersal gets likelier as the swarm stagnates or collaps
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from typing import Any, NamedTuple
@@ -19,9 +20,10 @@ from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import BOUNDARY_MODES, box_relative, check_bounds, resolve
 from ._checks import check_bool, check_choice, check_float, check_int, check_state
 from ._chemotaxis import TUMBLES, costs_by, swim, tumble_directions
+from ._cycle import cycle_flags, run_event
 from ._dispersal import dispersal_mask, initial_population, sample_population
 from ._noise import bacterium_noise
-from ._reproduction import cycle_flags, reproduction_index
+from ._reproduction import reproduction_index
 from ._tree import diversity, take, where
 from .evaluate import Evaluator, check_evaluator
 
@@ -259,6 +261,45 @@ class AdaptiveStep(NamedTuple):
     aux: Any  # the evaluation's auxiliary output at each final point
 
 
+def cycle_event(flag: Tensor, inputs: tuple, context: tuple, *, static: AdaptiveStatic,
+                dtype: torch.dtype) -> tuple:
+    """Reproduction, then dispersal under pressure, as one cycle event (``_cycle.run_event``).
+
+    ``inputs`` is ``(population, losses, step_sizes, health, active_size, source,
+    dispersed)``, with ``source`` the identity and ``dispersed`` all false where ``flag``
+    fails; ``context`` is ``(hyperparams, stall, reference_diversity, coins, places,
+    best_params, bounds)``.
+    """
+    population, losses, step_sizes, health, count, _, _ = inputs
+    hp, stall, reference_diversity, coins, places, best_params, box = context
+    size = static.size
+    varying = static.min_size < size
+    slots = torch.arange(size, device=count.device)
+    source = reproduction_index(health, flag, count if varying else None)
+    population, losses = take(population, source), losses[source]
+    step_sizes = step_sizes[source]
+    health = torch.where(flag, torch.zeros_like(health), health)
+    cost = static.sign * losses  # NaN where never evaluated
+    spread = diversity(population, dtype) / reference_diversity.clamp_min(1e-30)
+    pressure = torch.maximum(stall.to(dtype) / static.stagnation_steps, 1 - spread).clamp(0, 1)
+    p_ed = hp.elimination_prob + (hp.elimination_prob_max - hp.elimination_prob) * pressure
+    if varying:  # grow under pressure, shrink while improving; woken slots start afresh
+        stalled = stall >= static.stagnation_steps
+        change = torch.where(stalled, max(1, size // 8), (stall == 0).long().neg())
+        new_count = torch.where(flag, (count + change).clamp(static.min_size, size), count)
+        woken = (slots < new_count) & (slots >= count)
+        count = new_count
+    else:
+        woken = torch.zeros_like(slots, dtype=torch.bool)
+    active = slots < count
+    leader = torch.where(torch.isnan(cost) | ~active, torch.inf, cost).argmin()
+    dispersed = (dispersal_mask(coins, p_ed, flag) & active & (slots != leader)) | woken
+    fresh = sample_population(places, best_params, box, hp.init_scale, dtype)
+    population = where(dispersed, fresh, population)
+    step_sizes = torch.where(dispersed, hp.step_size, step_sizes)
+    return population, losses, step_sizes, health, count, source, dispersed
+
+
 def adaptive_step(
     state: Any,
     static: AdaptiveStatic,
@@ -277,46 +318,18 @@ def adaptive_step(
     box = resolve(static.bounds, state.best_params, dtype)
     noise = bacterium_noise(state.key, state.step, size, state.best_params, dtype)
 
-    # Reproduction, then dispersal under pressure, every chemotaxis_steps updates (False:
-    # known not to happen now, see cycle_flags).
-    (reproduce,) = cycle_flags(state.step, (static.chemotaxis_steps,))
-    varying = static.min_size < size
-    count = state.active_size
-    slots = torch.arange(size, device=count.device)
-    population, losses, step_sizes, health = (state.population, state.losses, state.step_sizes,
-                                              state.health)
-    source = slots
-    if reproduce is not False:
-        source = reproduction_index(health, reproduce, count if varying else None)
-        population, losses = take(population, source), losses[source]
-        step_sizes = step_sizes[source]
-        health = torch.where(reproduce, torch.zeros_like(health), health)
+    # Reproduction, then dispersal under pressure, every chemotaxis_steps updates.
+    (reproducing,) = cycle_flags(state.step, (static.chemotaxis_steps,))
+    slots = torch.arange(size, device=state.step.device)
+    population, losses, step_sizes, health, count, source, dispersed = run_event(
+        reproducing, functools.partial(cycle_event, static=static, dtype=dtype),
+        (state.population, state.losses, state.step_sizes, state.health, state.active_size,
+         slots, torch.zeros_like(slots, dtype=torch.bool)),
+        (hp, state.stall, state.reference_diversity, noise.coin, noise.place,
+         state.best_params, box))
     cost = sign * losses  # NaN where never evaluated
-    known = ~torch.isnan(cost)
-    if reproduce is not False:
-        spread = diversity(population, dtype) / state.reference_diversity.clamp_min(1e-30)
-        pressure = torch.maximum(state.stall.to(dtype) / static.stagnation_steps, 1 - spread)
-        pressure = pressure.clamp(0, 1)
-        p_ed = hp.elimination_prob + (hp.elimination_prob_max - hp.elimination_prob) * pressure
-        if varying:  # grow under pressure, shrink while improving; woken slots start afresh
-            stalled = state.stall >= static.stagnation_steps
-            change = torch.where(stalled, max(1, size // 8), (state.stall == 0).long().neg())
-            new_count = torch.where(reproduce, (count + change).clamp(static.min_size, size),
-                                    count)
-            woken = (slots < new_count) & (slots >= count)
-            count = new_count
-        else:
-            woken = torch.zeros_like(slots, dtype=torch.bool)
-        active = slots < count
-        leader = torch.where(torch.isnan(cost) | ~active, torch.inf, cost).argmin()
-        dispersed = ((dispersal_mask(noise.coin, p_ed, reproduce) & active & (slots != leader))
-                     | woken)
-        fresh = sample_population(noise.place, state.best_params, box, hp.init_scale, dtype)
-        population = where(dispersed, fresh, population)
-        step_sizes = torch.where(dispersed, hp.step_size, step_sizes)
-        known = known & ~dispersed
     active = slots < count
-    known = known & active
+    known = ~torch.isnan(cost) & ~dispersed & active
 
     direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
                                           static.tumble, hp.levy_beta)

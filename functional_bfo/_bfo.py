@@ -6,6 +6,7 @@ IEEE Control Systems Magazine 22(3), 2002 (https://doi.org/10.1109/MCS.2002.1004
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -22,11 +23,12 @@ from ._checks import (
     check_state,
 )
 from ._chemotaxis import TUMBLES, costs_by, swim, tumble_directions
-from ._dispersal import dispersal_mask, initial_population, sample_population
+from ._cycle import cycle_flags, run_event
+from ._dispersal import disperse, initial_population
 from ._noise import bacterium_noise
-from ._reproduction import cycle_flags, reproduction_index
+from ._reproduction import reproduce
 from ._swarming import SwarmingWeights, cell_to_cell
-from ._tree import sq_norms, take, where
+from ._tree import sq_norms
 from .evaluate import Evaluator, check_evaluator
 
 
@@ -219,21 +221,15 @@ def bfo(
         box = resolve(bounds, state.best_params, dtype)
         noise = bacterium_noise(state.key, state.step, size, state.best_params, dtype)
 
-        # Reproduction and elimination–dispersal happen on cycle boundaries, by counter
-        # (False: known not to happen now, see cycle_flags).
-        reproduce, disperse = cycle_flags(state.step, (n_c, n_c * n_re))
-        population, losses, health = state.population, state.losses, state.health
-        if reproduce is not False:
-            source = reproduction_index(health, reproduce)
-            population, losses = take(population, source), losses[source]
-            health = torch.where(reproduce, torch.zeros_like(health), health)
+        # Reproduction and elimination–dispersal happen on cycle boundaries, by counter.
+        reproducing, dispersing = cycle_flags(state.step, (n_c, n_c * n_re))
+        population, losses, health = run_event(reproducing, reproduce,
+                                               (state.population, state.losses, state.health))
         cost = sign * losses  # NaN where never evaluated
-        known = ~torch.isnan(cost)
-        if disperse is not False:
-            dispersed = dispersal_mask(noise.coin, hp.elimination_prob, disperse)
-            fresh = sample_population(noise.place, state.best_params, box, hp.init_scale, dtype)
-            population = where(dispersed, fresh, population)
-            known = known & ~dispersed
+        population, known = run_event(
+            dispersing, functools.partial(disperse, dtype=dtype), (population, ~torch.isnan(cost)),
+            (noise.coin, noise.place, hp.elimination_prob, hp.init_scale, state.best_params, box),
+            branch=False)
 
         swarm_cost = None
         if swarming:

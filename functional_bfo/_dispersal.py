@@ -17,7 +17,7 @@ from . import random
 from ._base import Params
 from ._bounds import LeafBounds, project, resolve, sample_domain
 from ._checks import check_params, compute_dtype
-from ._tree import stack, unflatten_like
+from ._tree import stack, unflatten_like, where
 
 
 class Start(NamedTuple):
@@ -85,6 +85,21 @@ def sample_population(
         for a, zi, b in zip(leaves, spec.flatten_up_to(z), bounds)
     ]
     return optree.tree_unflatten(spec, out)
+
+
+def disperse(flag: Tensor, inputs: tuple[Params, Tensor], context: tuple, *,
+             dtype: torch.dtype) -> tuple[Params, Tensor]:
+    """Elimination–dispersal as a cycle event (``_cycle.run_event``) on ``(population, known)``.
+
+    ``context`` is ``(coins, places, elimination_prob, init_scale, anchor, bounds)``: where
+    ``flag`` holds, each bacterium whose coin falls below ``elimination_prob`` moves to its
+    place (:func:`sample_population`) and no longer knows its loss.
+    """
+    population, known = inputs
+    coins, places, elimination_prob, init_scale, anchor, bounds = context
+    dispersed = dispersal_mask(coins, elimination_prob, flag)
+    fresh = sample_population(places, anchor, bounds, init_scale, dtype)
+    return where(dispersed, fresh, population), known & ~dispersed
 
 
 def dispersal_mask(coins: Tensor, elimination_prob: Tensor, disperse: Tensor) -> Tensor:

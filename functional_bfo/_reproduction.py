@@ -10,22 +10,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._eager import plain_cpu
+from ._base import Params
+from ._tree import take
 
 
-def cycle_flags(step: Tensor, periods: tuple[int, ...]) -> list[Tensor | bool]:
-    """``step > 0 and step % period == 0`` for each period: whether a cycle ends now.
+def reproduce(flag: Tensor, inputs: tuple[Params, Tensor, Tensor], context: None = None
+              ) -> tuple[Params, Tensor, Tensor]:
+    """Reproduction as a cycle event (``_cycle.run_event``) on ``(population, losses, health)``.
 
-    Plainly eager on the CPU (``plain_cpu``) the step is read, which syncs nothing there,
-    and a flag that does not hold is Python ``False``, so the update skips the work it
-    would mask away. Otherwise each flag is a 0-d bool tensor: no sync, no graph break, and
-    the masked work runs; results are the same either way.
+    Where ``flag`` holds, the healthiest half splits and health restarts from zero.
     """
-    if not plain_cpu(step):
-        return [(step > 0) & (step % period == 0) for period in periods]
-    now = int(step)
-    return [torch.tensor(True) if now > 0 and now % period == 0 else False
-            for period in periods]
+    population, losses, health = inputs
+    source = reproduction_index(health, flag)
+    return (take(population, source), losses[source],
+            torch.where(flag, torch.zeros_like(health), health))
 
 
 def reproduction_index(health: Tensor, reproduce: Tensor, active: Tensor | None = None) -> Tensor:

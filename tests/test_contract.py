@@ -101,12 +101,12 @@ def test_vmap_over_states_equals_separate_runs(variant):
 def test_eager_cpu_cycle_shortcut_equals_the_masked_update(variant, monkeypatch):
     """Eager CPU updates skip reproduction and dispersal work between cycles; bitwise the
     same as the masked update that compiled, GPU and vmapped updates run."""
-    import functional_bfo._reproduction as reproduction
+    import functional_bfo._cycle as cycle
 
     opt = variant.make()
     state = opt.init(params(), key=fb.random.key(12))
     shortcut = run_updates(opt, state, 13)
-    monkeypatch.setattr(reproduction, "plain_cpu", lambda step: False)  # read nothing
+    monkeypatch.setattr(cycle, "plain_cpu", lambda step: False)  # read nothing
     assert_trees_equal(run_updates(opt, state, 13), shortcut)
 
 
