@@ -44,6 +44,10 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
     ("swim_batch", "Swim points per evaluation call (CPU)",
      "`python benchmarks/swim_batch.py`: `swim_batch=1` (the default) against the whole swim "
      "ray in one call; the trajectory is the same."),
+    ("compare_commits", "Compiled update time by commit (CPU)",
+     "`python benchmarks/compare_commits.py 1df1732 45bb22c 151bffe`: before the fused "
+     "noise op (benchmarks/NOTES.md attempt 8), after it, and after branching reproduction "
+     "with torch.cond (attempt 9), interleaved in one process."),
     ("update_overhead_cuda_bfo", "Update overhead on an NVIDIA H100: fb.bfo",
      "`python benchmarks/update_overhead.py --device cuda --variants bfo`."),
     ("update_overhead_cuda_adaptive_hybrid",

@@ -9,7 +9,7 @@ optimizer itself costs. Problems: 30-D Rastrigin (P=256) and an MLP 64-128-10 on
 ``mode="reduce-overhead"`` (CUDA graphs). Eager is also timed with ``swim_batch=N_s + 1``
 (the whole swim ray in one evaluation call), against both the N_s + 1-call floor and the
 floor of those stacked candidates evaluated in one call. On CPU it also times compiling
-one Threefry call inlined vs as the opaque custom op functional_bfo uses, and the block
+one Threefry call inlined vs as the opaque op functional_bfo uses, and the block
 function on one update's lanes as tensor ops, in numpy and as the C loop (see
 docs/design.md).
 
@@ -145,7 +145,7 @@ def time_update(name: str, variant: str, population: int, problem, repeats: int,
 
 
 def time_threefry_compile() -> dict:
-    """Compile one Threefry call inlined (its 20 rounds as tensor ops) vs as the custom op."""
+    """Compile one Threefry call inlined (its 20 rounds as tensor ops) vs as the opaque op."""
     key = fbr.key(0)
     counters = torch.arange(64)
 
@@ -156,7 +156,7 @@ def time_threefry_compile() -> dict:
         return fbr.threefry2x32(k, c, c + 1)
 
     out = {}
-    for name, fn in (("inlined", inlined), ("custom_op", opaque)):
+    for name, fn in (("inlined", inlined), ("op", opaque)):
         torch._dynamo.reset()
         with torch._inductor.config.patch(fx_graph_cache=False):
             start = time.perf_counter()
@@ -231,8 +231,8 @@ def main() -> None:
                   f" | {r['compiled_compile_s']:.1f} |")
     if "threefry_compile_s_inlined" in result:
         md += ["", "Compiling one Threefry call: inlined "
-               f"{result['threefry_compile_s_inlined']:.1f} s, as the custom op "
-               f"{result['threefry_compile_s_custom_op']:.1f} s."]
+               f"{result['threefry_compile_s_inlined']:.1f} s, as the opaque op "
+               f"{result['threefry_compile_s_op']:.1f} s."]
     for name in ("rastrigin-30", "mlp-64-128-10"):
         if f"block_lanes_{name}" in result:
             times = ", ".join(f"{path} {result[f'block_ms_{name}_{path}']:.3f} ms"
