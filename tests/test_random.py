@@ -173,6 +173,9 @@ def test_c_kernel_without_a_compiler_warns_once_and_numpy_takes_over(tmp_path, m
         x = torch.arange(6)
         got = R.threefry2x32(_t(3, 4), x, x)  # no second warning (the suite errors on one)
         assert all(torch.equal(g, e) for g, e in zip(got, R._threefry_rounds(*_t(3, 4), x, x)))
+        k, c = R.key(3), torch.tensor(4)  # the row op falls back to the tensor version
+        assert torch.equal(R._normal_rows_op(k, c, 3, 5, False),
+                           R._normal_rows(k, c, 3, 5, torch.float32))
         monkeypatch.setenv("FUNCTIONAL_BFO_NO_C", "1")
         _threefry_c.kernel.cache_clear()
         assert _threefry_c.kernel() is None  # switched off: no warning
