@@ -270,11 +270,10 @@ def cycle_event(flag: Tensor, inputs: tuple, context: tuple, *, static: Adaptive
     fails; ``context`` is ``(hyperparams, stall, reference_diversity, coins, places,
     best_params, bounds)``.
     """
-    population, losses, step_sizes, health, count, _, _ = inputs
+    population, losses, step_sizes, health, count, slots, _ = inputs  # source: the identity
     hp, stall, reference_diversity, coins, places, best_params, box = context
     size = static.size
     varying = static.min_size < size
-    slots = torch.arange(size, device=count.device)
     source = reproduction_index(health, flag, count if varying else None)
     population, losses = take(population, source), losses[source]
     step_sizes = step_sizes[source]

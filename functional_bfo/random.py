@@ -314,8 +314,8 @@ def normal_rows(key: Tensor, counter: Tensor | int, rows: int, cols: int,
     if key.device.type != "cpu":
         return _normal_rows(key, counter, rows, cols, compute).to(dtype)
     if plain_cpu(key, counter):  # the op's dispatch would cost ~10 us a call
-        return _normal_rows_cpu(key, counter, rows, cols, compute == torch.float64).to(dtype)
-    return _normal_rows_op(key, counter, rows, cols, compute == torch.float64).to(dtype)
+        return _normal_rows_cpu(key, counter, rows, cols, compute).to(dtype)
+    return _normal_rows_op(key, counter, rows, cols, compute).to(dtype)
 
 
 def _normal_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
@@ -334,9 +334,9 @@ def _normal_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
     return _inverse_normal_cdf(_unit_interval(words, compute, open_low=True))
 
 
-def _normal_rows_cpu(key: Tensor, counter: Tensor, rows: int, cols: int, wide: bool) -> Tensor:
+def _normal_rows_cpu(key: Tensor, counter: Tensor, rows: int, cols: int,
+                     compute: torch.dtype) -> Tensor:
     """``_normal_rows`` on the CPU: the C loop makes the uniforms, then eager's erfinv."""
-    compute = torch.float64 if wide else torch.float32
     kernels = _threefry_c.kernel()
     if kernels is None:
         return _normal_rows(key, counter, rows, cols, compute)
@@ -344,15 +344,15 @@ def _normal_rows_cpu(key: Tensor, counter: Tensor, rows: int, cols: int, wide: b
     return x.erfinv_().mul_(math.sqrt(2.0))
 
 
-def _normal_rows_fake(key: Tensor, counter: Tensor, rows: int, cols: int, wide: bool) -> Tensor:
-    return key.new_empty((rows, cols), dtype=torch.float64 if wide else torch.float32)
+def _normal_rows_fake(key: Tensor, counter: Tensor, rows: int, cols: int,
+                      compute: torch.dtype) -> Tensor:
+    return key.new_empty((rows, cols), dtype=compute)
 
 
-def _normal_rows_vmap(info, in_dims, key, counter, rows, cols, wide):
+def _normal_rows_vmap(info, in_dims, key, counter, rows, cols, compute):
     """Batching rule: the tensor-op version, with the batch axes leading."""
     key, counter = (x if d is None else x.movedim(d, 0)
                     for x, d in zip((key, counter), in_dims))
-    compute = torch.float64 if wide else torch.float32
     return _normal_rows(key, counter, rows, cols, compute), 0
 
 
@@ -360,7 +360,7 @@ def _normal_rows_vmap(info, in_dims, key, counter, rows, cols, wide):
 # _normal_rows (every step to the uniforms is exact), without the scalar loop inductor makes
 # of the int64 words -> float conversion (~90 us an update) or a second op's dispatch.
 _normal_rows_op = _define(
-    "normal_rows(Tensor key, Tensor counter, int rows, int cols, bool wide) -> Tensor",
+    "normal_rows(Tensor key, Tensor counter, int rows, int cols, ScalarType compute) -> Tensor",
     _normal_rows_cpu, _normal_rows_fake, _normal_rows_vmap, dispatch_key="CPU")
 
 

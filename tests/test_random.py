@@ -174,7 +174,7 @@ def test_c_kernel_without_a_compiler_warns_once_and_numpy_takes_over(tmp_path, m
         got = R.threefry2x32(_t(3, 4), x, x)  # no second warning (the suite errors on one)
         assert all(torch.equal(g, e) for g, e in zip(got, R._threefry_rounds(*_t(3, 4), x, x)))
         k, c = R.key(3), torch.tensor(4)  # the row op falls back to the tensor version
-        assert torch.equal(R._normal_rows_op(k, c, 3, 5, False),
+        assert torch.equal(R._normal_rows_op(k, c, 3, 5, torch.float32),
                            R._normal_rows(k, c, 3, 5, torch.float32))
         monkeypatch.setenv("FUNCTIONAL_BFO_NO_C", "1")
         _threefry_c.kernel.cache_clear()
@@ -205,8 +205,7 @@ def test_cpu_normal_rows_op_is_bitwise_the_tensor_ops(seed, counter, rows, cols,
         pytest.skip("no C compiler: the C Threefry kernel could not be built")
     k, c = R.key(seed), torch.tensor(counter)
     expected = R._normal_rows(k, c, rows, cols, dtype)
-    wide = dtype == torch.float64
-    got = (R._normal_rows_op(k, c, rows, cols, wide) if path == "op"
+    got = (R._normal_rows_op(k, c, rows, cols, dtype) if path == "op"
            else R.normal_rows(k, c, rows, cols, dtype))
     assert got.shape == (rows, cols) and got.dtype == dtype and torch.equal(got, expected)
 
