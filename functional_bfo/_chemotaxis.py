@@ -28,6 +28,9 @@ from ._tree import rows, sq_norms, take, where
 
 TUMBLES = ("gaussian", "levy")
 LEVY_MAX_LENGTH = 1e3  # Mantegna's ratio has no finite variance; cap it so f16 stays finite
+# Compiled, a swim whose candidates hold this many elements per point evaluates its points
+# one after another (see ``after``); smaller ones gain from inductor fusing them side by side.
+ORDER_POINTS_FROM = 1 << 16
 
 
 def mantegna_sigma(beta: Tensor) -> Tensor:
@@ -123,8 +126,12 @@ def swim(
     previous = last
     ks = torch.arange(swims + 1, dtype=last.dtype, device=last.device).unsqueeze(1)
     alongs = (start + ks) * step_length  # (swims + 1, P): every point's distance
+    ordered = torch.compiler.is_compiling() and sum(
+        x.numel() for x in optree.tree_leaves(population)) >= ORDER_POINTS_FROM
     for first in range(0, swims + 1, per_call):
         along = alongs[first:first + per_call]  # (G, P)
+        if ordered and first:
+            along = after(along, reached)
         candidates = ray_point(population, direction, along, bounds, boundary)
         raw, aux = evaluate(candidates)
         best_params, best_cost = keep_best(best_params, best_cost, candidates, raw)
@@ -149,6 +156,17 @@ def swim(
     if greedy:
         final = where(moved, final, population)
     return SwimResult(final, final_raw, final_cost, final_aux, best_params, best_cost)
+
+
+def after(x: Tensor, event: Tensor) -> Tensor:
+    """``x``, computed from ``event``: a data dependence that leaves the values alone.
+
+    Compiled, a swim's points do not depend on each other, so inductor may fuse their
+    pointwise work side by side, which keeps every point's activations alive at once (on
+    the MLP benchmark five 8 MB buffers, paged in afresh every update: 0.75x the time when
+    ordered). Computing a point's distances from the previous point's outcome orders them.
+    """
+    return torch.where(event, x, x)
 
 
 def point_rows(stacked: Any, g: int, size: int) -> Any:
