@@ -128,10 +128,11 @@ def swim(
     alongs = (start + ks) * step_length  # (swims + 1, P): every point's distance
     ordered = torch.compiler.is_compiling() and sum(
         x.numel() for x in optree.tree_leaves(population)) >= ORDER_POINTS_FROM
+    aux = None  # the previous points' aux
     for first in range(0, swims + 1, per_call):
         along = alongs[first:first + per_call]  # (G, P)
-        if ordered and first:
-            along = after(along, reached)
+        if ordered and first:  # after the previous points' losses and aux (gradients)
+            along = after(along, reached, *optree.tree_leaves(aux))
         candidates = ray_point(population, direction, along, bounds, boundary)
         raw, aux = evaluate(candidates)
         best_params, best_cost = keep_best(best_params, best_cost, candidates, raw)
@@ -158,15 +159,19 @@ def swim(
     return SwimResult(final, final_raw, final_cost, final_aux, best_params, best_cost)
 
 
-def after(x: Tensor, event: Tensor) -> Tensor:
-    """``x``, computed from ``event``: a data dependence that leaves the values alone.
+def after(x: Tensor, *events: Tensor) -> Tensor:
+    """``x``, computed from each of ``events``: a data dependence that leaves the values alone.
 
     Compiled, a swim's points do not depend on each other, so inductor may fuse their
-    pointwise work side by side, which keeps every point's activations alive at once (on
-    the MLP benchmark five 8 MB buffers, paged in afresh every update: 0.75x the time when
-    ordered). Computing a point's distances from the previous point's outcome orders them.
+    pointwise work side by side, or run every point's forward pass before any backward,
+    which keeps every point's activations alive at once (on the MLP benchmark five 8 MB
+    buffers, paged in afresh every update: 0.75x the time when ordered). Computing a
+    point's distances from the previous point's outcome orders them. One element of each
+    event suffices: inductor computes a buffer whole.
     """
-    return torch.where(event, x, x)
+    for event in events:
+        x = torch.where(event.reshape(-1)[0] != 0, x, x)
+    return x
 
 
 def point_rows(stacked: Any, g: int, size: int) -> Any:

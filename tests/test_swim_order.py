@@ -1,11 +1,13 @@
 """Compiled swims over large candidates evaluate their points in order, values unchanged.
 
-Inductor may fuse independent swim points side by side, keeping every point's activations
-alive at once; ``_chemotaxis.after`` makes each point depend on the one before instead.
+Inductor may fuse independent swim points side by side, or run every point's forward pass
+before any backward, keeping every point's activations alive at once; ``_chemotaxis.after``
+makes each point depend on the one before (its loss and its gradients) instead.
 """
 
 import pytest
 import torch
+from torch._dynamo.backends.common import aot_autograd
 from variants import VARIANTS
 
 import functional_bfo as fb
@@ -23,15 +25,16 @@ def shifted_sphere(p):
     return (p["w"] - 0.3).square().sum()
 
 
-def traced_graph(opt, state, loss):
-    """The FX graph dynamo hands to the backend (no inductor: cheap)."""
+def aten_graph(opt, state, loss):
+    """The ATen graph AOT autograd hands to inductor, gradients included (no inductor: cheap)."""
     graphs = []
 
-    def backend(gm, example_inputs):
+    def capture(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
     torch._dynamo.reset()
-    torch.compile(opt.update, fullgraph=True, backend=backend)(state, loss)
+    torch.compile(opt.update, fullgraph=True, backend=aot_autograd(fw_compiler=capture))(
+        state, loss)
     assert len(graphs) == 1
     return graphs[0].graph
 
@@ -46,22 +49,31 @@ def ancestors(node):
     return seen
 
 
-def points_depend_on_each_other(dim: int) -> list[bool]:
-    opt = fb.bfo(**SWIM)
+def swim_point_order(make, dim: int) -> list[bool]:
+    """Whether each swim point's loss (cosh) is computed after the previous point's loss and,
+    where the variant takes gradients, after its gradient (sinh)."""
+    opt = make(**SWIM)
     state = opt.init({"w": torch.zeros(dim)}, key=fb.random.key(0))
-    graph = traced_graph(opt, state, cosh_loss)
-    coshes = [n for n in graph.nodes if n.target in (torch.cosh, torch.Tensor.cosh)]
-    assert len(coshes) == SWIM["swim_length"] + 1  # one evaluation per swim point
-    return [before in ancestors(later) for before, later in zip(coshes, coshes[1:])]
+    graph = aten_graph(opt, state, cosh_loss)
+    coshes = [n for n in graph.nodes if n.target == torch.ops.aten.cosh.default]
+    sinhs = [n for n in graph.nodes if n.target == torch.ops.aten.sinh.default]
+    points = SWIM["swim_length"] + 1
+    assert len(coshes) == points and len(sinhs) in (0, points)
+    return [before in ancestors(later) for before, later in zip(coshes, coshes[1:])] + [
+        before in ancestors(later) for before, later in zip(sinhs, coshes[1:])]
 
 
-def test_large_candidates_are_evaluated_one_point_after_another():
+@pytest.mark.parametrize("make, depends", [(fb.bfo, [True] * 2),
+                                           (fb.hybrid_bfo, [True] * 4)], ids=["bfo", "hybrid"])
+def test_large_candidates_are_evaluated_one_point_after_another(make, depends):
     dim = _chemotaxis.ORDER_POINTS_FROM // SWIM["population_size"]
-    assert points_depend_on_each_other(dim) == [True, True]
+    assert swim_point_order(make, dim) == depends
 
 
-def test_small_candidates_stay_free_to_fuse():
-    assert points_depend_on_each_other(4) == [False, False]
+@pytest.mark.parametrize("make, depends", [(fb.bfo, [False] * 2),
+                                           (fb.hybrid_bfo, [False] * 4)], ids=["bfo", "hybrid"])
+def test_small_candidates_stay_free_to_fuse(make, depends):
+    assert swim_point_order(make, 4) == depends
 
 
 @pytest.mark.parametrize("variant", ORDERED_VARIANTS, ids=lambda v: v.name)
@@ -84,7 +96,7 @@ def test_ordered_compiled_update_matches_eager(variant, monkeypatch):
                                rtol=1e-4, atol=1e-6)
 
 
-def test_after_keeps_values_and_follows_the_event():
+def test_after_keeps_the_values():
     x = torch.tensor([[1.5, -2.0, float("inf")]])
-    event = torch.tensor([True, False, True])
-    assert torch.equal(_chemotaxis.after(x, event), x)
+    events = torch.tensor([False, True, True]), torch.tensor([[float("nan"), 0.0]])
+    assert torch.equal(_chemotaxis.after(x, *events), x)
