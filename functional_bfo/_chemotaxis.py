@@ -73,7 +73,7 @@ def ray_point(
     for x, d, b in zip(leaves, spec.flatten_up_to(direction), bounds):
         step = distance.reshape(distance.shape + (1,) * (x.dim() - 1)) * d
         point = project(x.to(d.dtype) + step, b, mode).to(x.dtype)
-        out.append(point.reshape((-1,) + x.shape[1:]))
+        out.append(point.reshape((distance.numel(),) + x.shape[1:]))  # -1: empty leaves
     return optree.tree_unflatten(spec, out)
 
 
@@ -167,10 +167,11 @@ def after(x: Tensor, *events: Tensor) -> Tensor:
     which keeps every point's activations alive at once (on the MLP benchmark five 8 MB
     buffers, paged in afresh every update: 0.75x the time when ordered). Computing a
     point's distances from the previous point's outcome orders them. One element of each
-    event suffices: inductor computes a buffer whole.
+    event suffices: inductor computes a buffer whole (an empty event has none to give).
     """
     for event in events:
-        x = torch.where(event.reshape(-1)[0] != 0, x, x)
+        if event.numel():
+            x = torch.where(event.reshape(-1)[0] != 0, x, x)
     return x
 
 

@@ -148,6 +148,24 @@ def test_compile_fullgraph_has_no_graph_breaks_and_matches_eager(variant):
 
 
 @variants
+def test_an_empty_leaf_is_carried_through_eager_and_compiled_updates(variant, monkeypatch):
+    monkeypatch.setattr(fb._chemotaxis, "ORDER_POINTS_FROM", 0)  # ordered swims see it too
+    torch._dynamo.reset()
+    opt = variant.make()
+    with_empty = {**params(), "empty": torch.zeros(3, 0)}
+
+    def loss(p):
+        return loss_fn(p) + p["empty"].sum()
+    state = run_updates(opt, opt.init(with_empty, key=fb.random.key(4)), 3, loss)
+    state = torch.compile(opt.update, fullgraph=True, backend="aot_eager")(state, loss)
+    assert state.population["empty"].shape == (state.losses.shape[0], 3, 0)
+    assert torch.isfinite(state.best_loss)
+    plain = run_updates(opt, opt.init(params(), key=fb.random.key(4)), 3)
+    assert torch.equal(plain.losses, run_updates(
+        opt, opt.init(with_empty, key=fb.random.key(4)), 3, loss).losses)
+
+
+@variants
 def test_whole_swim_ray_in_one_call_compiles_and_keeps_the_trajectory(variant):
     torch._dynamo.reset()
     points = variant.kwargs.get("swim_length", 4) + 1

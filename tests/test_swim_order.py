@@ -98,5 +98,6 @@ def test_ordered_compiled_update_matches_eager(variant, monkeypatch):
 
 def test_after_keeps_the_values():
     x = torch.tensor([[1.5, -2.0, float("inf")]])
-    events = torch.tensor([False, True, True]), torch.tensor([[float("nan"), 0.0]])
+    events = (torch.tensor([False, True, True]), torch.tensor([[float("nan"), 0.0]]),
+              torch.zeros(3, 0))  # an empty leaf's gradients
     assert torch.equal(_chemotaxis.after(x, *events), x)
