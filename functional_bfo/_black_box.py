@@ -45,7 +45,7 @@ from ._metric import (
     shape_directions,
     widths,
 )
-from ._tree import rows, take, unflatten_like
+from ._tree import numel, rows, take, unflatten_like
 from .evaluate import check_evaluator
 
 JITTER_PERIOD = 10  # updates between the exploring swarm's kicks
@@ -173,7 +173,7 @@ def black_box(
         raise ValueError(f"Invalid max_evals: {max_evals}; one update costs population_size "
                          f"* (swim_length + 1) = {per_update} evaluations, so give at least "
                          "that or a smaller swarm.")
-    size = sum(x.numel() for x in optree.tree_leaves(params))
+    size = numel(params)
     if rate > 0 and size > MAX_METRIC_SIZE:
         raise ValueError(f"metric_rate={metric_rate} learns a {size} x {size} tumble metric; "
                          f"it is limited to {MAX_METRIC_SIZE} parameters (n^2 memory, n^3 time "
@@ -261,7 +261,7 @@ class _Converging(_Swarm):
 
     def _start(self, start: Params) -> None:
         self.state = self.opt.init(start, key=random.fold_in(self.key, 2 * self.restarts))
-        size = sum(x.numel() for x in optree.tree_leaves(start))
+        size = numel(start)
         device = optree.tree_leaves(self.state.population)[0].device
         # A portfolio: even swarms learn a metric, odd ones tumble isotropically (a learned
         # metric makes a swarm less likely to find Ackley's funnel; benchmarks/NOTES.md).
@@ -324,7 +324,7 @@ class _Explorer(_Swarm):
         dtype, size = state.losses.dtype, state.losses.shape[0]
         kick_key = random.fold_in(self.key, self.updates)
         z = random.tree_normal_like(kick_key, state.population, dtype)
-        n = sum(x.numel() for x in optree.tree_leaves(self.params))
+        n = numel(self.params)
         which = (random.uniform(random.fold_in(kick_key, 1), (size,), dtype) * n).long()
         device = which.device
         odd = torch.arange(size, device=device) % 2 == 1

@@ -24,7 +24,7 @@ from torch import Tensor
 from ._base import Params
 from ._bounds import LeafBounds, project
 from ._checks import check_losses
-from ._tree import rows, sq_norms, take, where
+from ._tree import numel, rows, sq_norms, take, where
 
 TUMBLES = ("gaussian", "levy")
 LEVY_MAX_LENGTH = 1e3  # Mantegna's ratio has no finite variance; cap it so f16 stays finite
@@ -73,7 +73,8 @@ def ray_point(
     for x, d, b in zip(leaves, spec.flatten_up_to(direction), bounds):
         step = distance.reshape(distance.shape + (1,) * (x.dim() - 1)) * d
         point = project(x.to(d.dtype) + step, b, mode).to(x.dtype)
-        out.append(point.reshape((distance.numel(),) + x.shape[1:]))  # -1: empty leaves
+        # not -1: an empty leaf would leave it undetermined
+        out.append(point.reshape((distance.numel(),) + x.shape[1:]))
     return optree.tree_unflatten(spec, out)
 
 
@@ -126,8 +127,7 @@ def swim(
     previous = last
     ks = torch.arange(swims + 1, dtype=last.dtype, device=last.device).unsqueeze(1)
     alongs = (start + ks) * step_length  # (swims + 1, P): every point's distance
-    ordered = torch.compiler.is_compiling() and sum(
-        x.numel() for x in optree.tree_leaves(population)) >= ORDER_POINTS_FROM
+    ordered = torch.compiler.is_compiling() and numel(population) >= ORDER_POINTS_FROM
     aux = None  # the previous points' aux
     for first in range(0, swims + 1, per_call):
         along = alongs[first:first + per_call]  # (G, P)

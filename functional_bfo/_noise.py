@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import optree
 import torch
 from torch import Tensor
 
 from . import random
 from ._base import Key, Params
-from ._tree import unflatten_like
+from ._tree import numel, unflatten_like
 
 
 class Noise(NamedTuple):
@@ -32,7 +31,7 @@ def bacterium_noise(key: Key, step: Tensor, size: int, template: Params, dtype) 
     A row depends only on ``(key, s, i)``: nothing depends on how the population is chunked
     or sharded.
     """
-    n = sum(x.numel() for x in optree.tree_leaves(template))
+    n = numel(template)
     z = random.normal_rows(key, step, size, 2 * n + 3, dtype)
     return Noise(
         direction=unflatten_like(z[:, :n], template),

@@ -33,6 +33,11 @@ def stack(first: PyTree, rest: PyTree) -> PyTree:
     return optree.tree_map(lambda x, r: torch.cat([x.unsqueeze(0), r]), first, rest)
 
 
+def numel(tree: PyTree) -> int:
+    """Elements in all leaves of ``tree`` (a population's count includes its P axis)."""
+    return sum(x.numel() for x in optree.tree_leaves(tree))
+
+
 def unflatten_like(flat: Tensor, template: PyTree) -> PyTree:
     """Cut ``flat`` (P, n) into a population pytree shaped like ``template``.
 
