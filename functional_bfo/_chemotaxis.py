@@ -24,7 +24,7 @@ from torch import Tensor
 from ._base import Params
 from ._bounds import LeafBounds, project
 from ._checks import check_losses
-from ._tree import numel, rows, sq_norms, take, where
+from ._tree import concat, numel, rows, sq_norms, take, where
 
 TUMBLES = ("gaussian", "levy")
 LEVY_MAX_LENGTH = 1e3  # Mantegna's ratio has no finite variance; cap it so f16 stays finite
@@ -73,8 +73,9 @@ def ray_point(
     for x, d, b in zip(leaves, spec.flatten_up_to(direction), bounds):
         step = distance.reshape(distance.shape + (1,) * (x.dim() - 1)) * d
         point = project(x.to(d.dtype) + step, b, mode).to(x.dtype)
-        # not -1: an empty leaf would leave it undetermined
-        out.append(point.reshape((distance.numel(),) + x.shape[1:]))
+        if distance.dim() > 1:  # not -1: an empty leaf would leave it undetermined
+            point = point.reshape((distance.numel(),) + x.shape[1:])
+        out.append(point)
     return optree.tree_unflatten(spec, out)
 
 
@@ -121,38 +122,47 @@ def swim(
     final_raw, final_cost, final_aux = stay if greedy else (None, None, None)
     # Without a swarming term the compared cost is the raw cost: track it once.
     plain = swarm_cost is None and (not greedy or stay[0] is stay[1])
-    reached = torch.ones_like(last, dtype=torch.bool)
-    moved = torch.zeros_like(reached)
-    distance = torch.zeros_like(last)
+    reached = None  # which bacteria reached the point; None before the first: all of them
+    moved = None
+    distance = torch.zeros_like(last) if greedy else None  # along the ray, where each ends
     previous = last
     ks = torch.arange(swims + 1, dtype=last.dtype, device=last.device).unsqueeze(1)
-    alongs = (start + ks) * step_length  # (swims + 1, P): every point's distance
+    alongs = ((start + ks) * step_length).unbind(0)  # every point's distance, (P,) each
     ordered = torch.compiler.is_compiling() and numel(population) >= ORDER_POINTS_FROM
+    champions = []  # each call's best candidate, when there are several calls
     aux = None  # the previous points' aux
     for first in range(0, swims + 1, per_call):
-        along = alongs[first:first + per_call]  # (G, P)
+        points = alongs[first:first + per_call]
+        along = points[0] if len(points) == 1 else torch.stack(points)  # (P,) or (G, P)
         if ordered and first:  # after the previous points' losses and aux (gradients)
             along = after(along, reached, *optree.tree_leaves(aux))
         candidates = ray_point(population, direction, along, bounds, boundary)
         raw, aux = evaluate(candidates)
-        best_params, best_cost = keep_best(best_params, best_cost, candidates, raw)
-        raws = raw.reshape(-1, size)
-        for g in range(along.shape[0]):
-            raw = raws[g]  # J_cc per point: the same sums whatever the batch
+        if len(points) == len(alongs):
+            best_params, best_cost = keep_best(best_params, best_cost, candidates, raw)
+        else:
+            champions.append(best_row(candidates, raw))
+        raws = (raw,) if len(points) == 1 else raw.reshape(-1, size).unbind(0)
+        for g, (point, raw) in enumerate(zip(points, raws)):
+            # J_cc per point: the same sums whatever the batch
             cost = raw if swarm_cost is None else raw + swarm_cost(point_rows(candidates, g, size))
-            point_aux = None if aux is None else point_rows(aux, g, size)
-            improved = reached & (cost < previous)
+            point_aux = aux if aux is None or len(points) == 1 else point_rows(aux, g, size)
+            improved = cost < previous if reached is None else reached & (cost < previous)
             if final_raw is None:  # Passino: every bacterium arrives at its first point
-                final_raw, final_cost, final_aux, arrive = raw, cost, point_aux, reached
+                final_raw, final_cost, final_aux, distance = raw, cost, point_aux, point
             else:
                 arrive = improved if greedy else reached
                 final_raw = torch.where(arrive, raw, final_raw)
                 final_cost = final_raw if plain else torch.where(arrive, cost, final_cost)
                 final_aux = None if aux is None else where(arrive, point_aux, final_aux)
-            distance = torch.where(arrive, along[g], distance)
-            if greedy:
-                moved = moved | arrive
+                distance = torch.where(arrive, point, distance)
+                if greedy:
+                    moved = arrive if moved is None else moved | arrive
             reached, previous = improved, cost
+    if champions:
+        costs, rows = zip(*champions)
+        best_params, best_cost = keep_best(best_params, best_cost, concat(rows),
+                                           torch.cat(costs))
     final = ray_point(population, direction, distance, bounds, boundary)
     if greedy:
         final = where(moved, final, population)
@@ -196,14 +206,28 @@ def costs_by(evaluator, loss_fn, args: tuple, dtype: torch.dtype, sign: float):
 
 
 def rank_costs(losses: Tensor, sign: float) -> Tensor:
-    """Losses as costs to minimize; non-finite ones rank last and can never become best."""
-    return torch.where(torch.isfinite(losses), sign * losses, torch.inf)
+    """Losses as costs to minimize; non-finite ones rank last and can never become best.
+
+    One ``nan_to_num`` rather than ``where(isfinite(...))``, which is five eager ops.
+    """
+    costs = losses if sign == 1 else -losses
+    return costs.nan_to_num(nan=torch.inf, posinf=torch.inf, neginf=torch.inf)
+
+
+def best_row(candidates: Params, costs: Tensor) -> tuple[Tensor, Params]:
+    """The cheapest candidate of one evaluated batch: its cost (1,) and its rows (1, ...).
+
+    The first of equal costs, as ``keep_best`` would take it.
+    """
+    cost, i = costs.min(dim=0, keepdim=True)
+    return cost, take(candidates, i)
 
 
 def keep_best(best_params: Params, best_cost: Tensor, candidates: Params, costs: Tensor):
     """The elitist best after one evaluated batch (ties keep the earlier best)."""
     cost, i = costs.min(dim=0, keepdim=True)
-    better = cost.squeeze(0) < best_cost
+    cost = cost.squeeze(0)
+    better = cost < best_cost
     best_params = optree.tree_map(lambda b, x: torch.where(better, take(x, i).squeeze(0), b),
                                   best_params, candidates)
-    return best_params, torch.where(better, cost.squeeze(0), best_cost)
+    return best_params, torch.where(better, cost, best_cost)

@@ -33,6 +33,11 @@ def stack(first: PyTree, rest: PyTree) -> PyTree:
     return optree.tree_map(lambda x, r: torch.cat([x.unsqueeze(0), r]), first, rest)
 
 
+def concat(trees: tuple[PyTree, ...]) -> PyTree:
+    """The rows of ``trees`` (populations of one structure) one after another."""
+    return optree.tree_map(lambda *xs: torch.cat(xs), *trees)
+
+
 def numel(tree: PyTree) -> int:
     """Elements in all leaves of ``tree`` (a population's count includes its P axis)."""
     return sum(x.numel() for x in optree.tree_leaves(tree))
