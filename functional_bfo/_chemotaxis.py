@@ -129,7 +129,7 @@ def swim(
     ks = torch.arange(swims + 1, dtype=last.dtype, device=last.device).unsqueeze(1)
     alongs = ((start + ks) * step_length).unbind(0)  # every point's distance, (P,) each
     ordered = torch.compiler.is_compiling() and numel(population) >= ORDER_POINTS_FROM
-    champions = []  # each call's best candidate, when there are several calls
+    champions = []  # each call's best candidate (eager, several calls)
     aux = None  # the previous points' aux
     for first in range(0, swims + 1, per_call):
         points = alongs[first:first + per_call]
@@ -138,7 +138,9 @@ def swim(
             along = after(along, reached, *optree.tree_leaves(aux))
         candidates = ray_point(population, direction, along, bounds, boundary)
         raw, aux = evaluate(candidates)
-        if len(points) == len(alongs):
+        # Eagerly each call's best joins one comparison at the end (fewer small ops);
+        # compiled, a comparison per call measured 1-4% faster (compare_commits.py).
+        if len(points) == len(alongs) or torch.compiler.is_compiling():
             best_params, best_cost = keep_best(best_params, best_cost, candidates, raw)
         else:
             champions.append(best_row(candidates, raw))
