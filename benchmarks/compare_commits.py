@@ -7,7 +7,8 @@ package name of its own (its ``torch.library`` namespace renamed so that every c
 register its ops), every copy builds the same optimizer on the same problem, and rounds
 of updates alternate between the copies. The table gives each commit's median ms per
 update and the median of its per-round ratios to the first commit, with each copy's best
-loss (equal when the change keeps the trajectory).
+loss (equal when the change keeps the trajectory). ``--mode eager`` writes
+``compare_commits_eager.{json,md}``, so both modes' records can stand side by side.
 
     python benchmarks/compare_commits.py 1df1732 HEAD [--mode eager] [--variants bfo,...]
 """
@@ -111,7 +112,7 @@ def main() -> None:
           "|---|---|---|---|---|---|"]
     md += [f"| {r['problem']} | {r['variant']} | {r['rev']} ({r['commit'][:7]}) | "
            f"{r['ms']:.3f} | {r['ratio']:.3f} | {r['best_loss']:.6g} |" for r in rows]
-    write(args, "compare_commits", result, md)
+    write(args, "compare_commits" + ("" if args.mode == "compiled" else "_eager"), result, md)
 
 
 if __name__ == "__main__":

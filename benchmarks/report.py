@@ -45,9 +45,12 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "`python benchmarks/swim_batch.py`: `swim_batch=1` (the default) against the whole swim "
      "ray in one call; the trajectory is the same."),
     ("compare_commits", "Compiled update time by commit (CPU)",
-     "`python benchmarks/compare_commits.py 1df1732 45bb22c 151bffe`: before the fused "
-     "noise op (benchmarks/NOTES.md attempt 8), after it, and after branching reproduction "
-     "with torch.cond (attempt 9), interleaved in one process."),
+     "`python benchmarks/compare_commits.py 1df1732 d77ade1 9eec57b`: before the fused "
+     "noise op (benchmarks/NOTES.md attempt 8), after it and the torch.cond reproduction "
+     "(attempt 9), and after ordering large swims (attempt 10), interleaved in one process."),
+    ("compare_commits_eager", "Eager update time by commit (CPU)",
+     "`python benchmarks/compare_commits.py 5421ccc 55f23e0 --mode eager`: before and after "
+     "cutting the eager swim's small ops (benchmarks/NOTES.md attempt 12)."),
     ("update_overhead_cuda_bfo", "Update overhead on an NVIDIA H100: fb.bfo",
      "`python benchmarks/update_overhead.py --device cuda --variants bfo`."),
     ("update_overhead_cuda_adaptive_hybrid",

@@ -32,7 +32,7 @@ def test_compare_commits_quick_run_loads_two_copies_side_by_side(tmp_path):
                     "--mode", "eager", "--variants", "bfo", "--problems", "rastrigin-30",
                     "--out", str(tmp_path)], cwd=BENCHMARKS, check=True,
                    capture_output=True, timeout=600)
-    result = json.loads((tmp_path / "compare_commits_quick.json").read_text())
+    result = json.loads((tmp_path / "compare_commits_eager_quick.json").read_text())
     first, second = result["rows"]
     assert result["quick"] is True and first["ratio"] == 1.0
     assert first["commit"] == second["commit"] and first["best_loss"] == second["best_loss"]
