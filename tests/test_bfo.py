@@ -6,10 +6,11 @@ from typing import NamedTuple
 import optree
 import pytest
 import torch
+from helpers import assert_trees_equal
 from torch import nn
 
 import functional_bfo as fb
-from functional_bfo._bounds import leaf_bounds, project
+from functional_bfo._bounds import leaf_bounds, project, resolve
 
 
 def sq(p):
@@ -39,6 +40,44 @@ def test_projection_modes_by_hand():
     assert torch.equal(project(x, box, "wrap"), torch.tensor([0.75, 0.5, 0.25, 0.5, 0.25]))
     half_open = leaf_bounds(torch.tensor(0.0), torch.tensor(torch.inf))
     assert torch.equal(project(x, half_open, "reflect"), torch.tensor([0.0, 0.5, 1.25, 2.5, 0.0]))
+
+
+@pytest.mark.parametrize("mode", ["clip", "reflect", "wrap"])
+def test_a_box_known_closed_projects_as_the_masked_one(mode):
+    """A box the host knows is finite skips the open-coordinate mask: the same positions."""
+    low, high = torch.tensor([-1.0, 0.0, 2.0]), torch.tensor([1.0, 0.5, 7.0])
+    x = torch.linspace(-20, 20, 3 * 401).reshape(401, 3)
+    closed, masked = leaf_bounds(low, high, closed=True), leaf_bounds(low, high)
+    assert closed.open is None and masked.open is not None
+    assert torch.equal(project(x, closed, mode), project(x, masked, mode))
+
+
+def test_resolve_knows_a_box_is_closed_only_from_finite_numbers_or_cpu_tensors():
+    params = {"a": torch.zeros(2), "b": torch.zeros(2), "c": torch.zeros(2)}
+    bounds = {"a": (-1.0, 1.0), "b": (torch.tensor([0.0, 1.0]), torch.tensor([2.0, 3.0])),
+              "c": (0.0, float("inf"))}
+    box = resolve(bounds, params, torch.float32)
+    assert box[0].open is None and box[1].open is None
+    assert bool(box[2].open.all())
+
+
+def test_ties_across_swim_calls_keep_the_earliest_best():
+    """A staircase loss makes many candidates tie at each new best: one comparison per swim
+    (eager, one point per call), one per call (compiled) and the whole ray in one call keep
+    the same, earliest, best (checked to fail when the calls' bests are compared in reverse)."""
+    def stairs(p):
+        return torch.floor(p["x"].sum())
+
+    kwargs = dict(population_size=12, step_size=0.2, chemotaxis_steps=3, bounds=(-5.0, 5.0))
+    opt, ray = fb.bfo(**kwargs), fb.bfo(**kwargs, swim_batch=5)
+    state = opt.init({"x": torch.zeros(3)}, key=fb.random.key(3))
+    compiled = torch.compile(opt.update, fullgraph=True, backend="aot_eager")
+    one, whole, traced = state, state, state
+    for _ in range(6):
+        one, whole = opt.update(one, stairs), ray.update(whole, stairs)
+        traced = compiled(traced, stairs)
+        assert_trees_equal(one, whole)
+        assert_trees_equal(one, traced)
 
 
 def test_per_leaf_bounds_pytree_and_uniform_initial_population():
