@@ -327,8 +327,11 @@ def adaptive_step(
         (hp, state.stall, state.reference_diversity, noise.coin, noise.place,
          state.best_params, box))
     cost = sign * losses  # NaN where never evaluated
-    active = slots < count
-    known = ~torch.isnan(cost) & ~dispersed & active
+    # A fixed population has every slot active: no masks (bitwise the same, fewer ops).
+    active = slots < count if static.min_size < size else None
+    known = ~torch.isnan(cost) & ~dispersed
+    if active is not None:
+        known = known & active
 
     direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
                                           static.tumble, hp.levy_beta)
@@ -343,8 +346,11 @@ def adaptive_step(
         raw, aux = evaluate(candidates)  # padding never wins nor moves
         return torch.where(active, raw.reshape(-1, size), torch.inf).reshape(-1), aux
 
-    result = swim(population, direction, step_sizes * length * active, known.to(dtype), last,
-                  evaluate=evaluate_active, swarm_cost=None, bounds=box,
+    steps, evaluates = step_sizes * length, evaluate
+    if active is not None:
+        steps, evaluates = steps * active, evaluate_active
+    result = swim(population, direction, steps, known.to(dtype), last,
+                  evaluate=evaluates, swarm_cost=None, bounds=box,
                   boundary=static.boundary, swims=static.swims,
                   best_params=state.best_params, best_cost=sign * state.best_loss,
                   stay=(last, last, stay_aux),
@@ -356,8 +362,8 @@ def adaptive_step(
     improved = result.best_cost < sign * state.best_loss
     fields = dict(
         population=result.population,
-        losses=sign * torch.where(active, result.raw_cost, cost),
-        health=health + torch.where(active, result.cost, 0),
+        losses=sign * _on_active(active, result.raw_cost, cost),
+        health=health + _on_active(active, result.cost, 0),
         best_params=result.best_params,
         best_loss=sign * result.best_cost,
         key=state.key,
@@ -370,3 +376,8 @@ def adaptive_step(
         hyperparams=hp,
     )
     return AdaptiveStep(fields, source, known, result.aux)
+
+
+def _on_active(active: Tensor | None, x: Tensor, other: Tensor | float) -> Tensor:
+    """``x`` on active slots, ``other`` on the rest (``active`` None: every slot is active)."""
+    return x if active is None else torch.where(active, x, other)
