@@ -227,9 +227,9 @@ def best_row(candidates: Params, costs: Tensor) -> tuple[Tensor, Params]:
 
 def keep_best(best_params: Params, best_cost: Tensor, candidates: Params, costs: Tensor):
     """The elitist best after one evaluated batch (ties keep the earlier best)."""
-    cost, i = costs.min(dim=0, keepdim=True)
+    cost, row = best_row(candidates, costs)
     cost = cost.squeeze(0)
     better = cost < best_cost
-    best_params = optree.tree_map(lambda b, x: torch.where(better, take(x, i).squeeze(0), b),
-                                  best_params, candidates)
+    best_params = optree.tree_map(lambda b, x: torch.where(better, x.squeeze(0), b),
+                                  best_params, row)
     return best_params, torch.where(better, cost, best_cost)
