@@ -8,7 +8,9 @@ repeated and the count per update is fixed; points past the stop still count tow
 best ever seen. The points go to the evaluator ``per_call`` at a time (stacked as
 ``per_call * P`` candidates): fewer calls cost less per-call overhead, more points per
 call hold more candidates (and the loss's activations) at once; the trajectory is the
-same. Variants reuse ``swim`` with their own directions, step lengths and evaluations.
+same. Eagerly, when a point's candidates are small, the whole ray is projected at once and
+handed out call by call: the per-point small ops were most of an eager swim's cost on cheap
+losses. Variants reuse ``swim`` with their own directions, step lengths and evaluations.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ LEVY_MAX_LENGTH = 1e3  # Mantegna's ratio has no finite variance; cap it so f16 
 # Compiled, a swim whose candidates hold this many elements per point evaluates its points
 # one after another (see ``after``); smaller ones gain from inductor fusing them side by side.
 ORDER_POINTS_FROM = 1 << 16
+# Eagerly, a swim whose candidates hold fewer elements per point projects its whole ray at
+# once: one set of small ops instead of one per point, for ``N_s + 1`` populations held.
+WHOLE_RAY_BELOW = 1 << 16
 
 
 def mantegna_sigma(beta: Tensor) -> Tensor:
@@ -124,50 +129,69 @@ def swim(
     plain = swarm_cost is None and (not greedy or stay[0] is stay[1])
     reached = None  # which bacteria reached the point; None before the first: all of them
     moved = None
-    distance = torch.zeros_like(last) if greedy else None  # along the ray, where each ends
     previous = last
     ks = torch.arange(swims + 1, dtype=last.dtype, device=last.device).unsqueeze(1)
     alongs = ((start + ks) * step_length).unbind(0)  # every point's distance, (P,) each
-    ordered = torch.compiler.is_compiling() and numel(population) >= ORDER_POINTS_FROM
-    champions = []  # each call's best candidate (eager, several calls)
+    compiling = torch.compiler.is_compiling()
+    ordered = compiling and numel(population) >= ORDER_POINTS_FROM
+    ray = None  # eagerly, every point's candidates at once when they are small
+    if not compiling and numel(population) < WHOLE_RAY_BELOW and per_call < len(alongs):
+        ray = ray_point(population, direction, torch.stack(alongs), bounds, boundary)
+    # Where each bacterium ends: its distance along the ray, or with the whole ray its rows.
+    if greedy:
+        end = torch.zeros_like(last) if ray is None else population
+    ray_costs, champions = [], []  # eagerly compared with the best ever once, after the swim
     aux = None  # the previous points' aux
     for first in range(0, swims + 1, per_call):
         points = alongs[first:first + per_call]
-        along = points[0] if len(points) == 1 else torch.stack(points)  # (P,) or (G, P)
-        if ordered and first:  # after the previous points' losses and aux (gradients)
-            along = after(along, reached, *optree.tree_leaves(aux))
-        candidates = ray_point(population, direction, along, bounds, boundary)
+        if ray is not None:
+            candidates = point_rows(ray, first, size, len(points))
+        else:
+            along = points[0] if len(points) == 1 else torch.stack(points)  # (P,) or (G, P)
+            if ordered and first:  # after the previous points' losses and aux (gradients)
+                along = after(along, reached, *optree.tree_leaves(aux))
+            candidates = ray_point(population, direction, along, bounds, boundary)
         raw, aux = evaluate(candidates)
-        # Eagerly each call's best joins one comparison at the end (fewer small ops);
-        # compiled, a comparison per call measured 1-4% faster (compare_commits.py).
-        if len(points) == len(alongs) or torch.compiler.is_compiling():
+        # Eagerly the best ever is compared once per swim (fewer small ops), with the whole
+        # ray or each call's best; compiled, a comparison per call measured 1-4% faster.
+        if ray is not None:
+            ray_costs.append(raw)
+        elif len(points) == len(alongs) or compiling:
             best_params, best_cost = keep_best(best_params, best_cost, candidates, raw)
         else:
             champions.append(best_row(candidates, raw))
         raws = (raw,) if len(points) == 1 else raw.reshape(-1, size).unbind(0)
         for g, (point, raw) in enumerate(zip(points, raws)):
+            point_candidates = point_rows(candidates, g, size) if len(points) > 1 else candidates
             # J_cc per point: the same sums whatever the batch
-            cost = raw if swarm_cost is None else raw + swarm_cost(point_rows(candidates, g, size))
+            cost = raw if swarm_cost is None else raw + swarm_cost(point_candidates)
             point_aux = aux if aux is None or len(points) == 1 else point_rows(aux, g, size)
             improved = cost < previous if reached is None else reached & (cost < previous)
             if final_raw is None:  # Passino: every bacterium arrives at its first point
-                final_raw, final_cost, final_aux, distance = raw, cost, point_aux, point
+                final_raw, final_cost, final_aux = raw, cost, point_aux
+                end = point if ray is None else point_candidates
             else:
                 arrive = improved if greedy else reached
                 final_raw = torch.where(arrive, raw, final_raw)
                 final_cost = final_raw if plain else torch.where(arrive, cost, final_cost)
                 final_aux = None if aux is None else where(arrive, point_aux, final_aux)
-                distance = torch.where(arrive, point, distance)
-                if greedy:
+                end = (torch.where(arrive, point, end) if ray is None
+                       else where(arrive, point_candidates, end))
+                if greedy and ray is None:  # the rows of the whole ray need no mask
                     moved = arrive if moved is None else moved | arrive
             reached, previous = improved, cost
-    if champions:
-        costs, rows = zip(*champions)
-        best_params, best_cost = keep_best(best_params, best_cost, concat(rows),
+    if ray is not None:
+        best_params, best_cost = keep_best(best_params, best_cost, ray, torch.cat(ray_costs))
+    elif champions:
+        costs, best_rows = zip(*champions)
+        best_params, best_cost = keep_best(best_params, best_cost, concat(best_rows),
                                            torch.cat(costs))
-    final = ray_point(population, direction, distance, bounds, boundary)
-    if greedy:
-        final = where(moved, final, population)
+    if ray is not None:
+        final = end
+    else:
+        final = ray_point(population, direction, end, bounds, boundary)
+        if greedy:
+            final = where(moved, final, population)
     return SwimResult(final, final_raw, final_cost, final_aux, best_params, best_cost)
 
 
@@ -187,9 +211,9 @@ def after(x: Tensor, *events: Tensor) -> Tensor:
     return x
 
 
-def point_rows(stacked: Any, g: int, size: int) -> Any:
-    """Rows ``g * size .. (g + 1) * size`` of every leaf: one swim point's share of a batch."""
-    return optree.tree_map(lambda x: x[g * size:(g + 1) * size], stacked)
+def point_rows(stacked: Any, g: int, size: int, count: int = 1) -> Any:
+    """Rows of ``count`` swim points from point ``g`` on (``size`` rows each) of every leaf."""
+    return optree.tree_map(lambda x: x[g * size:(g + count) * size], stacked)
 
 
 def costs_by(evaluator, loss_fn, args: tuple, dtype: torch.dtype, sign: float):

@@ -61,10 +61,14 @@ def test_resolve_knows_a_box_is_closed_only_from_finite_numbers_or_cpu_tensors()
     assert bool(box[2].open.all())
 
 
-def test_ties_across_swim_calls_keep_the_earliest_best():
+@pytest.mark.parametrize("whole_ray_below", [0, None], ids=["per-call", "whole-ray"])
+def test_ties_across_swim_calls_keep_the_earliest_best(whole_ray_below, monkeypatch):
     """A staircase loss makes many candidates tie at each new best: one comparison per swim
-    (eager, one point per call), one per call (compiled) and the whole ray in one call keep
-    the same, earliest, best (checked to fail when the calls' bests are compared in reverse)."""
+    (eager, one point per call, from each call's best or from the whole ray projected at
+    once), one per call (compiled) and the whole ray in one call keep the same, earliest,
+    best (checked to fail when the calls' bests are compared in reverse)."""
+    if whole_ray_below is not None:  # candidates this large are projected call by call
+        monkeypatch.setattr(fb._chemotaxis, "WHOLE_RAY_BELOW", whole_ray_below)
     def stairs(p):
         return torch.floor(p["x"].sum())
 

@@ -176,6 +176,18 @@ def test_whole_swim_ray_in_one_call_compiles_and_keeps_the_trajectory(variant):
     assert_trees_equal(run_updates(batched, state, 4), run_updates(opt, state, 4))
 
 
+@variants
+@pytest.mark.parametrize("swim_batch", [1, 2])
+def test_eager_whole_ray_keeps_the_trajectory(variant, swim_batch, monkeypatch):
+    """Eagerly, small candidates are projected for the whole swim ray at once and large ones
+    call by call: the same trajectory, bit for bit (aux, swarming and greedy swims too)."""
+    opt = variant.make(swim_batch=swim_batch)
+    state = opt.init(params(), key=fb.random.key(5))
+    whole = run_updates(opt, state, 6)
+    monkeypatch.setattr(fb._chemotaxis, "WHOLE_RAY_BELOW", 0)
+    assert_trees_equal(run_updates(opt, state, 6), whole)
+
+
 CONVERGENCE = [  # (problem, max_evals, tolerance on best loss - minimum)
     (sphere(5), 20_000, 0.05),
     (rosenbrock(2), 20_000, 0.05),
