@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 _MASK32 = 0xFFFFFFFF
+_SQRT2 = math.sqrt(2.0)
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _KS_PARITY = 0x1BD11BDA
 
@@ -250,9 +251,14 @@ _erfinv_op = _define("erfinv(Tensor x) -> Tensor", torch.erfinv, torch.empty_lik
 
 def _inverse_normal_cdf(u: Tensor) -> Tensor:
     """Standard normals from uniforms in the open interval (0, 1), as JAX draws them."""
+    return _SQRT2 * _erfinv_of_uniform(u)
+
+
+def _erfinv_of_uniform(u: Tensor) -> Tensor:
+    """``erfinv(2u - 1)``: the inverse normal CDF before its ``sqrt(2)`` scaling."""
     x = 2.0 * u - 1.0
     opaque = x.device.type == "cpu" and torch.compiler.is_compiling()
-    return math.sqrt(2.0) * (_erfinv_op(x) if opaque else torch.erfinv(x))
+    return _erfinv_op(x) if opaque else torch.erfinv(x)
 
 
 def _words_per_value(dtype: torch.dtype) -> int:
@@ -314,13 +320,21 @@ def normal_rows(key: Tensor, counter: Tensor | int, rows: int, cols: int,
     if key.device.type != "cpu":
         return _normal_rows(key, counter, rows, cols, compute).to(dtype)
     if plain_cpu(key, counter):  # the op's dispatch would cost ~10 us a call
-        return _normal_rows_cpu(key, counter, rows, cols, compute).to(dtype)
-    return _normal_rows_op(key, counter, rows, cols, compute).to(dtype)
+        return _erfinv_rows_cpu(key, counter, rows, cols, compute).mul_(_SQRT2).to(dtype)
+    # Traced, the sqrt(2) scaling stays outside the op, where inductor fuses it into the
+    # kernel that reads the normals (the same float multiply as eager's ``mul_``).
+    return (_SQRT2 * _erfinv_rows_op(key, counter, rows, cols, compute)).to(dtype)
 
 
 def _normal_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
                  compute: torch.dtype) -> Tensor:
-    """``normal_rows`` in tensor ops (``compute`` float32 or float64), on any device.
+    """``normal_rows`` in tensor ops (``compute`` float32 or float64), on any device."""
+    return _SQRT2 * _erfinv_rows(key, counter, rows, cols, compute)
+
+
+def _erfinv_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
+                 compute: torch.dtype) -> Tensor:
+    """``normal_rows / sqrt(2)`` in tensor ops (``compute`` float32 or float64).
 
     ``key`` ``(..., 2)`` and ``counter`` ``(...)`` may carry leading batch axes (broadcast).
     """
@@ -331,37 +345,37 @@ def _normal_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
     y0, y1 = _block(key[..., 0, None, None], key[..., 1, None, None],
                     (counter & _MASK32)[..., None, None], lanes)
     words = torch.cat([y0, y1], dim=-1)[..., :per_row]
-    return _inverse_normal_cdf(_unit_interval(words, compute, open_low=True))
+    return _erfinv_of_uniform(_unit_interval(words, compute, open_low=True))
 
 
-def _normal_rows_cpu(key: Tensor, counter: Tensor, rows: int, cols: int,
+def _erfinv_rows_cpu(key: Tensor, counter: Tensor, rows: int, cols: int,
                      compute: torch.dtype) -> Tensor:
-    """``_normal_rows`` on the CPU: the C loop makes the uniforms, then eager's erfinv."""
+    """``_erfinv_rows`` on the CPU: the C loop makes the uniforms, then eager's erfinv."""
     kernels = _threefry_c.kernel()
     if kernels is None:
-        return _normal_rows(key, counter, rows, cols, compute)
+        return _erfinv_rows(key, counter, rows, cols, compute)
     x = _threefry_c.unit_rows(kernels, key, int(counter), rows, cols, compute)
-    return x.erfinv_().mul_(math.sqrt(2.0))
+    return x.erfinv_()
 
 
-def _normal_rows_fake(key: Tensor, counter: Tensor, rows: int, cols: int,
+def _erfinv_rows_fake(key: Tensor, counter: Tensor, rows: int, cols: int,
                       compute: torch.dtype) -> Tensor:
     return key.new_empty((rows, cols), dtype=compute)
 
 
-def _normal_rows_vmap(info, in_dims, key, counter, rows, cols, compute):
+def _erfinv_rows_vmap(info, in_dims, key, counter, rows, cols, compute):
     """Batching rule: the tensor-op version, with the batch axes leading."""
     key, counter = (x if d is None else x.movedim(d, 0)
                     for x, d in zip((key, counter), in_dims))
-    return _normal_rows(key, counter, rows, cols, compute), 0
+    return _erfinv_rows(key, counter, rows, cols, compute), 0
 
 
 # On the CPU a compiled update makes all its noise in this one op: the same bits as
-# _normal_rows (every step to the uniforms is exact), without the scalar loop inductor makes
+# _erfinv_rows (every step to the uniforms is exact), without the scalar loop inductor makes
 # of the int64 words -> float conversion (~90 us an update) or a second op's dispatch.
-_normal_rows_op = _define(
-    "normal_rows(Tensor key, Tensor counter, int rows, int cols, ScalarType compute) -> Tensor",
-    _normal_rows_cpu, _normal_rows_fake, _normal_rows_vmap, dispatch_key="CPU")
+_erfinv_rows_op = _define(
+    "erfinv_rows(Tensor key, Tensor counter, int rows, int cols, ScalarType compute) -> Tensor",
+    _erfinv_rows_cpu, _erfinv_rows_fake, _erfinv_rows_vmap, dispatch_key="CPU")
 
 
 def tree_normal_like(key: Tensor, tree, dtype: torch.dtype | None = None):

@@ -174,8 +174,8 @@ def test_c_kernel_without_a_compiler_warns_once_and_numpy_takes_over(tmp_path, m
         got = R.threefry2x32(_t(3, 4), x, x)  # no second warning (the suite errors on one)
         assert all(torch.equal(g, e) for g, e in zip(got, R._threefry_rounds(*_t(3, 4), x, x)))
         k, c = R.key(3), torch.tensor(4)  # the row op falls back to the tensor version
-        assert torch.equal(R._normal_rows_op(k, c, 3, 5, torch.float32),
-                           R._normal_rows(k, c, 3, 5, torch.float32))
+        assert torch.equal(R._erfinv_rows_op(k, c, 3, 5, torch.float32),
+                           R._erfinv_rows(k, c, 3, 5, torch.float32))
         monkeypatch.setenv("FUNCTIONAL_BFO_NO_C", "1")
         _threefry_c.kernel.cache_clear()
         assert _threefry_c.kernel() is None  # switched off: no warning
@@ -204,9 +204,12 @@ def test_cpu_normal_rows_op_is_bitwise_the_tensor_ops(seed, counter, rows, cols,
     if _threefry_c.kernel() is None:
         pytest.skip("no C compiler: the C Threefry kernel could not be built")
     k, c = R.key(seed), torch.tensor(counter)
-    expected = R._normal_rows(k, c, rows, cols, dtype)
-    got = (R._normal_rows_op(k, c, rows, cols, dtype) if path == "op"
-           else R.normal_rows(k, c, rows, cols, dtype))
+    if path == "op":  # the op leaves the sqrt(2) scaling to its caller
+        expected, got = R._erfinv_rows(k, c, rows, cols, dtype), R._erfinv_rows_op(
+            k, c, rows, cols, dtype)
+    else:
+        expected, got = R._normal_rows(k, c, rows, cols, dtype), R.normal_rows(
+            k, c, rows, cols, dtype)
     assert got.shape == (rows, cols) and got.dtype == dtype and torch.equal(got, expected)
 
 
@@ -220,6 +223,11 @@ def test_normal_rows_vmaps_over_keys_and_counters_and_compiles(dtype):
         assert torch.equal(torch.func.vmap(draw, in_dims)(*args), _loop(draw, *loop_args))
     compiled = torch.compile(draw, fullgraph=True)
     assert torch.equal(compiled(keys[0], steps[2]), draw(keys[0], steps[2]))
+    # Compiled, the op's sqrt(2) scaling is fused into the kernel that reads the normals:
+    # it must round as eager's own multiply.
+    scaled = lambda k, c: draw(k, c).abs() * 3.0  # noqa: E731
+    fused = torch.compile(scaled, fullgraph=True)
+    assert torch.equal(fused(keys[0], steps[2]), scaled(keys[0], steps[2]))
 
 
 def test_normal_rows_is_standard_normal_and_rejects_overflow():
