@@ -8,7 +8,8 @@ register its ops), every copy builds the same optimizer on the same problem, and
 of updates alternate between the copies. The table gives each commit's median ms per
 update and the median of its per-round ratios to the first commit, with each copy's best
 loss (equal when the change keeps the trajectory). ``--mode eager`` writes
-``compare_commits_eager.{json,md}``, so both modes' records can stand side by side.
+``compare_commits_eager.{json,md}``, so both modes' records can stand side by side;
+``--name`` gives a record a name of its own (one attempt's A/B kept next to the last).
 
     python benchmarks/compare_commits.py 1df1732 HEAD [--mode eager] [--variants bfo,...]
 """
@@ -57,6 +58,7 @@ def main() -> None:
     p.add_argument("--mode", choices=["compiled", "eager"], default="compiled")
     p.add_argument("--variants", default="bfo,adaptive_bfo,hybrid_bfo")
     p.add_argument("--problems", default=",".join(PROBLEMS))
+    p.add_argument("--name", help="results file name (default compare_commits[_eager])")
     args = p.parse_args()
     if args.device != "cpu":
         p.error("compare_commits.py times the CPU only")
@@ -112,7 +114,8 @@ def main() -> None:
           "|---|---|---|---|---|---|"]
     md += [f"| {r['problem']} | {r['variant']} | {r['rev']} ({r['commit'][:7]}) | "
            f"{r['ms']:.3f} | {r['ratio']:.3f} | {r['best_loss']:.6g} |" for r in rows]
-    write(args, "compare_commits" + ("" if args.mode == "compiled" else "_eager"), result, md)
+    name = args.name or "compare_commits" + ("" if args.mode == "compiled" else "_eager")
+    write(args, name, result, md)
 
 
 if __name__ == "__main__":
