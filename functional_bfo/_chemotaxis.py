@@ -132,10 +132,10 @@ def swim(
     previous = last
     ks = torch.arange(swims + 1, dtype=last.dtype, device=last.device).unsqueeze(1)
     alongs = ((start + ks) * step_length).unbind(0)  # every point's distance, (P,) each
-    compiling = torch.compiler.is_compiling()
-    ordered = compiling and numel(population) >= ORDER_POINTS_FROM
+    compiling, point_size = torch.compiler.is_compiling(), numel(population)
+    ordered = compiling and point_size >= ORDER_POINTS_FROM
     ray = None  # eagerly, every point's candidates at once when they are small
-    if not compiling and numel(population) < WHOLE_RAY_BELOW and per_call < len(alongs):
+    if not compiling and point_size < WHOLE_RAY_BELOW and per_call < len(alongs):
         ray = ray_point(population, direction, torch.stack(alongs), bounds, boundary)
     # Where each bacterium ends: its distance along the ray, or with the whole ray its rows.
     if greedy:
@@ -182,13 +182,12 @@ def swim(
             reached, previous = improved, cost
     if ray is not None:
         best_params, best_cost = keep_best(best_params, best_cost, ray, torch.cat(ray_costs))
-    elif champions:
-        costs, best_rows = zip(*champions)
-        best_params, best_cost = keep_best(best_params, best_cost, concat(best_rows),
-                                           torch.cat(costs))
-    if ray is not None:
         final = end
     else:
+        if champions:
+            costs, best_rows = zip(*champions)
+            best_params, best_cost = keep_best(best_params, best_cost, concat(best_rows),
+                                               torch.cat(costs))
         final = ray_point(population, direction, end, bounds, boundary)
         if greedy:
             final = where(moved, final, population)
