@@ -10,7 +10,7 @@ optimizer itself costs. Problems: 30-D Rastrigin (P=256) and an MLP 64-128-10 on
 (the whole swim ray in one evaluation call), against both the N_s + 1-call floor and the
 floor of those stacked candidates evaluated in one call. On CPU it also times compiling
 one Threefry call inlined vs as the opaque op functional_bfo uses, and the block
-function on one update's lanes as tensor ops, in numpy and as the C loop (see
+function on one update's lanes as the tensor reference and as the CPU kernel (numpy; see
 docs/design.md).
 
     python benchmarks/update_overhead.py [--quick] [--device cuda] [--variants bfo,...]
@@ -36,8 +36,7 @@ CYCLE = 10  # chemotaxis_steps: updates per reproduction
 def cycle(update, state, loss):
     """CYCLE consecutive updates from ``state`` (one reproduction), advancing each call.
 
-    Eager CPU updates skip reproduction and dispersal work on the updates where they do not
-    happen (``cycle_flags``), so one fixed state would time only those.
+    Updates as a user runs them: chained states over a whole reproduction cycle.
     """
     current = [state]
 
@@ -166,14 +165,9 @@ def time_threefry_compile() -> dict:
 
 
 def time_block_functions(repeats: int) -> dict:
-    """The CPU block function on an update's lanes: tensor rounds, numpy, the C loop."""
-    from functional_bfo import _threefry_c
-
+    """The block function on an update's lanes: the tensor reference and the CPU kernel."""
     words = (torch.tensor(5), torch.tensor(7), torch.tensor(3))  # key and step counter
     paths = {"tensor": fbr._threefry_rounds, "numpy": fbr._threefry_numpy}
-    kernel = _threefry_c.kernel()
-    if kernel is not None:
-        paths["c"] = functools.partial(_threefry_c.threefry2x32, kernel)
     out = {}
     # One update's noise: P rows of ceil((2n + 3) / 2) lanes (random.normal_rows).
     for name, rows, n in (("rastrigin-30", 256, 30), ("mlp-64-128-10", 64, 9610)):
@@ -236,7 +230,7 @@ def main() -> None:
     for name in ("rastrigin-30", "mlp-64-128-10"):
         if f"block_lanes_{name}" in result:
             times = ", ".join(f"{path} {result[f'block_ms_{name}_{path}']:.3f} ms"
-                              for path in ("tensor", "numpy", "c")
+                              for path in ("tensor", "numpy")
                               if f"block_ms_{name}_{path}" in result)
             md += ["", f"The block function on one {name} update's "
                    f"{result[f'block_lanes_{name}']:,} lanes: {times}."]

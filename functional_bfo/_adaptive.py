@@ -8,7 +8,6 @@ length); elimination–dispersal gets likelier as the swarm stagnates or collaps
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 from typing import Any, NamedTuple
@@ -20,7 +19,7 @@ from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import BOUNDARY_MODES, box_relative, check_bounds, resolve
 from ._checks import check_bool, check_choice, check_float, check_int, check_state
 from ._chemotaxis import TUMBLES, costs_by, swim, tumble_directions
-from ._cycle import cycle_flags, run_event
+from ._cycle import cycle_ends
 from ._dispersal import dispersal_mask, initial_population, sample_population
 from ._noise import bacterium_noise
 from ._reproduction import reproduction_index
@@ -261,23 +260,23 @@ class AdaptiveStep(NamedTuple):
     aux: Any  # the evaluation's auxiliary output at each final point
 
 
-def cycle_event(flag: Tensor, inputs: tuple, context: tuple, *, static: AdaptiveStatic,
-                dtype: torch.dtype) -> tuple:
-    """Reproduction, then dispersal under pressure, as one cycle event (``_cycle.run_event``).
+def cycle_event(flag: Tensor, state: Any, coins: Tensor, places: Params, box: list,
+                static: AdaptiveStatic, dtype: torch.dtype) -> tuple:
+    """Reproduction, then dispersal under pressure, where ``flag`` (0-d bool) holds.
 
-    ``inputs`` is ``(population, losses, step_sizes, health, active_size, source,
-    dispersed)``, with ``source`` the identity and ``dispersed`` all false where ``flag``
-    fails; ``context`` is ``(hyperparams, stall, reference_diversity, coins, places,
-    best_params, bounds)``.
+    Returns the new ``(population, losses, step_sizes, health, active_size)``, the
+    reproduction ``source`` of each slot (the identity where ``flag`` fails) and which
+    slots were ``dispersed``.
     """
-    population, losses, step_sizes, health, count, slots, _ = inputs  # source: the identity
-    hp, stall, reference_diversity, coins, places, best_params, box = context
+    hp, stall, count = state.hyperparams, state.stall, state.active_size
+    reference_diversity, best_params = state.reference_diversity, state.best_params
     size = static.size
+    slots = torch.arange(size, device=count.device)
     varying = static.min_size < size
-    source = reproduction_index(health, flag, count if varying else None)
-    population, losses = take(population, source), losses[source]
-    step_sizes = step_sizes[source]
-    health = torch.where(flag, torch.zeros_like(health), health)
+    source = reproduction_index(state.health, flag, count if varying else None)
+    population, losses = take(state.population, source), state.losses[source]
+    step_sizes = state.step_sizes[source]
+    health = torch.where(flag, torch.zeros_like(state.health), state.health)
     cost = static.sign * losses  # NaN where never evaluated
     spread = diversity(population, dtype) / reference_diversity.clamp_min(1e-30)
     pressure = torch.maximum(stall.to(dtype) / static.stagnation_steps, 1 - spread).clamp(0, 1)
@@ -318,14 +317,10 @@ def adaptive_step(
     noise = bacterium_noise(state.key, state.step, size, state.best_params, dtype)
 
     # Reproduction, then dispersal under pressure, every chemotaxis_steps updates.
-    (reproducing,) = cycle_flags(state.step, (static.chemotaxis_steps,))
+    population, losses, step_sizes, health, count, source, dispersed = cycle_event(
+        cycle_ends(state.step, static.chemotaxis_steps), state, noise.coin, noise.place, box,
+        static, dtype)
     slots = torch.arange(size, device=state.step.device)
-    population, losses, step_sizes, health, count, source, dispersed = run_event(
-        reproducing, functools.partial(cycle_event, static=static, dtype=dtype),
-        (state.population, state.losses, state.step_sizes, state.health, state.active_size,
-         slots, torch.zeros_like(slots, dtype=torch.bool)),
-        (hp, state.stall, state.reference_diversity, noise.coin, noise.place,
-         state.best_params, box))
     cost = sign * losses  # NaN where never evaluated
     # A fixed population has every slot active: no masks (bitwise the same, fewer ops).
     active = slots < count if static.min_size < size else None
@@ -353,7 +348,7 @@ def adaptive_step(
                   evaluate=evaluates, swarm_cost=None, bounds=box,
                   boundary=static.boundary, swims=static.swims,
                   best_params=state.best_params, best_cost=sign * state.best_loss,
-                  stay=(last, last, stay_aux),
+                  stay=(last, stay_aux),
                   per_call=static.swim_batch)
 
     # The 1/5th success rule, only where the bacterium knew where it stood.

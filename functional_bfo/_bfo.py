@@ -6,7 +6,6 @@ IEEE Control Systems Magazine 22(3), 2002 (https://doi.org/10.1109/MCS.2002.1004
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, NamedTuple
 
@@ -23,7 +22,7 @@ from ._checks import (
     check_state,
 )
 from ._chemotaxis import TUMBLES, costs_by, swim, tumble_directions
-from ._cycle import cycle_flags, run_event
+from ._cycle import cycle_ends
 from ._dispersal import disperse, initial_population
 from ._noise import bacterium_noise
 from ._reproduction import reproduce
@@ -222,14 +221,13 @@ def bfo(
         noise = bacterium_noise(state.key, state.step, size, state.best_params, dtype)
 
         # Reproduction and elimination–dispersal happen on cycle boundaries, by counter.
-        reproducing, dispersing = cycle_flags(state.step, (n_c, n_c * n_re))
-        population, losses, health = run_event(reproducing, reproduce,
-                                               (state.population, state.losses, state.health))
+        population, losses, health = reproduce(cycle_ends(state.step, n_c), state.population,
+                                               state.losses, state.health)
         cost = sign * losses  # NaN where never evaluated
-        population, known = run_event(
-            dispersing, functools.partial(disperse, dtype=dtype), (population, ~torch.isnan(cost)),
-            (noise.coin, noise.place, hp.elimination_prob, hp.init_scale, state.best_params, box),
-            branch=False)
+        population, known = disperse(cycle_ends(state.step, n_c * n_re), population,
+                                     ~torch.isnan(cost), noise.coin, noise.place,
+                                     hp.elimination_prob, hp.init_scale, state.best_params, box,
+                                     dtype)
 
         swarm_cost = None
         if swarming:

@@ -10,7 +10,6 @@ import torch
 from torch import Tensor
 
 from ._checks import path_str
-from ._eager import plain_cpu
 
 BOUNDARY_MODES = ("clip", "reflect", "wrap")
 BOUNDS_FORM_MSG = (
@@ -35,8 +34,8 @@ class LeafBounds(NamedTuple):
 def leaf_bounds(low: Tensor, high: Tensor, closed: bool = False) -> LeafBounds:
     """The box ``[low, high]`` (tensors of one dtype, broadcastable to the leaf).
 
-    ``closed``: the caller knows every coordinate's box is finite, so projections need not
-    mask open coordinates (one ``where`` fewer per projection). The periods are kept so
+    ``closed``: the bounds are finite Python numbers, so projections need not mask open
+    coordinates (one ``where`` fewer per projection). The periods are kept so
     that a projection need not rebuild them.
     """
     width = high - low
@@ -89,34 +88,12 @@ def _round_inward(v: Tensor, dtype: torch.dtype, toward: float) -> Tensor:
     return torch.where(outside, torch.nextafter(r, torch.full_like(r, toward)), r)
 
 
-# Eager updates resolve the same box every step (~20 small ops); keep the last few boxes.
-# An entry holds its bounds object, so the id in its key cannot be reused while it lives.
-_RESOLVED: dict[tuple, tuple[Any, list]] = {}
-_RESOLVED_MAX = 64
-
-
 def resolve(bounds: Any, params: Any, dtype: torch.dtype) -> list[LeafBounds | None]:
-    """One ``(low, high)`` pair of ``dtype`` tensors per leaf of ``params`` (None: unbounded).
+    """One box of ``dtype`` tensors per leaf of ``params`` (None: unbounded).
 
     The box is rounded inward to the leaf's own precision, so a position stored in the leaf's
-    dtype is never outside the bounds as given. Eagerly the result is memoized per bounds
-    object and params structure, shapes, dtypes and devices (bounds are read once).
+    dtype is never outside the bounds as given.
     """
-    if torch.compiler.is_compiling():  # traced once anyway, and constant-folded
-        return _resolve(bounds, params, dtype)
-    leaves, spec = optree.tree_flatten(params)
-    key = (id(bounds), spec, dtype, tuple((x.shape, x.dtype, x.device) for x in leaves))
-    hit = _RESOLVED.get(key)
-    if hit is not None and hit[0] is bounds:
-        return hit[1]
-    box = _resolve(bounds, params, dtype)
-    if len(_RESOLVED) >= _RESOLVED_MAX:
-        _RESOLVED.clear()
-    _RESOLVED[key] = (bounds, box)
-    return box
-
-
-def _resolve(bounds: Any, params: Any, dtype: torch.dtype) -> list[LeafBounds | None]:
     paths, leaves, spec = optree.tree_flatten_with_path(params)
     if bounds is None:
         return [None] * len(leaves)
@@ -141,18 +118,11 @@ def _resolve(bounds: Any, params: Any, dtype: torch.dtype) -> list[LeafBounds | 
             if not fits:
                 raise ValueError(f"bounds at {path_str(path)} have shape {tuple(v.shape)}, which "
                                  f"does not broadcast to the leaf's shape {tuple(leaf.shape)}.")
-        closed = all(map(_known_finite, pair))
+        closed = all(isinstance(v, (int, float)) and math.isfinite(v) for v in pair)
         low = _round_inward(low, leaf.dtype, torch.inf).to(dtype)
         high = _round_inward(high, leaf.dtype, -torch.inf).to(dtype)
         out.append(leaf_bounds(low, high, closed))
     return out
-
-
-def _known_finite(v: float | Tensor) -> bool:
-    """Whether a bound is finite everywhere, read without a device sync (else False)."""
-    if isinstance(v, Tensor):
-        return plain_cpu(v) and bool(torch.isfinite(v).all())
-    return math.isfinite(v)
 
 
 def project(x: Tensor, bounds: LeafBounds | None, mode: str) -> Tensor:

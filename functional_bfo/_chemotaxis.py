@@ -30,12 +30,9 @@ from ._tree import concat, numel, rows, sq_norms, take, where
 
 TUMBLES = ("gaussian", "levy")
 LEVY_MAX_LENGTH = 1e3  # Mantegna's ratio has no finite variance; cap it so f16 stays finite
-# Compiled, a swim whose candidates hold this many elements per point evaluates its points
-# one after another (see ``after``); smaller ones gain from inductor fusing them side by side.
+# A swim whose candidates hold this many elements per point evaluates its points one after
+# another (see ``after``); smaller ones gain from inductor fusing them side by side.
 ORDER_POINTS_FROM = 1 << 16
-# Eagerly, a swim whose candidates hold fewer elements per point projects its whole ray at
-# once: one set of small ops instead of one per point, for ``N_s + 1`` populations held.
-WHOLE_RAY_BELOW = 1 << 16
 
 
 def mantegna_sigma(beta: Tensor) -> Tensor:
@@ -109,89 +106,60 @@ def swim(
     swims: int,
     best_params: Params,
     best_cost: Tensor,
-    stay: tuple[Tensor, Tensor, Any] | None = None,
+    stay: tuple[Tensor, Any] | None = None,
     per_call: int = 1,
 ) -> SwimResult:
     """Tumble and swim: evaluate ``theta + (start + k) C phi`` for ``k = 0 .. swims``.
 
     A bacterium reaches point ``k + 1`` while each point it reached improved on the one
     before (``last`` is the cost where it stands, +inf when unknown). Passino's bacterium
-    ends at the last point it reached, improving or not. With ``stay`` (the raw cost, cost
-    and aux where each bacterium stands) the swim is greedy: a bacterium ends at the last
-    point that improved, or stays. ``evaluate`` maps stacked candidates (``G * P`` rows,
-    ``G <= per_call`` points of every bacterium) to ``(sign-adjusted cost, aux)``; ``aux``
-    is kept at each final point without storing the whole ray.
+    ends at the last point it reached, improving or not. With ``stay`` (the cost and aux
+    where each bacterium stands) the swim is greedy: a bacterium ends at the last point
+    that improved, or stays. ``evaluate`` maps stacked candidates (``G * P`` rows, ``G <=
+    per_call`` points of every bacterium) to ``(sign-adjusted cost, aux)``; ``aux`` is kept
+    at each final point without storing the whole ray.
     """
-    greedy = stay is not None
     size = last.shape[0]
-    final_raw, final_cost, final_aux = stay if greedy else (None, None, None)
-    # Without a swarming term the compared cost is the raw cost: track it once.
-    plain = swarm_cost is None and (not greedy or stay[0] is stay[1])
-    reached = None  # which bacteria reached the point; None before the first: all of them
-    moved = None
-    previous = last
     ks = torch.arange(swims + 1, dtype=last.dtype, device=last.device).unsqueeze(1)
-    alongs = ((start + ks) * step_length).unbind(0)  # every point's distance, (P,) each
-    compiling, point_size = torch.compiler.is_compiling(), numel(population)
-    ordered = compiling and point_size >= ORDER_POINTS_FROM
-    ray = None  # eagerly, every point's candidates at once when they are small
-    if not compiling and point_size < WHOLE_RAY_BELOW and per_call < len(alongs):
-        ray = ray_point(population, direction, torch.stack(alongs), bounds, boundary)
-    # Where each bacterium ends: its distance along the ray, or with the whole ray its rows.
-    if greedy:
-        end = torch.zeros_like(last) if ray is None else population
-    ray_costs, champions = [], []  # eagerly compared with the best ever once, after the swim
-    aux = None  # the previous points' aux
+    distances = (start + ks) * step_length  # (N_s + 1, P): every point's place on the ray
+    ordered = numel(population) >= ORDER_POINTS_FROM
+    # Where each bacterium ends: the index of its point (-1: where it stands), and the raw
+    # cost, compared cost (None: the raw one) and aux there. Passino's start at point 0.
+    end = None if stay is None else (torch.full_like(last, -1, dtype=torch.int64),
+                                     stay[0], None if swarm_cost is None else stay[0], stay[1])
+    running = None  # every point so far improved on the one before (None: before the first)
+    previous, raw, aux, champions = last, None, None, []
     for first in range(0, swims + 1, per_call):
-        points = alongs[first:first + per_call]
-        if ray is not None:
-            candidates = point_rows(ray, first, size, len(points))
-        else:
-            along = points[0] if len(points) == 1 else torch.stack(points)  # (P,) or (G, P)
-            if ordered and first:  # after the previous points' losses and aux (gradients)
-                along = after(along, reached, *optree.tree_leaves(aux))
-            candidates = ray_point(population, direction, along, bounds, boundary)
+        along = distances[first:first + per_call]  # (G, P)
+        if ordered and first:  # after the previous points' losses and aux (gradients)
+            along = after(along, raw, *optree.tree_leaves(aux))
+        candidates = ray_point(population, direction, along, bounds, boundary)
         raw, aux = evaluate(candidates)
-        # Eagerly the best ever is compared once per swim (fewer small ops), with the whole
-        # ray or each call's best; compiled, a comparison per call measured 1-4% faster.
-        if ray is not None:
-            ray_costs.append(raw)
-        elif len(points) == len(alongs) or compiling:
-            best_params, best_cost = keep_best(best_params, best_cost, candidates, raw)
-        else:
-            champions.append(best_row(candidates, raw))
-        raws = (raw,) if len(points) == 1 else raw.reshape(-1, size).unbind(0)
-        for g, (point, raw) in enumerate(zip(points, raws)):
-            point_candidates = point_rows(candidates, g, size) if len(points) > 1 else candidates
-            # J_cc per point: the same sums whatever the batch
-            cost = raw if swarm_cost is None else raw + swarm_cost(point_candidates)
-            point_aux = aux if aux is None or len(points) == 1 else point_rows(aux, g, size)
-            improved = cost < previous if reached is None else reached & (cost < previous)
-            if final_raw is None:  # Passino: every bacterium arrives at its first point
-                final_raw, final_cost, final_aux = raw, cost, point_aux
-                end = point if ray is None else point_candidates
+        champions.append(best_row(candidates, raw))
+        for g in range(along.shape[0]):
+            point_raw, point_aux = point_rows((raw, aux), g, size)
+            cost = point_raw
+            if swarm_cost is not None:  # J_cc per point: the same sums whatever the batch
+                cost = point_raw + swarm_cost(point_rows(candidates, g, size))
+            here = (torch.full_like(last, first + g, dtype=torch.int64), point_raw,
+                    None if swarm_cost is None else cost, point_aux)
+            improved = cost < previous if running is None else running & (cost < previous)
+            if end is None:  # Passino: every bacterium arrives at its first point
+                end = here
             else:
-                arrive = improved if greedy else reached
-                final_raw = torch.where(arrive, raw, final_raw)
-                final_cost = final_raw if plain else torch.where(arrive, cost, final_cost)
-                final_aux = None if aux is None else where(arrive, point_aux, final_aux)
-                end = (torch.where(arrive, point, end) if ray is None
-                       else where(arrive, point_candidates, end))
-                if greedy and ray is None:  # the rows of the whole ray need no mask
-                    moved = arrive if moved is None else moved | arrive
-            reached, previous = improved, cost
-    if ray is not None:
-        best_params, best_cost = keep_best(best_params, best_cost, ray, torch.cat(ray_costs))
-        final = end
-    else:
-        if champions:
-            costs, best_rows = zip(*champions)
-            best_params, best_cost = keep_best(best_params, best_cost, concat(best_rows),
-                                               torch.cat(costs))
-        final = ray_point(population, direction, end, bounds, boundary)
-        if greedy:
-            final = where(moved, final, population)
-    return SwimResult(final, final_raw, final_cost, final_aux, best_params, best_cost)
+                end = where(improved if stay is not None else running, here, end)
+            running, previous = improved, cost
+    costs, best_rows = zip(*champions)
+    best_params, best_cost = keep_best(best_params, best_cost, concat(best_rows),
+                                       torch.cat(costs))
+    index, final_raw, final_cost, final_aux = end
+    final = ray_point(population, direction,
+                      distances.gather(0, index.clamp_min(0).unsqueeze(0)).squeeze(0),
+                      bounds, boundary)
+    if stay is not None:
+        final = where(index >= 0, final, population)
+    return SwimResult(final, final_raw, final_raw if final_cost is None else final_cost,
+                      final_aux, best_params, best_cost)
 
 
 def after(x: Tensor, *events: Tensor) -> Tensor:
@@ -210,9 +178,9 @@ def after(x: Tensor, *events: Tensor) -> Tensor:
     return x
 
 
-def point_rows(stacked: Any, g: int, size: int, count: int = 1) -> Any:
-    """Rows of ``count`` swim points from point ``g`` on (``size`` rows each) of every leaf."""
-    return optree.tree_map(lambda x: x[g * size:(g + count) * size], stacked)
+def point_rows(stacked: Any, g: int, size: int) -> Any:
+    """Rows of swim point ``g`` (``size`` rows each) of every leaf."""
+    return optree.tree_map(lambda x: x[g * size:(g + 1) * size], stacked)
 
 
 def costs_by(evaluator, loss_fn, args: tuple, dtype: torch.dtype, sign: float):

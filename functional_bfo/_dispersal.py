@@ -87,16 +87,15 @@ def sample_population(
     return optree.tree_unflatten(spec, out)
 
 
-def disperse(flag: Tensor, inputs: tuple[Params, Tensor], context: tuple, *,
-             dtype: torch.dtype) -> tuple[Params, Tensor]:
-    """Elimination–dispersal as a cycle event (``_cycle.run_event``) on ``(population, known)``.
+def disperse(flag: Tensor, population: Params, known: Tensor, coins: Tensor, places: Params,
+             elimination_prob: Tensor, init_scale: Tensor, anchor: Params,
+             bounds: list[LeafBounds | None], dtype: torch.dtype) -> tuple[Params, Tensor]:
+    """Elimination–dispersal: the new ``(population, known)``.
 
-    ``context`` is ``(coins, places, elimination_prob, init_scale, anchor, bounds)``: where
-    ``flag`` holds, each bacterium whose coin falls below ``elimination_prob`` moves to its
-    place (:func:`sample_population`) and no longer knows its loss.
+    Where ``flag`` (0-d bool) holds, each bacterium whose coin falls below
+    ``elimination_prob`` moves to its place (:func:`sample_population` around ``anchor``)
+    and no longer knows its loss.
     """
-    population, known = inputs
-    coins, places, elimination_prob, init_scale, anchor, bounds = context
     dispersed = dispersal_mask(coins, elimination_prob, flag)
     fresh = sample_population(places, anchor, bounds, init_scale, dtype)
     return where(dispersed, fresh, population), known & ~dispersed

@@ -17,9 +17,24 @@ from torch import Tensor
 
 from ._adaptive import AdaptiveBFOHyperparams, adaptive_bfo, adaptive_static, adaptive_step
 from ._base import Key, LossFn, Optimizer, Params
-from ._checks import check_float, check_int, check_losses, check_state, path_str
+from ._checks import (
+    LOSS_SHAPE_MSG,
+    LOSS_TYPE_MSG,
+    check_float,
+    check_int,
+    check_losses,
+    check_state,
+)
 from ._chemotaxis import rank_costs
 from ._tree import rows, sq_norms, take, where
+from .evaluate import batched
+
+NOT_DIFFERENTIABLE_MSG = (
+    "loss_fn is not differentiable with respect to params: its output carries no gradient "
+    "from them (.detach(), .item(), integer or boolean ops?). hybrid_bfo follows the gradient "
+    "on the leaves marked in grad_mask; for gradient-free search use adaptive_bfo, or pass "
+    "update(..., grad=...) computed by other means."
+)
 
 GradEvaluator = Callable[..., tuple[Tensor, Params]]
 """``evaluator(loss_fn, population, *args) -> (losses, grads)``: see :func:`hybrid_bfo`."""
@@ -177,7 +192,6 @@ def hybrid_bfo(
         check_state(state, size)
         hp, dtype, sign = state.hyperparams, state.losses.dtype, static.sign
         mask = state.grad_mask
-        # Eagerly this reads the 0-d mask once per update, to name leaves in its error.
         differentiable = _differentiable(loss_fn, mask) if grad is None else None
 
         def evaluate(candidates: Params):
@@ -191,14 +205,11 @@ def hybrid_bfo(
                 grads = None if grad is not None else grads
             elif grad is not None:  # the caller's gradient serves everyone: losses only
                 with torch.no_grad():
-                    losses = torch.func.vmap(loss_fn, in_dims=(0,) + (None,) * len(args),
-                                             chunk_size=chunk_size)(candidates, *args)
+                    losses = batched(loss_fn, candidates, args, chunk_size)
                 grads = None
             else:
-                batched = torch.func.vmap(
-                    torch.func.grad_and_value(differentiable),
-                    in_dims=(0,) + (None,) * len(args), chunk_size=chunk_size)
-                grads, losses = batched(candidates, *args)
+                grads, losses = batched(torch.func.grad_and_value(differentiable), candidates,
+                                        args, chunk_size)
             count = optree.tree_leaves(candidates)[0].shape[0]  # stacked swim points
             losses = check_losses(losses, count).to(dtype)
             return rank_costs(losses, sign), grads
@@ -267,34 +278,24 @@ def _mask_tree(params: Params, grad_mask: Any) -> Params:
 
 
 def _differentiable(loss_fn: LossFn, mask: Params) -> LossFn:
-    """``loss_fn`` differentiated through the marked leaves only.
+    """``loss_fn`` differentiated through the marked leaves only (a ``where`` per leaf).
 
-    Eagerly, with the mask's values at hand, unmarked leaves are detached and a loss whose
-    output carries no gradient from any marked leaf gets a clear error; compiled or
-    vmapped over states, the same selection is a ``torch.where`` and the check is skipped.
+    Its output is checked where torch's own errors would be unclear: one floating scalar
+    per bacterium, carrying a gradient from the params.
     """
-    paths, masks, spec = optree.tree_flatten_with_path(mask)
-    flags = None
-    if not torch.compiler.is_compiling():
-        try:
-            flags = [bool(m) for m in masks]
-        except RuntimeError:  # a batched mask under an outer vmap
-            flags = None
+    masks, spec = optree.tree_flatten(mask)
 
     def loss(params: Params, *args: Any) -> Tensor:
         leaves = spec.flatten_up_to(params)
-        if flags is None:
-            leaves = [torch.where(m, x, x.detach()) for x, m in zip(leaves, masks)]
-        else:
-            leaves = [x if f else x.detach() for x, f in zip(leaves, flags)]
+        leaves = [torch.where(m, x, x.detach()) for x, m in zip(leaves, masks)]
         out = loss_fn(spec.unflatten(leaves), *args)
-        if flags is not None and any(flags) and isinstance(out, Tensor) and not out.requires_grad:
-            marked = ", ".join(path_str(p) for p, f in zip(paths, flags) if f)
-            raise ValueError(
-                f"loss_fn is not differentiable with respect to the leaves marked for "
-                f"gradients ({marked}): its output carries no gradient from them (.detach(), "
-                ".item(), integer or boolean ops?). Unmark them with grad_mask / "
-                "with_grad_mask, or use adaptive_bfo for gradient-free search.")
+        if not isinstance(out, Tensor):
+            raise TypeError(LOSS_TYPE_MSG.format(what=f"{type(out).__name__} {out!r:.60}"))
+        if out.dim() != 0 or not out.dtype.is_floating_point:
+            raise ValueError(LOSS_SHAPE_MSG.format(
+                what=f"a {out.dtype} tensor of shape {tuple(out.shape)}"))
+        if not out.requires_grad:
+            raise ValueError(NOT_DIFFERENTIABLE_MSG)
         return out
 
     return loss

@@ -14,13 +14,9 @@ from ._base import Params
 from ._tree import take
 
 
-def reproduce(flag: Tensor, inputs: tuple[Params, Tensor, Tensor], context: None = None
+def reproduce(flag: Tensor, population: Params, losses: Tensor, health: Tensor
               ) -> tuple[Params, Tensor, Tensor]:
-    """Reproduction as a cycle event (``_cycle.run_event``) on ``(population, losses, health)``.
-
-    Where ``flag`` holds, the healthiest half splits and health restarts from zero.
-    """
-    population, losses, health = inputs
+    """Where ``flag`` (0-d bool) holds, the healthiest half splits and health restarts at zero."""
     source = reproduction_index(health, flag)
     return (take(population, source), losses[source],
             torch.where(flag, torch.zeros_like(health), health))

@@ -44,13 +44,21 @@ def with_hyperparams(state: State, **values: Any) -> State:
     cast = {}
     for name, value in values.items():
         old = getattr(hp, name)
-        new = torch.as_tensor(value).to(dtype=old.dtype, device=old.device)
+        try:
+            new = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            new = None
+        if new is None or new.dtype == torch.bool or new.is_complex():
+            raise TypeError(f"Invalid {name}: {value!r}; expected a real number (or one per "
+                            "run of a batched state), e.g. with_hyperparams(state, "
+                            f"{name}=0.05).")
+        new = new.to(dtype=old.dtype, device=old.device)
         try:  # a batched (vmapped) state takes a scalar or one value per run
             new = torch.broadcast_to(new, old.shape)
         except RuntimeError:
             raise ValueError(f"Invalid {name}: shape {tuple(new.shape)} does not fit the state's "
                              f"{tuple(old.shape)}.") from None
-        if name in ranges and not torch.compiler.is_compiling():
+        if name in ranges:  # read on the host: call it between updates, not inside one
             low, high, low_open = ranges[name]
             above = new > low if low_open else new >= low
             if not bool((torch.isfinite(new) & above & (new <= high)).all()):

@@ -23,13 +23,35 @@ from ._checks import LOSS_SHAPE_MSG, LOSS_TYPE_MSG, check_int, check_losses
 
 __all__ = ["Evaluator", "loop", "vmap"]
 
-VMAP_FAILED_MSG = (
-    "loss_fn failed under torch.func.vmap over the population ({cause}). Losses that call "
-    ".item() or .tolist(), branch in Python on tensor values, update captured tensors in place, "
-    "or use ops without a vmap rule cannot be batched: build the optimizer with "
-    "evaluator=functional_bfo.evaluate.loop() (slower, calls loss_fn once per bacterium), or "
-    "rewrite the branch with torch.where."
+VMAP_ADVICE = (
+    "functional_bfo: loss_fn could not be batched by torch.func.vmap over the population. "
+    "Losses that call .item(), .tolist() or .numpy(), branch in Python on tensor values, "
+    "update captured tensors in place, or index with boolean masks cannot be batched: build "
+    "the optimizer with evaluator=functional_bfo.evaluate.loop() (slower, calls loss_fn once "
+    "per bacterium), or rewrite the branch with torch.where."
 )
+# What torch.func.vmap's own failures say: only these get the advice above.
+VMAP_FAILURES = ("vmap", "Batching rule", "data pointer of Tensor that doesn't have storage",
+                 "doesn't match the broadcast shape")
+
+
+def batched(fn: Any, population: Params, args: tuple, chunk_size: int | None = None) -> Any:
+    """``torch.func.vmap(fn)`` over the population's leading axis, ``args`` unbatched.
+
+    Every exception keeps its type; where vmap itself is the cause, a note says what to do.
+    """
+    in_dims = (0,) + (None,) * len(args)
+    try:
+        return torch.func.vmap(fn, in_dims=in_dims, chunk_size=chunk_size)(population, *args)
+    except ValueError as e:
+        if "must only return Tensors" not in str(e):
+            raise
+        raise TypeError(LOSS_TYPE_MSG.format(what="a value that is not a tensor")) from e
+    except RuntimeError as e:
+        message = str(e)  # not read in a generator: dynamo cannot trace a captured ``e``
+        if any(marker in message for marker in VMAP_FAILURES):
+            e.add_note(VMAP_ADVICE)
+        raise
 
 
 class Evaluator(Protocol):
@@ -70,20 +92,7 @@ def vmap(chunk_size: int | None = None) -> Evaluator:
         check_int("chunk_size", chunk_size, 1)
 
     def evaluate(loss_fn: LossFn, population: Params, *args: Any) -> Tensor:
-        in_dims = (0,) + (None,) * len(args)
-        batched = torch.func.vmap(loss_fn, in_dims=in_dims, chunk_size=chunk_size)
-        if torch.compiler.is_compiling():
-            losses = batched(population, *args)
-        else:
-            try:
-                losses = batched(population, *args)
-            except ValueError as e:
-                if "must only return Tensors" not in str(e):
-                    raise
-                raise TypeError(LOSS_TYPE_MSG.format(what="a value that is not a tensor")) from e
-            except RuntimeError as e:
-                cause = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
-                raise RuntimeError(VMAP_FAILED_MSG.format(cause=cause)) from e
+        losses = batched(loss_fn, population, args, chunk_size)
         return check_losses(losses, _population_size(population))
 
     return evaluate

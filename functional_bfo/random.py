@@ -14,27 +14,22 @@ GPU kernel may round it one ulp differently), and every function works under
 
 The 32-bit words are carried in ``int64`` tensors with explicit masking: torch's ``uint32``
 supports too few ops, and signed 32-bit overflow is undefined behaviour in generated C++.
-On CPU the block function runs as one small C loop built with the system compiler
-(:mod:`functional_bfo._threefry_c`), or, where none works, in numpy's native ``uint32``
-arithmetic: the same bits, about 20x and 4x faster than the tensor version (~170 small
-kernels per call, dominated by dispatch; ``benchmarks/update_overhead.py`` times all three).
+The block function is one ``torch.library`` op, the same in every mode (eager, compiled,
+vmapped, traced): its reference kernel is tensor ops on any device, and its CPU kernel runs
+the same rounds in numpy's native ``uint32`` arithmetic (the same bits, about 3x faster on
+an update's lanes: ``benchmarks/update_overhead.py``). The tests check the two agree bit for
+bit.
 """
 
 from __future__ import annotations
 
 import math
 
-try:  # optional: a faster CPU block function, bitwise equal to the tensor one
-    import numpy as _np
-except ImportError:  # pragma: no cover - numpy ships with nearly every torch install
-    _np = None
-
+import numpy as np
 import optree
 import torch
 from torch import Tensor
 
-from . import _threefry_c
-from ._eager import plain_cpu
 from ._tree import unflatten_like
 
 __all__ = [
@@ -78,34 +73,24 @@ def _threefry_rounds(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Te
 _LIB = torch.library.Library("functional_bfo", "FRAGMENT")
 
 
-def _define(schema: str, impl, fake, vmap, dispatch_key: str = "CompositeExplicitAutograd"):
-    """Define ``functional_bfo::<schema>`` with its kernel, fake and vmap rule; its overload."""
+def _define(schema: str, impl, fake, vmap):
+    """Define ``functional_bfo::<schema>``: one kernel for every device, a fake, a vmap rule."""
     name = schema[: schema.index("(")]
     _LIB.define(schema)
-    _LIB.impl(name, impl, dispatch_key)
+    _LIB.impl(name, impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"functional_bfo::{name}", fake, lib=_LIB)
     torch.library.register_vmap(f"functional_bfo::{name}", vmap, lib=_LIB)
     return getattr(torch.ops.functional_bfo, name).default
 
 
-def _threefry_impl(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
-    if x0.device.type == "cpu":
-        kernel = _threefry_c.kernel()
-        if kernel is not None:
-            return _threefry_c.threefry2x32(kernel, k0, k1, x0, x1)
-        if _np is not None:
-            return _threefry_numpy(k0, k1, x0, x1)
-    return _threefry_rounds(k0, k1, x0, x1)
-
-
 def _threefry_numpy(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
-    """The same rounds in numpy ``uint32``, whose additions and shifts wrap natively.
+    """The CPU kernel: ``_threefry_rounds`` in numpy ``uint32``, whose arithmetic wraps natively.
 
     Everything is a 1-D array (never a numpy scalar, whose overflow would warn).
     """
-    u32 = _np.uint32
-    shape = _np.broadcast_shapes(k0.shape, k1.shape, x0.shape, x1.shape)  # torch's: ~200 us
-    k0, k1, x0, x1 = (_np.broadcast_to(t.numpy(), shape).astype(u32).reshape(-1)
+    u32 = np.uint32
+    shape = np.broadcast_shapes(k0.shape, k1.shape, x0.shape, x1.shape)  # torch's: ~200 us
+    k0, k1, x0, x1 = (np.broadcast_to(t.numpy(), shape).astype(u32).reshape(-1)
                       for t in (k0, k1, x0, x1))
     ks = (k0, k1, k0 ^ k1 ^ u32(_KS_PARITY))
     x0, x1 = x0 + ks[0], x1 + ks[1]
@@ -116,8 +101,8 @@ def _threefry_numpy(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Ten
             x1 ^= x0
         x0 += ks[(block + 1) % 3]
         x1 += ks[(block + 2) % 3] + u32(block + 1)
-    return (torch.from_numpy(x0.astype(_np.int64)).reshape(shape),
-            torch.from_numpy(x1.astype(_np.int64)).reshape(shape))
+    return (torch.from_numpy(x0.astype(np.int64)).reshape(shape),
+            torch.from_numpy(x1.astype(np.int64)).reshape(shape))
 
 
 def _threefry_fake(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
@@ -144,7 +129,8 @@ def _threefry_vmap(info, in_dims, *args: Tensor):
 # they compile in no time and are bitwise equal to eager.
 _threefry_op = _define(
     "threefry2x32(Tensor k0, Tensor k1, Tensor x0, Tensor x1) -> (Tensor, Tensor)",
-    _threefry_impl, _threefry_fake, _threefry_vmap)
+    _threefry_rounds, _threefry_fake, _threefry_vmap)
+_LIB.impl("threefry2x32", _threefry_numpy, "CPU")
 
 
 def threefry2x32(key: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
@@ -159,13 +145,7 @@ def threefry2x32(key: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
         The two output words, each shaped like ``x0 + x1``.
     """
     check_key(key)
-    return _block(key[0], key[1], x0, x1)
-
-
-def _block(*words: Tensor) -> tuple[Tensor, Tensor]:
-    if plain_cpu(*words):  # the op's dispatch would cost ~10 us a call
-        return _threefry_impl(*words)
-    return _threefry_op(*words)  # opaque to compilers and traces; vmap by its batching rule
+    return _threefry_op(key[0], key[1], x0, x1)
 
 
 def key(seed: int, *, device: torch.device | str | None = None) -> Tensor:
@@ -242,23 +222,15 @@ def _unit_interval(words: Tensor, dtype: torch.dtype, *, open_low: bool) -> Tens
     return u
 
 
-# On CPU, inductor emits erfinv as a scalar loop: 0.42 ms against eager's vectorized 0.05 ms
-# for the ~16k normals of a 256 x 30 update. As an opaque op, a compiled CPU graph runs eager's
-# kernel (and its bits); eager calls torch.erfinv directly, without the op's dispatch.
+def _inverse_normal_cdf(u: Tensor, erfinv=torch.erfinv) -> Tensor:
+    """Standard normals from uniforms in the open interval (0, 1), as JAX draws them."""
+    return _SQRT2 * erfinv(2.0 * u - 1.0)
+
+
+# torch.erfinv as an opaque op, so that a compiled graph runs eager's kernel (and its bits):
+# on the CPU inductor emits erfinv as a scalar loop of its own, which rounds differently.
 _erfinv_op = _define("erfinv(Tensor x) -> Tensor", torch.erfinv, torch.empty_like,
                      lambda info, in_dims, x: (_erfinv_op(x), in_dims[0]))
-
-
-def _inverse_normal_cdf(u: Tensor) -> Tensor:
-    """Standard normals from uniforms in the open interval (0, 1), as JAX draws them."""
-    return _SQRT2 * _erfinv_of_uniform(u)
-
-
-def _erfinv_of_uniform(u: Tensor) -> Tensor:
-    """``erfinv(2u - 1)``: the inverse normal CDF before its ``sqrt(2)`` scaling."""
-    x = 2.0 * u - 1.0
-    opaque = x.device.type == "cpu" and torch.compiler.is_compiling()
-    return _erfinv_op(x) if opaque else torch.erfinv(x)
 
 
 def _words_per_value(dtype: torch.dtype) -> int:
@@ -293,7 +265,7 @@ def normal(key: Tensor, shape: tuple[int, ...] = (), dtype: torch.dtype = torch.
     _words_per_value(dtype)  # rejects non-floating dtypes
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     u = _unit_interval(bits(key, n * _words_per_value(compute)), compute, open_low=True)
-    return _inverse_normal_cdf(u).reshape(shape).to(dtype)
+    return _inverse_normal_cdf(u, _erfinv_op).reshape(shape).to(dtype)
 
 
 def normal_rows(key: Tensor, counter: Tensor | int, rows: int, cols: int,
@@ -303,8 +275,8 @@ def normal_rows(key: Tensor, counter: Tensor | int, rows: int, cols: int,
     Row ``r`` is made from the words of counters ``(counter, r * h + j)``, ``j < h`` (``h``
     the row's half word count), so rows never share words, a row's numbers do not depend on
     ``rows``, and ``counter`` (a step number, a 0-d integer tensor) gives each call fresh
-    streams without a host sync. This is how an update draws every bacterium's noise. On
-    the CPU it is one opaque op (words, uniforms and the inverse CDF in one call).
+    streams without a host sync. This is how an update draws every bacterium's noise, in
+    one opaque op (words, uniforms and the inverse CDF in one call).
 
     Raises:
         ValueError: ``rows * h`` does not fit the 32-bit counter word.
@@ -317,24 +289,12 @@ def normal_rows(key: Tensor, counter: Tensor | int, rows: int, cols: int,
         raise ValueError(f"normal_rows: {rows} rows of {cols} values need {rows * half} "
                          "counters, more than the 2**32 a call can address; draw in parts.")
     counter = torch.as_tensor(counter, device=key.device).to(torch.int64)
-    if key.device.type != "cpu":
-        return _normal_rows(key, counter, rows, cols, compute).to(dtype)
-    if plain_cpu(key, counter):  # the op's dispatch would cost ~10 us a call
-        return _erfinv_rows_cpu(key, counter, rows, cols, compute).mul_(_SQRT2).to(dtype)
-    # Traced, the sqrt(2) scaling stays outside the op, where inductor fuses it into the
-    # kernel that reads the normals (the same float multiply as eager's ``mul_``).
-    return (_SQRT2 * _erfinv_rows_op(key, counter, rows, cols, compute)).to(dtype)
+    return _normal_rows_op(key, counter, rows, cols, compute).to(dtype)
 
 
 def _normal_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
                  compute: torch.dtype) -> Tensor:
-    """``normal_rows`` in tensor ops (``compute`` float32 or float64), on any device."""
-    return _SQRT2 * _erfinv_rows(key, counter, rows, cols, compute)
-
-
-def _erfinv_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
-                 compute: torch.dtype) -> Tensor:
-    """``normal_rows / sqrt(2)`` in tensor ops (``compute`` float32 or float64).
+    """``normal_rows`` in ``compute`` (float32 or float64) from the block function op.
 
     ``key`` ``(..., 2)`` and ``counter`` ``(...)`` may carry leading batch axes (broadcast).
     """
@@ -342,40 +302,30 @@ def _erfinv_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
     half = (per_row + 1) // 2
     index = torch.arange(half, dtype=torch.int64, device=key.device)
     lanes = torch.arange(rows, dtype=torch.int64, device=key.device).unsqueeze(1) * half + index
-    y0, y1 = _block(key[..., 0, None, None], key[..., 1, None, None],
-                    (counter & _MASK32)[..., None, None], lanes)
+    y0, y1 = _threefry_op(key[..., 0, None, None], key[..., 1, None, None],
+                          (counter & _MASK32)[..., None, None], lanes)
     words = torch.cat([y0, y1], dim=-1)[..., :per_row]
-    return _erfinv_of_uniform(_unit_interval(words, compute, open_low=True))
+    return _inverse_normal_cdf(_unit_interval(words, compute, open_low=True))
 
 
-def _erfinv_rows_cpu(key: Tensor, counter: Tensor, rows: int, cols: int,
-                     compute: torch.dtype) -> Tensor:
-    """``_erfinv_rows`` on the CPU: the C loop makes the uniforms, then eager's erfinv."""
-    kernels = _threefry_c.kernel()
-    if kernels is None:
-        return _erfinv_rows(key, counter, rows, cols, compute)
-    x = _threefry_c.unit_rows(kernels, key, int(counter), rows, cols, compute)
-    return x.erfinv_()
-
-
-def _erfinv_rows_fake(key: Tensor, counter: Tensor, rows: int, cols: int,
+def _normal_rows_fake(key: Tensor, counter: Tensor, rows: int, cols: int,
                       compute: torch.dtype) -> Tensor:
     return key.new_empty((rows, cols), dtype=compute)
 
 
-def _erfinv_rows_vmap(info, in_dims, key, counter, rows, cols, compute):
-    """Batching rule: the tensor-op version, with the batch axes leading."""
+def _normal_rows_vmap(info, in_dims, key, counter, rows, cols, compute):
+    """Batching rule: the kernel itself, with the batch axes leading."""
     key, counter = (x if d is None else x.movedim(d, 0)
                     for x, d in zip((key, counter), in_dims))
-    return _erfinv_rows(key, counter, rows, cols, compute), 0
+    return _normal_rows(key, counter, rows, cols, compute), 0
 
 
-# On the CPU a compiled update makes all its noise in this one op: the same bits as
-# _erfinv_rows (every step to the uniforms is exact), without the scalar loop inductor makes
-# of the int64 words -> float conversion (~90 us an update) or a second op's dispatch.
-_erfinv_rows_op = _define(
-    "erfinv_rows(Tensor key, Tensor counter, int rows, int cols, ScalarType compute) -> Tensor",
-    _erfinv_rows_cpu, _erfinv_rows_fake, _erfinv_rows_vmap, dispatch_key="CPU")
+# An update makes all its noise in this one op. Opaque, a compiled graph runs the same
+# kernels as eager (the same bits on every device), and on the CPU avoids the scalar loops
+# inductor makes of erfinv (~0.4 ms an update) and of the int64 words -> float conversion.
+_normal_rows_op = _define(
+    "normal_rows(Tensor key, Tensor counter, int rows, int cols, ScalarType compute) -> Tensor",
+    _normal_rows, _normal_rows_fake, _normal_rows_vmap)
 
 
 def tree_normal_like(key: Tensor, tree, dtype: torch.dtype | None = None):

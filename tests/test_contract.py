@@ -98,19 +98,6 @@ def test_vmap_over_states_equals_separate_runs(variant):
 
 
 @variants
-def test_eager_cpu_cycle_shortcut_equals_the_masked_update(variant, monkeypatch):
-    """Eager CPU updates skip reproduction and dispersal work between cycles; bitwise the
-    same as the masked update that compiled, GPU and vmapped updates run."""
-    import functional_bfo._cycle as cycle
-
-    opt = variant.make()
-    state = opt.init(params(), key=fb.random.key(12))
-    shortcut = run_updates(opt, state, 13)
-    monkeypatch.setattr(cycle, "plain_cpu", lambda step: False)  # read nothing
-    assert_trees_equal(run_updates(opt, state, 13), shortcut)
-
-
-@variants
 def test_checkpoint_resume_is_bitwise_identical(variant, tmp_path):
     opt = variant.make()
     state = run_updates(opt, opt.init(params(), key=fb.random.key(8)), 3)
@@ -177,15 +164,12 @@ def test_whole_swim_ray_in_one_call_compiles_and_keeps_the_trajectory(variant):
 
 
 @variants
-@pytest.mark.parametrize("swim_batch", [1, 2])
-def test_eager_whole_ray_keeps_the_trajectory(variant, swim_batch, monkeypatch):
-    """Eagerly, small candidates are projected for the whole swim ray at once and large ones
-    call by call: the same trajectory, bit for bit (aux, swarming and greedy swims too)."""
-    opt = variant.make(swim_batch=swim_batch)
+def test_two_points_per_call_keep_the_trajectory(variant):
+    """Points stacked two per evaluator call (the last call holds one): bit for bit the
+    trajectory of one point per call, aux, swarming and greedy swims too."""
+    opt, paired = variant.make(), variant.make(swim_batch=2)
     state = opt.init(params(), key=fb.random.key(5))
-    whole = run_updates(opt, state, 6)
-    monkeypatch.setattr(fb._chemotaxis, "WHOLE_RAY_BELOW", 0)
-    assert_trees_equal(run_updates(opt, state, 6), whole)
+    assert_trees_equal(run_updates(paired, state, 6), run_updates(opt, state, 6))
 
 
 CONVERGENCE = [  # (problem, max_evals, tolerance on best loss - minimum)

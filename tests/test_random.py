@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import functional_bfo as fb
-from functional_bfo import _threefry_c
 
 R = fb.random
 M32 = 0xFFFFFFFF
@@ -106,20 +105,12 @@ def test_threefry_matches_reference(k0, k1, x0, data):
     assert got == [ref_threefry2x32(k0, k1, a, b) for a, b in zip(x0, x1, strict=True)]
 
 
-def _c_block_function(*args):
-    kernel = _threefry_c.kernel()
-    if kernel is None:
-        pytest.skip("no C compiler: the C Threefry kernel could not be built")
-    return _threefry_c.threefry2x32(kernel, *args)
-
-
 @HYP
 @given(k0=words, k1=words, rows=st.integers(1, 4), cols=st.integers(1, 300),
-       broadcast=st.sampled_from(["none", "x1_row", "key_vector", "transposed"]),
-       path=st.sampled_from(["numpy", "c"]))
-def test_cpu_block_functions_agree_with_the_tensor_one(k0, k1, rows, cols, broadcast, path):
-    """The numpy and C paths are bitwise the tensor path: broadcasting, strided inputs, and
-    more lanes than the C kernel's block of 256."""
+       broadcast=st.sampled_from(["none", "x1_row", "key_vector", "transposed"]))
+def test_the_cpu_kernel_is_bitwise_the_reference(k0, k1, rows, cols, broadcast):
+    """The block function op's CPU kernel (numpy) is bitwise the tensor reference, which
+    every other device runs: broadcasting and strided inputs."""
     x0 = torch.randint(0, 2**32, (rows, cols))
     if broadcast == "transposed":
         x0 = torch.randint(0, 2**32, (cols, rows)).T
@@ -127,60 +118,16 @@ def test_cpu_block_functions_agree_with_the_tensor_one(k0, k1, rows, cols, broad
     a = torch.tensor(k0) if broadcast != "key_vector" else torch.full((cols,), k0)
     b = torch.tensor(k1)
     expected = R._threefry_rounds(a, b, x0, x1)
-    got = (R._threefry_numpy if path == "numpy" else _c_block_function)(a, b, x0, x1)
-    for e, g in zip(expected, got):
-        assert e.shape == g.shape and g.dtype == torch.int64 and torch.equal(e, g)
+    for got in (R._threefry_numpy(a, b, x0, x1), R._threefry_op(a, b, x0, x1)):
+        for e, g in zip(expected, got):
+            assert e.shape == g.shape and g.dtype == torch.int64 and torch.equal(e, g)
 
 
-def test_c_kernel_is_built_once_per_cache_and_reused(tmp_path):
-    if _threefry_c.kernel() is None:
-        pytest.skip("no C compiler: the C Threefry kernel could not be built")
-    path = _threefry_c.build(_threefry_c.compiler(), tmp_path)
-    assert path.parent == tmp_path and [p.name for p in tmp_path.iterdir()] == [path.name]
-    stamp = path.stat().st_mtime_ns
-    assert _threefry_c.build(_threefry_c.compiler(), tmp_path) == path
-    assert path.stat().st_mtime_ns == stamp  # reused, not rebuilt
-    x = torch.arange(5)
-    got = _threefry_c.threefry2x32(_threefry_c.load(path), torch.tensor(1), torch.tensor(2), x, x)
-    assert all(torch.equal(g, e) for g, e in zip(got, R._threefry_rounds(*_t(1, 2), x, x)))
-
-
-def test_c_kernel_with_an_unwritable_cache_builds_in_a_private_folder(tmp_path, monkeypatch):
-    if _threefry_c.kernel() is None:
-        pytest.skip("no C compiler: the C Threefry kernel could not be built")
-    (tmp_path / "a_file").write_text("")
-    monkeypatch.setenv("FUNCTIONAL_BFO_CACHE", str(tmp_path / "a_file" / "cache"))
-    _threefry_c.kernel.cache_clear()
-    try:
-        kernel = _threefry_c.kernel()  # no warning: the suite turns warnings into errors
-        assert kernel is not None
-        x = torch.arange(4)
-        got = _threefry_c.threefry2x32(kernel, *_t(7, 8), x, x)
-        assert all(torch.equal(g, e) for g, e in zip(got, R._threefry_rounds(*_t(7, 8), x, x)))
-    finally:
-        _threefry_c.kernel.cache_clear()
-
-
-def test_c_kernel_without_a_compiler_warns_once_and_numpy_takes_over(tmp_path, monkeypatch):
-    with pytest.raises(RuntimeError, match="no-such-compiler"):
-        _threefry_c.build("no-such-compiler", tmp_path)
-    monkeypatch.setenv("CC", "no-such-compiler")
-    monkeypatch.setenv("FUNCTIONAL_BFO_CACHE", str(tmp_path / "empty"))
-    _threefry_c.kernel.cache_clear()
-    try:
-        with pytest.warns(RuntimeWarning, match="FUNCTIONAL_BFO_NO_C=1"):
-            assert _threefry_c.kernel() is None
-        x = torch.arange(6)
-        got = R.threefry2x32(_t(3, 4), x, x)  # no second warning (the suite errors on one)
-        assert all(torch.equal(g, e) for g, e in zip(got, R._threefry_rounds(*_t(3, 4), x, x)))
-        k, c = R.key(3), torch.tensor(4)  # the row op falls back to the tensor version
-        assert torch.equal(R._erfinv_rows_op(k, c, 3, 5, torch.float32),
-                           R._erfinv_rows(k, c, 3, 5, torch.float32))
-        monkeypatch.setenv("FUNCTIONAL_BFO_NO_C", "1")
-        _threefry_c.kernel.cache_clear()
-        assert _threefry_c.kernel() is None  # switched off: no warning
-    finally:
-        _threefry_c.kernel.cache_clear()
+def test_the_reference_kernel_runs_where_the_cpu_kernel_does_not():
+    """Meta tensors (and any device without a kernel of its own) take the tensor reference."""
+    x = torch.arange(4)
+    y0, _ = R._threefry_op(*_t(1, 2), x.to("meta"), x.to("meta"))
+    assert y0.device.type == "meta" and y0.shape == (4,)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -196,20 +143,18 @@ def test_normal_rows_rows_are_streams_of_their_own(dtype):
 
 @HYP
 @given(seed=seeds, counter=st.integers(0, 2**40), rows=st.integers(1, 40),
-       cols=st.integers(1, 300), dtype=st.sampled_from([torch.float32, torch.float64]),
-       path=st.sampled_from(["op", "eager"]))
-def test_cpu_normal_rows_op_is_bitwise_the_tensor_ops(seed, counter, rows, cols, dtype, path):
-    """The CPU op (the C loop's uniforms, then erfinv) draws the tensor version's bits, over
-    more lanes than the C block of 256, with counters past the 32-bit word."""
-    if _threefry_c.kernel() is None:
-        pytest.skip("no C compiler: the C Threefry kernel could not be built")
+       cols=st.integers(1, 300), dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_normal_rows_is_the_reference_with_counters_past_the_word(seed, counter, rows, cols,
+                                                                   dtype):
+    """The op draws what its tensor-op kernel draws with the reference block function."""
     k, c = R.key(seed), torch.tensor(counter)
-    if path == "op":  # the op leaves the sqrt(2) scaling to its caller
-        expected, got = R._erfinv_rows(k, c, rows, cols, dtype), R._erfinv_rows_op(
-            k, c, rows, cols, dtype)
-    else:
-        expected, got = R._normal_rows(k, c, rows, cols, dtype), R.normal_rows(
-            k, c, rows, cols, dtype)
+    half = (cols * (2 if dtype == torch.float64 else 1) + 1) // 2
+    lanes = torch.arange(rows).unsqueeze(1) * half + torch.arange(half)
+    y0, y1 = R._threefry_rounds(k[0], k[1], c & M32, lanes)
+    words = torch.cat([y0, y1], dim=-1)[:, : cols * (2 if dtype == torch.float64 else 1)]
+    u = R._unit_interval(words, dtype, open_low=True)
+    expected = math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)
+    got = R.normal_rows(k, c, rows, cols, dtype)
     assert got.shape == (rows, cols) and got.dtype == dtype and torch.equal(got, expected)
 
 
@@ -223,11 +168,6 @@ def test_normal_rows_vmaps_over_keys_and_counters_and_compiles(dtype):
         assert torch.equal(torch.func.vmap(draw, in_dims)(*args), _loop(draw, *loop_args))
     compiled = torch.compile(draw, fullgraph=True)
     assert torch.equal(compiled(keys[0], steps[2]), draw(keys[0], steps[2]))
-    # Compiled, the op's sqrt(2) scaling is fused into the kernel that reads the normals:
-    # it must round as eager's own multiply.
-    scaled = lambda k, c: draw(k, c).abs() * 3.0  # noqa: E731
-    fused = torch.compile(scaled, fullgraph=True)
-    assert torch.equal(fused(keys[0], steps[2]), scaled(keys[0], steps[2]))
 
 
 def test_normal_rows_is_standard_normal_and_rejects_overflow():
