@@ -44,17 +44,6 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
     ("swim_batch", "Swim points per evaluation call (CPU)",
      "`python benchmarks/swim_batch.py`: `swim_batch=1` (the default) against the whole swim "
      "ray in one call; the trajectory is the same."),
-    ("compare_commits", "Compiled update time by commit (CPU)",
-     "`python benchmarks/compare_commits.py 1df1732 d77ade1 9eec57b`: before the fused "
-     "noise op (benchmarks/NOTES.md attempt 8), after it and the torch.cond reproduction "
-     "(attempt 9), and after ordering large swims (attempt 10), interleaved in one process."),
-    ("compare_commits_eager", "Eager update time by commit (CPU)",
-     "`python benchmarks/compare_commits.py d4529dc 68e0e08 --mode eager`: before and after "
-     "projecting a small swim's whole ray at once (benchmarks/NOTES.md attempt 15)."),
-    ("compare_commits_attempt16", "Compiled update time by commit (CPU): attempt 16",
-     "`python benchmarks/compare_commits.py 47ee32a 46c057e --name compare_commits_attempt16`:"
-     " before and after fusing the noise op's sqrt(2) scaling into the compiled graph "
-     "(benchmarks/NOTES.md attempt 16)."),
     ("update_overhead_cuda_bfo", "Update overhead on an NVIDIA H100: fb.bfo",
      "`python benchmarks/update_overhead.py --device cuda --variants bfo`."),
     ("update_overhead_cuda_adaptive_hybrid",

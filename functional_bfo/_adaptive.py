@@ -210,13 +210,13 @@ def adaptive_bfo(
         )
 
     def update_fn(state: AdaptiveBFOState, loss_fn: LossFn, *args: Any) -> AdaptiveBFOState:
-        check_state(state, size)
+        check_state(state, size, AdaptiveBFOState, "adaptive_bfo")
         dtype = state.losses.dtype
         evaluate = costs_by(evaluator, loss_fn, args, dtype, sign)
         step = adaptive_step(state, static, evaluate)
         return AdaptiveBFOState(**step.fields)
 
-    return Optimizer(init_fn, update_fn)
+    return Optimizer(init_fn, update_fn, maximize)
 
 
 class AdaptiveStatic(NamedTuple):

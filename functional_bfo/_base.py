@@ -41,7 +41,12 @@ class UpdateFn(Protocol):
 
 
 class Optimizer(NamedTuple):
-    """A pair of pure functions built by a factory such as :func:`functional_bfo.bfo`."""
+    """A pair of pure functions built by a factory such as :func:`functional_bfo.bfo`.
+
+    ``maximize`` says which way the losses in its states are better; drivers such as
+    :func:`functional_bfo.run` read it, so it is set once, in the factory.
+    """
 
     init: InitFn
     update: UpdateFn
+    maximize: bool = False

@@ -212,7 +212,7 @@ def bfo(
         return BFOState(**start.state_fields(sign, hyper, BFOHyperparams))
 
     def update_fn(state: BFOState, loss_fn: LossFn, *args: Any) -> BFOState:
-        check_state(state, size)
+        check_state(state, size, BFOState, "bfo")
         if not callable(loss_fn):
             raise TypeError(f"Invalid loss_fn: {loss_fn!r}; expected a callable "
                             "loss_fn(params, *args) -> 0-d tensor (call update(state, loss_fn)).")
@@ -263,4 +263,4 @@ def bfo(
             hyperparams=hp,
         )
 
-    return Optimizer(init_fn, update_fn)
+    return Optimizer(init_fn, update_fn, maximize)

@@ -72,13 +72,17 @@ def check_params(params: Any) -> tuple[list[Tensor], optree.PyTreeSpec]:
     """The leaves and treespec of ``params``, after checking it is a usable BFO pytree.
 
     Raises:
-        ValueError: the pytree is empty, or its leaves are on different devices.
-        TypeError: a leaf is not a floating tensor.
+        ValueError: the pytree is empty, a leaf holds NaN or infinite values, or the leaves
+            are on different devices.
+        TypeError: a leaf is not a floating tensor (or is None).
     """
-    paths, leaves, spec = optree.tree_flatten_with_path(params)
+    paths, leaves, _ = optree.tree_flatten_with_path(params, none_is_leaf=True)
     if not leaves:
         raise ValueError(EMPTY_PARAMS_MSG)
     for path, leaf in zip(paths, leaves):
+        if leaf is None:
+            raise TypeError(f"Expected a tensor leaf, got None at {path_str(path)}; drop the "
+                            "entry, or pass a tensor (torch.zeros(0) for an empty one).")
         if not isinstance(leaf, Tensor):
             raise TypeError(f"Expected a tensor leaf, got {leaf!r} at {path_str(path)}; "
                             "convert it with torch.as_tensor(value, dtype=torch.float32).")
@@ -86,11 +90,16 @@ def check_params(params: Any) -> tuple[list[Tensor], optree.PyTreeSpec]:
             raise TypeError(f"Expected a floating tensor leaf, got dtype {leaf.dtype} at "
                             f"{path_str(path)}; BFO moves parameters continuously, so cast it "
                             "with .float() or keep it out of params (pass it through *args).")
+    paths, leaves, spec = optree.tree_flatten_with_path(params)
     devices = {leaf.device for leaf in leaves}
     if len(devices) > 1:
         where = ", ".join(f"{path_str(p)} on {x.device}" for p, x in zip(paths, leaves))
         raise ValueError(f"params leaves are on different devices ({where}); move them to one "
                          "device, e.g. optree.tree_map(lambda x: x.to('cuda'), params).")
+    for path, leaf in zip(paths, leaves):  # read once, at init (meta tensors hold no values)
+        if leaf.device.type != "meta" and not bool(torch.isfinite(leaf).all()):
+            raise ValueError(f"{path_str(path)} holds NaN or infinite values; BFO starts its "
+                             "search there, so start from finite params.")
     return leaves, spec
 
 
@@ -113,10 +122,13 @@ def compute_dtype(leaves: list[Tensor]) -> torch.dtype:
     return torch.float64 if any(x.dtype == torch.float64 for x in leaves) else torch.float32
 
 
-def check_state(state: Any, size: int) -> None:
-    """Static check that ``state`` was made by an optimizer of this population size."""
+def check_state(state: Any, size: int, kind: type, variant: str) -> None:
+    """Static check that ``state`` was made by ``variant`` (state class ``kind``) of this size."""
     if not hasattr(state, "population") or not hasattr(state, "losses"):
         raise TypeError(f"Expected the state returned by init/update, got {type(state).__name__}.")
+    if not isinstance(state, kind):
+        raise TypeError(f"{variant}'s update got a {type(state).__name__}, the state of another "
+                        f"optimizer; pass the {kind.__name__} that {variant}'s init made.")
     if state.losses.dim() != 1:
         raise ValueError(f"state is batched (losses of shape {tuple(state.losses.shape)}); map "
                          "update over the batch with torch.func.vmap(opt.update, "

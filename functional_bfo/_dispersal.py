@@ -29,8 +29,18 @@ class Start(NamedTuple):
     dtype: torch.dtype  # the loss and step dtype: float64 if any leaf is, else float32
 
     def state_fields(self, sign: float, hyperparams: dict, hyperparams_type: type) -> dict:
-        """The fields every variant's state starts with, nothing evaluated yet."""
+        """The fields every variant's state starts with, nothing evaluated yet.
+
+        Raises:
+            ValueError: a hyperparameter does not fit the state's dtype (it would be inf).
+        """
         size, device = self.population_size, self.key.device
+        largest = torch.finfo(self.dtype).max
+        for name, value in hyperparams.items():
+            if abs(value) > largest:
+                raise ValueError(f"Invalid {name}: {value!r} overflows {self.dtype} (largest "
+                                 f"{largest:.3g}), the dtype of the state for these params; "
+                                 "pass a smaller value, or float64 params.")
         tensor = lambda v: torch.tensor(v, dtype=self.dtype, device=device)  # noqa: E731
         count = torch.zeros((), dtype=torch.int64, device=device)
         return dict(
@@ -55,6 +65,20 @@ def initial_population(params: Params, key: Tensor, size: int, bounds: Any, init
     """Validate ``params`` and ``key`` and build the initial population around the params."""
     leaves, spec = check_params(params)
     random.check_key(key)
+    try:
+        return _initial_population(leaves, spec, params, key, size, bounds, init_scale)
+    except RuntimeError as e:  # the allocator's own words, with the size that asked for it
+        message = str(e)
+        if isinstance(e, torch.OutOfMemoryError) or "allocate" in message:
+            per = sum(x.numel() * x.element_size() for x in leaves)
+            e.add_note(f"functional_bfo: population_size={size} bacteria of {per:,} bytes "
+                       f"each need {size * per / 2**30:.3g} GiB for the population alone (and "
+                       "as much again per swim point evaluated); lower population_size.")
+        raise
+
+
+def _initial_population(leaves, spec, params, key, size, bounds, init_scale) -> Start:
+    """``initial_population`` after validation."""
     device, dtype = leaves[0].device, compute_dtype(leaves)
     init_key, run_key = random.split(key.to(device))
     box = resolve(bounds, params, dtype)

@@ -189,10 +189,12 @@ def hybrid_bfo(
 
     def update_fn(state: HybridBFOState, loss_fn: LossFn, *args: Any,
                   grad: Params | None = None) -> HybridBFOState:
-        check_state(state, size)
+        check_state(state, size, HybridBFOState, "hybrid_bfo")
         hp, dtype, sign = state.hyperparams, state.losses.dtype, static.sign
         mask = state.grad_mask
         differentiable = _differentiable(loss_fn, mask) if grad is None else None
+        if grad is not None:
+            grad = optree.tree_map(torch.Tensor.detach, grad)
 
         def evaluate(candidates: Params):
             if evaluator is not None:
@@ -211,7 +213,10 @@ def hybrid_bfo(
                 grads, losses = batched(torch.func.grad_and_value(differentiable), candidates,
                                         args, chunk_size)
             count = optree.tree_leaves(candidates)[0].shape[0]  # stacked swim points
-            losses = check_losses(losses, count).to(dtype)
+            # Detached: a loss that touches tensors outside params which require grad (a
+            # model's other weights) must not leave their autograd graph in the state.
+            losses = check_losses(losses, count).detach().to(dtype)
+            grads = None if grads is None else optree.tree_map(torch.Tensor.detach, grads)
             return rank_costs(losses, sign), grads
 
         def steer(direction: Params, source: Tensor, known: Tensor) -> Params:
@@ -244,7 +249,7 @@ def hybrid_bfo(
         return HybridBFOState(**fields, grads=averaged, grad_known=finite, grad_mask=mask,
                               **stats)
 
-    return Optimizer(init_fn, update_fn)
+    return Optimizer(init_fn, update_fn, base.maximize)
 
 
 def with_grad_mask(state: HybridBFOState, grad_mask: Any) -> HybridBFOState:

@@ -2,20 +2,25 @@
 
 It lives outside ``update`` because stopping needs host-side decisions: it reads the
 state's counters and best loss once per update (one small device-to-host copy), never
-inside the compiled step.
+inside the compiled step. Finished updates are never lost: an exception (a loss that
+raises, Ctrl-C) carries the last good state to the caller, and ``checkpoint=`` saves it
+atomically as the run goes.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ._base import LossFn, Optimizer
-from ._checks import check_bool, check_float, check_int
+from ._checks import check_float, check_int
+from ._state import save
 from .telemetry import materialize, metrics
 
 Progress = bool | Callable[[dict[str, float]], None]
@@ -31,12 +36,16 @@ def run(
     target_loss: float | None = None,
     patience: int | None = None,
     min_delta: float = 0.0,
-    maximize: bool = False,
     progress: Progress = False,
     log_every: int = 10,
     compile: bool = False,
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int = 100,
 ) -> Any:
     """Apply ``opt.update`` to ``state`` until a stopping rule fires; return the last state.
+
+    Whether a lower or a higher loss is better comes from the optimizer (``maximize=`` of
+    its factory), for ``target_loss`` and ``patience`` alike.
 
     Args:
         opt: the optimizer that made ``state``.
@@ -50,15 +59,28 @@ def run(
         target_loss: stop once the best loss reaches it (``<=``, or ``>=`` when maximizing).
         patience: stop after this many updates without the best improving by ``min_delta``.
         min_delta: the improvement that resets ``patience``.
-        maximize: set as for the optimizer; only ``target_loss`` and ``patience`` use it.
         progress: True prints a line every ``log_every`` updates and a summary; a callable
             receives the same numbers as a dict instead.
         log_every: updates between progress reports.
         compile: run ``torch.compile(opt.update, fullgraph=True)``; a failure to compile is
             raised, never hidden by falling back to eager.
+        checkpoint: a path to save the state to (:func:`functional_bfo.save`, atomically)
+            every ``checkpoint_every`` updates, when the run stops, and when it is
+            interrupted; resume with ``functional_bfo.load(path, like=...)``.
+        checkpoint_every: updates between checkpoints.
+
+    Returns:
+        The state after the last update.
 
     Raises:
         ValueError: no budget (``max_evals`` or ``max_steps``) is given, or one is invalid.
+        BaseException: whatever ``loss_fn`` (or Ctrl-C) raised, with its type kept; its
+            attribute ``last_good_state`` is the state after the last finished update (the
+            ``state`` given if none finished), and a note says so.
+
+    Warns:
+        RuntimeWarning: every loss evaluated is non-finite (NaN or infinite); the run stops
+            (reason ``"non_finite"``) rather than search blind.
     """
     if max_evals is None and max_steps is None:
         raise ValueError("run needs a budget: pass max_evals=... or max_steps=... "
@@ -70,42 +92,65 @@ def run(
     if patience is not None:
         check_int("patience", patience, 1)
     check_float("min_delta", min_delta, 0.0)
-    check_bool("maximize", maximize)
-    check_bool("compile", compile)
+    if not isinstance(compile, bool):
+        raise ValueError(f"Invalid compile: {compile!r}; expected True or False.")
     if target_loss is not None:
         check_float("target_loss", target_loss, -math.inf)
     check_int("log_every", log_every, 1)
+    check_int("checkpoint_every", checkpoint_every, 1)
     report = _reporter(progress)
     update = torch.compile(opt.update, fullgraph=True) if compile else opt.update
 
-    sign = -1.0 if maximize else 1.0
+    sign = -1.0 if opt.maximize else 1.0
     evals, best = _read(state)[:2]
     buffer = state.losses.shape[-1]
     best_cost, per_update, steps, stalled = sign * best, None, 0, 0
     started, reason = time.perf_counter(), "max_steps"
-    while True:
-        if max_steps is not None and steps >= max_steps:
-            reason = "max_steps"
-            break
-        if max_evals is not None and per_update is not None and evals + per_update > max_evals:
-            reason = "max_evals"
-            break
-        state = update(state, loss_fn, *args)
-        steps += 1
-        log_now = report is not None and (steps % log_every == 0 or steps == 1)
-        new_evals, best, mean, active = _read(state, with_mean=log_now)
-        # The most the next update can cost: every slot active (adaptive populations grow).
-        per_update, evals = (new_evals - evals) * buffer / active, new_evals
-        stalled = 0 if best_cost - sign * best > min_delta else stalled + 1
-        best_cost = min(best_cost, sign * best)
-        if target_loss is not None and sign * best <= sign * target_loss:
-            reason = "target_loss"
-            break
-        if patience is not None and stalled >= patience:
-            reason = "patience"
-            break
-        if log_now:
-            report(_info(state, steps, evals, best, mean, started))
+    try:
+        while True:
+            if max_steps is not None and steps >= max_steps:
+                reason = "max_steps"
+                break
+            if max_evals is not None and per_update is not None and evals + per_update > max_evals:
+                reason = "max_evals"
+                break
+            new = update(state, loss_fn, *args)
+            log_now = report is not None and (steps % log_every == log_every - 1 or steps == 0)
+            new_evals, best, mean, active = _read(new, with_mean=log_now)
+            state, steps = new, steps + 1  # only a finished update replaces the last good one
+            if checkpoint is not None and steps % checkpoint_every == 0:
+                save(state, checkpoint)
+            # The most the next update can cost: every slot active (adaptive populations grow).
+            per_update, evals = (new_evals - evals) * buffer / active, new_evals
+            stalled = 0 if best_cost - sign * best > min_delta else stalled + 1
+            best_cost = min(best_cost, sign * best)
+            if not math.isfinite(best):  # nothing finite was ever seen
+                reason = "non_finite"
+                warnings.warn(
+                    f"functional_bfo.run: every loss evaluated in {steps} update(s) "
+                    f"({evals} evaluations) is NaN or infinite, so the search has nothing to "
+                    "follow; check loss_fn, the starting params and the bounds.",
+                    RuntimeWarning, stacklevel=2)
+                break
+            if target_loss is not None and sign * best <= sign * target_loss:
+                reason = "target_loss"
+                break
+            if patience is not None and stalled >= patience:
+                reason = "patience"
+                break
+            if log_now:
+                report(_info(state, steps, evals, best, mean, started))
+    except BaseException as e:
+        e.last_good_state = state
+        e.add_note(f"functional_bfo.run: interrupted after {steps} finished update(s); the "
+                   "state after the last of them is this exception's .last_good_state"
+                   + ("" if checkpoint is None else f" and is saved to {os.fspath(checkpoint)}")
+                   + ".")
+        if checkpoint is not None:
+            save(state, checkpoint)
+        raise
+    if checkpoint is not None:
+        save(state, checkpoint)
     if report is not None:
         info = _info(state, steps, evals, best, _read(state, with_mean=True)[2], started)
         report({**info, "stopped": reason})

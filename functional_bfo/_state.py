@@ -6,13 +6,16 @@ device, so a compiled update does not recompile.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import math
 import os
-import pickle
+import tempfile
 from typing import IO, Any, TypeVar
 
 import optree
 import torch
+from torch import Tensor
 
 from ._checks import path_str
 
@@ -72,17 +75,54 @@ def with_hyperparams(state: State, **values: Any) -> State:
 def save(state: Any, f: PathOrFile) -> None:
     """Write ``state`` to ``f`` as plain tensors, loadable with ``torch.load(weights_only=True)``.
 
-    The pytree structure is not stored (a custom NamedTuple is not on torch's allow-list);
-    :func:`load` rebuilds it from a template state.
+    A path is written atomically: to a temporary file in the same folder, flushed to disk,
+    then renamed over ``f``, so a write that fails or is killed leaves the previous
+    checkpoint intact. The pytree structure is not stored (a custom NamedTuple is not on
+    torch's allow-list): :func:`load` rebuilds it from a template state. A digest of the
+    tensors lets :func:`load` refuse a corrupted file.
     """
-    torch.save(to_dict(state), f)
+    data = to_dict(state)
+    if not isinstance(f, (str, os.PathLike)):  # a file object: the caller owns its fate
+        torch.save(data, f)
+        return
+    path = os.fspath(f)
+    folder = os.path.dirname(os.path.abspath(path))
+    handle, scratch = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                                       dir=folder)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            torch.save(data, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(scratch, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(scratch)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable where supported
+        directory = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
 
 def to_dict(state: Any) -> dict[str, Any]:
     """``state`` as a dict of plain values and tensors (what :func:`save` writes)."""
     paths, leaves, _ = optree.tree_flatten_with_path(state)
-    return {"format": FORMAT, "type": type(state).__name__,
-            "paths": [_state_path(state, p) for p in paths], "leaves": leaves}
+    names = [_state_path(state, p) for p in paths]
+    leaves = [x.detach() for x in leaves]
+    return {"format": FORMAT, "type": type(state).__name__, "paths": names, "leaves": leaves,
+            "digest": _digest(type(state).__name__, names, leaves)}
+
+
+def _digest(kind: str, names: list[str], leaves: list[Tensor]) -> str:
+    """SHA-256 over the state's type, leaf paths, dtypes, shapes and bytes."""
+    h = hashlib.sha256(f"{FORMAT}\0{kind}".encode())
+    for name, x in zip(names, leaves):
+        h.update(f"\0{name}\0{x.dtype}\0{tuple(x.shape)}\0".encode())
+        h.update(x.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def _state_path(state: Any, path: tuple) -> str:
@@ -98,13 +138,20 @@ def load(f: PathOrFile, like: State, map_location: Any = None) -> State:
     identically to one that never stopped.
 
     Raises:
-        ValueError: the file is not a saved state, or does not match ``like``.
+        ValueError: the file is not a complete, unmodified checkpoint written by
+            :func:`save`, or it does not match ``like``. (Opening a path that does not
+            exist raises ``FileNotFoundError`` as usual.)
     """
+    if isinstance(f, (str, os.PathLike)):
+        with open(f, "rb") as handle:  # a missing or unreadable path raises OSError as usual
+            return load(handle, like, map_location)
     try:
         data = torch.load(f, map_location=map_location, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
-        raise ValueError(f"Not a functional_bfo state checkpoint ({type(e).__name__}); write "
-                         "one with functional_bfo.save(state, path).") from e
+    except Exception as e:  # truncated, not a zip, not torch's, or unsafe to unpickle
+        first = (str(e).strip().splitlines() or [""])[0][:120]
+        raise ValueError(f"Not a functional_bfo state checkpoint: torch.load could not read it "
+                         f"({type(e).__name__}: {first}); write one with "
+                         "functional_bfo.save(state, path).") from e
     return from_dict(data, like)
 
 
@@ -112,19 +159,32 @@ def from_dict(data: Any, like: State) -> State:
     """The state that :func:`to_dict` made ``data`` from, checked against ``like``.
 
     Leaves move to the device of ``like``'s leaves.
+
+    Raises:
+        ValueError: ``data`` is not what :func:`to_dict` makes, was modified, or does not
+            match ``like``.
     """
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"Not a functional_bfo state checkpoint (expected format {FORMAT}); "
-                         "write one with functional_bfo.save(state, path).")
+    fields = {"format": str, "type": str, "paths": list, "leaves": list, "digest": str}
+    if not isinstance(data, dict) or data.get("format") != FORMAT or any(
+            not isinstance(data.get(k), t) for k, t in fields.items()):
+        raise ValueError(f"Not a functional_bfo state checkpoint (expected format {FORMAT} "
+                         f"with {sorted(fields)}); write one with functional_bfo.save(state, "
+                         "path).")
+    saved = data["leaves"]
+    if (len(saved) != len(data["paths"]) or not all(isinstance(x, Tensor) for x in saved)
+            or not all(isinstance(x, str) for x in data["paths"])
+            or _digest(data["type"], data["paths"], saved) != data["digest"]):
+        raise ValueError("The checkpoint's tensors do not match its digest: the file was "
+                         "modified or corrupted after it was written. Load an intact copy.")
     paths, leaves, spec = optree.tree_flatten_with_path(like)
     names = [_state_path(like, p) for p in paths]
     if data["type"] != type(like).__name__ or data["paths"] != names:
         raise ValueError(f"Checkpoint holds a {data['type']} with leaves {data['paths']}, but "
                          f"like is a {type(like).__name__} with leaves {names}; pass a state of "
                          "the same optimizer and params structure.")
-    for name, saved, ref in zip(names, data["leaves"], leaves):
-        if saved.shape != ref.shape or saved.dtype != ref.dtype:
-            raise ValueError(f"Checkpoint leaf {name} is {saved.dtype} "
-                             f"{tuple(saved.shape)} but like has {ref.dtype} {tuple(ref.shape)}; "
-                             "the optimizer (population size) or params differ.")
-    return spec.unflatten([x.to(ref.device) for x, ref in zip(data["leaves"], leaves)])
+    for name, x, ref in zip(names, saved, leaves):
+        if x.shape != ref.shape or x.dtype != ref.dtype:
+            raise ValueError(f"Checkpoint leaf {name} is {x.dtype} {tuple(x.shape)} but like "
+                             f"has {ref.dtype} {tuple(ref.shape)}; the optimizer (population "
+                             "size) or params differ.")
+    return spec.unflatten([x.to(ref.device) for x, ref in zip(saved, leaves)])

@@ -23,21 +23,6 @@ def test_quick_run_writes_results(script, stem, tmp_path):
     assert (tmp_path / f"{stem}.md").read_text().startswith("# ")
 
 
-def test_compare_commits_quick_run_loads_two_copies_side_by_side(tmp_path):
-    """Two copies of one commit register their ops side by side and keep the trajectory."""
-    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCHMARKS,
-                      capture_output=True).returncode != 0:
-        pytest.skip("not a git checkout")
-    subprocess.run([sys.executable, "compare_commits.py", "HEAD", "HEAD", "--quick",
-                    "--mode", "eager", "--variants", "bfo", "--problems", "rastrigin-30",
-                    "--out", str(tmp_path)], cwd=BENCHMARKS, check=True,
-                   capture_output=True, timeout=600)
-    result = json.loads((tmp_path / "compare_commits_eager_quick.json").read_text())
-    first, second = result["rows"]
-    assert result["quick"] is True and first["ratio"] == 1.0
-    assert first["commit"] == second["commit"] and first["best_loss"] == second["best_loss"]
-
-
 def test_quality_quick_run_writes_results(tmp_path):
     """Ours only where no peer is installed; the tables are built from the run log."""
     subprocess.run([sys.executable, "quality.py", "--quick", "--out", str(tmp_path)],

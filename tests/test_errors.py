@@ -306,8 +306,9 @@ TABLE = [
     Case("run with another population size",
          lambda: fb.run(opt(population_size=5), state(), loss_fn, max_steps=1), ValueError,
          r"state has a population of \(4,\) bacteria"),
-    Case("run maximize=1", lambda: fb.run(opt(), state(), loss_fn, max_steps=0, maximize=1),
-         ValueError, r"Invalid maximize: 1; expected True or False"),
+    Case("run maximize=True (the optimizer's setting)",
+         lambda: fb.run(opt(), state(), loss_fn, max_steps=0, maximize=True),
+         TypeError, r"unexpected keyword argument 'maximize'"),
     Case("run compile='yes'", lambda: fb.run(opt(), state(), loss_fn, max_steps=0, compile="yes"),
          ValueError, r"Invalid compile: 'yes'; expected True or False"),
     Case("run target_loss=nan",
@@ -330,7 +331,8 @@ TABLE = [
     # ---- load -------------------------------------------------------------------------------
     Case("load(a dict of tensors)", lambda: fb.load(checkpoint({"a": torch.zeros(1)}), state()),
          ValueError, r"Not a functional_bfo state checkpoint \(expected format "
-                     r"functional_bfo\.state/1\); write one with functional_bfo\.save"),
+                     r"functional_bfo\.state/1 with \['digest', .*\]\); write one with "
+                     r"functional_bfo\.save"),
     Case("load(a tensor)", lambda: fb.load(checkpoint(torch.zeros(1)), state()), ValueError,
          r"Not a functional_bfo state checkpoint"),
     Case("load(bytes that are no torch file)",

@@ -9,9 +9,10 @@ of updates alternate between the copies. The table gives each commit's median ms
 update and the median of its per-round ratios to the first commit, with each copy's best
 loss (equal when the change keeps the trajectory). ``--mode eager`` writes
 ``compare_commits_eager.{json,md}``, so both modes' records can stand side by side;
-``--name`` gives a record a name of its own (one attempt's A/B kept next to the last).
+``--name`` gives a record a name of its own. A development tool: records go to
+``dev/results`` (not the user-facing ``benchmarks/results``).
 
-    python benchmarks/compare_commits.py 1df1732 HEAD [--mode eager] [--variants bfo,...]
+    python dev/compare_commits.py 08ff3b0 HEAD [--mode eager] [--variants bfo,...]
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine, parser, write
-from update_overhead import mlp_problem, rastrigin_problem
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+from common import machine, parser, write  # noqa: E402
+from update_overhead import mlp_problem, rastrigin_problem  # noqa: E402
+
 PROBLEMS = {"rastrigin-30": (lambda: rastrigin_problem(30, "cpu"), 256, 50),
             "mlp-64-128-10": (lambda: mlp_problem((64, 128, 10), 256, "cpu"), 64, 5)}
 
@@ -59,6 +62,7 @@ def main() -> None:
     p.add_argument("--variants", default="bfo,adaptive_bfo,hybrid_bfo")
     p.add_argument("--problems", default=",".join(PROBLEMS))
     p.add_argument("--name", help="results file name (default compare_commits[_eager])")
+    p.set_defaults(out=REPO / "dev" / "results")
     args = p.parse_args()
     if args.device != "cpu":
         p.error("compare_commits.py times the CPU only")

@@ -1,0 +1,338 @@
+"""Nothing is lost or corrupted: checkpoints, interrupted runs, faulty losses, odd pytrees.
+
+Each test injects a fault a user meets (a write killed half way, a file cut short or
+tampered with, a loss that raises, Ctrl-C, NaN regions, huge values) and checks that only
+documented exceptions come out, with their types kept, and that retrying gives what a run
+that never saw the fault gives.
+"""
+
+import math
+import os
+
+import optree
+import pytest
+import torch
+from helpers import assert_trees_equal
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from variants import VARIANTS
+
+import functional_bfo as fb
+
+variants = pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+HYP = settings(max_examples=15, deadline=None)
+
+
+def params():
+    return {"a": torch.tensor([0.5, -0.3, 1.2]), "b": (torch.full((2, 2), 0.4),)}
+
+
+def loss_fn(p):
+    return p["a"].square().sum() + (p["b"][0] - 0.1).square().sum()
+
+
+def run_updates(opt, state, n, loss=loss_fn):
+    for _ in range(n):
+        state = opt.update(state, loss)
+    return state
+
+
+class Boom(Exception):
+    """A user's own exception type."""
+
+
+class FailAt:
+    """A loss that raises ``error`` on its ``at``-th call (vmap calls it once per batch)."""
+
+    def __init__(self, at: int, error: BaseException, loss=loss_fn):
+        self.calls, self.at, self.error, self.loss = 0, at, error, loss
+
+    def __call__(self, p):
+        self.calls += 1
+        if self.calls == self.at:
+            raise self.error
+        return self.loss(p)
+
+
+# ------------------------------------------------------------------------------ checkpoints
+
+
+def saved_state(tmp_path):
+    opt = fb.adaptive_bfo(population_size=6)
+    state = run_updates(opt, opt.init(params(), key=fb.random.key(1)), 2)
+    path = tmp_path / "state.pt"
+    fb.save(state, path)
+    return opt, state, path
+
+
+def test_a_save_that_fails_half_way_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    opt, state, path = saved_state(tmp_path)
+    before = path.read_bytes()
+    real_save = torch.save
+
+    def dies_half_way(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        f.seek(f.tell() // 2)
+        f.truncate()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", dies_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        fb.save(run_updates(opt, state, 1), path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["state.pt"]  # no scratch file left behind
+    assert_trees_equal(fb.load(path, like=state), state)
+
+
+@HYP
+@given(cut=st.floats(0.0, 0.9999))
+def test_a_file_cut_short_anywhere_raises_value_error(tmp_path_factory, cut):
+    tmp_path = tmp_path_factory.mktemp("cut")
+    _, state, path = saved_state(tmp_path)
+    data = path.read_bytes()
+    path.write_bytes(data[: int(cut * len(data))])
+    with pytest.raises(ValueError, match="checkpoint"):
+        fb.load(path, like=state)
+
+
+@HYP
+@given(where=st.floats(0.0, 0.9999), bit=st.integers(0, 7))
+def test_a_flipped_bit_anywhere_never_loads_silently(tmp_path_factory, where, bit):
+    """Either the file still reads as the same state (a bit in zip padding or metadata
+    that does not matter), or load raises ValueError: never a different state."""
+    tmp_path = tmp_path_factory.mktemp("flip")
+    _, state, path = saved_state(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[int(where * len(data))] ^= 1 << bit
+    path.write_bytes(bytes(data))
+    try:
+        loaded = fb.load(path, like=state)
+    except ValueError:
+        return
+    assert_trees_equal(loaded, state)
+
+
+def test_tensor_bytes_changed_in_the_file_are_refused(tmp_path):
+    _, state, path = saved_state(tmp_path)
+    data = torch.load(path, weights_only=True)
+    data["leaves"][1] = data["leaves"][1] + 1  # the losses, edited after saving
+    torch.save(data, path)
+    with pytest.raises(ValueError, match="do not match its digest"):
+        fb.load(path, like=state)
+
+
+@pytest.mark.parametrize("content", [
+    b"", b"not a checkpoint at all", b"PK\x03\x04garbage",
+], ids=["empty", "text", "zip-header"])
+def test_foreign_bytes_raise_value_error(tmp_path, content):
+    _, state, path = saved_state(tmp_path)
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match="checkpoint"):
+        fb.load(path, like=state)
+
+
+@pytest.mark.parametrize("obj", [
+    {"format": "functional_bfo.state/1"}, {"leaves": [torch.zeros(2)]}, [1, 2, 3],
+    {"format": "functional_bfo.state/1", "type": "BFOState", "paths": "x", "leaves": [],
+     "digest": "0"},
+], ids=["format-only", "no-format", "list", "wrong-field-types"])
+def test_foreign_torch_files_raise_value_error(tmp_path, obj):
+    _, state, path = saved_state(tmp_path)
+    torch.save(obj, path)
+    with pytest.raises(ValueError, match="checkpoint"):
+        fb.load(path, like=state)
+
+
+def test_a_missing_file_is_not_a_corrupt_one(tmp_path):
+    _, state, _ = saved_state(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        fb.load(tmp_path / "nowhere.pt", like=state)
+
+
+# ------------------------------------------------------------------------------ runs
+
+
+@pytest.mark.parametrize("error", [Boom("the simulator crashed"), KeyboardInterrupt(),
+                                   torch.OutOfMemoryError("out of memory")],
+                         ids=["user-exception", "ctrl-c", "out-of-memory"])
+def test_run_hands_back_the_last_good_state_when_interrupted(error, tmp_path):
+    opt = fb.bfo(population_size=4, swim_length=1)  # 2 vmapped loss calls per update
+    start = opt.init(params(), key=fb.random.key(2))
+    path = tmp_path / "run.pt"
+    with pytest.raises(type(error)) as info:
+        fb.run(opt, start, FailAt(2 * 3 + 2, error), max_steps=10, checkpoint=path,
+               checkpoint_every=2)
+    assert type(info.value) is type(error)  # the type is kept
+    assert any("last_good_state" in note for note in info.value.__notes__)
+    three = run_updates(opt, start, 3)  # three updates finished before the fault
+    assert_trees_equal(info.value.last_good_state, three)
+    assert_trees_equal(fb.load(path, like=start), three)
+    resumed = fb.run(opt, fb.load(path, like=start), loss_fn, max_steps=2)
+    assert_trees_equal(resumed, run_updates(opt, start, 5))
+
+
+def test_run_checkpoints_periodically_and_at_the_end(tmp_path):
+    opt = fb.adaptive_bfo(population_size=4)
+    start = opt.init(params(), key=fb.random.key(3))
+    path = tmp_path / "run.pt"
+    seen = []
+    real_save = fb._state.save
+
+    def counting_save(state, f):
+        seen.append(int(state.step))
+        real_save(state, f)
+
+    import functional_bfo._run as run_module
+    original = run_module.save
+    run_module.save = counting_save
+    try:
+        final = fb.run(opt, start, loss_fn, max_steps=7, checkpoint=path, checkpoint_every=3)
+    finally:
+        run_module.save = original
+    assert seen == [3, 6, 7]
+    assert_trees_equal(fb.load(path, like=start), final)
+
+
+def test_run_stops_and_warns_when_every_loss_is_non_finite():
+    opt = fb.bfo(population_size=4, swim_length=1)
+    state = opt.init(params(), key=fb.random.key(4))
+    reports = []
+    with pytest.warns(RuntimeWarning, match="NaN or infinite"):
+        fb.run(opt, state, lambda p: loss_fn(p) * torch.nan, max_steps=50,
+               progress=reports.append)
+    assert reports[-1]["stopped"] == "non_finite" and reports[-1]["updates"] == 1
+
+
+def test_run_reads_maximize_from_the_optimizer():
+    """target_loss=-0.5 on a maximized loss below it must not stop the run at once."""
+    opt = fb.bfo(population_size=6, maximize=True, step_size=0.2)
+    state = opt.init({"x": torch.full((2,), 2.0)}, key=fb.random.key(5))
+    reports = []
+    fb.run(opt, state, lambda p: -(p["x"].square().sum()), max_steps=200, target_loss=-0.5,
+           progress=reports.append)
+    assert reports[-1]["stopped"] == "target_loss" and reports[-1]["updates"] > 1
+    assert reports[-1]["best_loss"] >= -0.5
+
+
+# ------------------------------------------------------------------------------ updates
+
+
+@variants
+def test_a_loss_that_raises_keeps_its_type_and_a_retry_equals_an_unfaulted_run(variant):
+    opt = variant.make()
+    state = run_updates(opt, opt.init(params(), key=fb.random.key(6)), 2)
+    for error in (Boom("no"), RuntimeError("my own runtime error"), KeyboardInterrupt()):
+        with pytest.raises(type(error)) as info:
+            opt.update(state, FailAt(3, error))
+        assert type(info.value) is type(error)
+        assert not getattr(info.value, "__notes__", [])  # vmap is not the cause: no advice
+    assert_trees_equal(opt.update(state, loss_fn), run_updates(opt, state, 1))
+
+
+@variants
+def test_the_state_never_holds_an_autograd_graph(variant):
+    """A loss touching a tensor outside params that requires grad (a model's other weights)."""
+    weight = torch.tensor(2.0, requires_grad=True)
+    opt = variant.make()
+    state = opt.init(params(), key=fb.random.key(7))
+    for _ in range(3):
+        state = opt.update(state, lambda p: weight * loss_fn(p))
+    for leaf in optree.tree_leaves(state):
+        assert not leaf.requires_grad and leaf.grad_fn is None
+
+
+@variants
+def test_non_finite_start_params_are_refused(variant):
+    opt = variant.make()
+    bad = {"a": torch.tensor([0.0, math.nan, 1.0]), "b": (torch.zeros(2, 2),)}
+    with pytest.raises(ValueError, match=r"params\['a'\] holds NaN or infinite values"):
+        opt.init(bad, key=fb.random.key(0))
+
+
+@pytest.mark.parametrize("factory", [fb.bfo, fb.adaptive_bfo, fb.hybrid_bfo])
+def test_a_hyperparameter_that_overflows_the_state_dtype_is_refused(factory):
+    kwargs = {"step_size_max": 1e300} if factory is not fb.bfo else {"step_size": 1e300}
+    opt = factory(population_size=4, **kwargs)
+    with pytest.raises(ValueError, match=r"1e\+300 overflows torch\.float32"):
+        opt.init(params(), key=fb.random.key(0))
+    opt.init(optree.tree_map(lambda x: x.double(), params()), key=fb.random.key(0))  # fits
+
+
+def test_a_none_leaf_is_named():
+    with pytest.raises(TypeError, match=r"got None at params\['b'\]"):
+        fb.bfo(population_size=4).init({"a": torch.zeros(2), "b": None}, key=fb.random.key(0))
+
+
+@pytest.mark.parametrize("make, other", [
+    (lambda: fb.bfo(population_size=4), lambda: fb.adaptive_bfo(population_size=4)),
+    (lambda: fb.adaptive_bfo(population_size=4), lambda: fb.hybrid_bfo(population_size=4)),
+    (lambda: fb.hybrid_bfo(population_size=4), lambda: fb.bfo(population_size=4)),
+], ids=["adaptive-state-to-bfo", "hybrid-state-to-adaptive", "bfo-state-to-hybrid"])
+def test_a_state_of_another_variant_is_named(make, other):
+    state = other().init(params(), key=fb.random.key(0))
+    with pytest.raises(TypeError, match=r"update got a \w+State, the state of another optimizer"):
+        make().update(state, loss_fn)
+
+
+def test_a_population_too_large_to_allocate_says_how_large():
+    opt = fb.bfo(population_size=2**40)
+    with pytest.raises(RuntimeError) as info:
+        opt.init({"x": torch.zeros(1000)}, key=fb.random.key(0))
+    assert any("lower population_size" in note for note in info.value.__notes__)
+
+
+# ------------------------------------------------------------------ generated fault injection
+
+
+def pytrees():
+    """Small params pytrees: dicts, lists, tuples, nested, float32/float64 leaves."""
+    shapes = st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple)
+    leaves = st.builds(lambda shape, wide, fill: torch.full(shape, fill,
+                                                            dtype=torch.float64 if wide
+                                                            else torch.float32),
+                       shapes, st.booleans(), st.floats(-2, 2))
+    return st.recursive(leaves, lambda inner: st.one_of(
+        st.lists(inner, min_size=1, max_size=3),
+        st.lists(inner, min_size=1, max_size=3).map(tuple),
+        st.dictionaries(st.sampled_from("abc"), inner, min_size=1, max_size=3)),
+        max_leaves=4)
+
+
+def adversarial(kind: str, scale: float):
+    """A loss that is NaN or infinite on half the space, or huge everywhere."""
+    def loss(p):
+        total = sum(x.double().square().sum() for x in optree.tree_leaves(p))
+        first = optree.tree_leaves(p)[0].reshape(-1)[0].double()
+        if kind == "nan_region":
+            return torch.where(first > 0, torch.nan, total)
+        if kind == "inf_region":
+            return torch.where(first > 0, torch.inf, total)
+        return total * scale
+
+    return loss
+
+
+@HYP
+@given(tree=pytrees(), variant=st.sampled_from(VARIANTS),
+       kind=st.sampled_from(["nan_region", "inf_region", "huge"]),
+       scale=st.sampled_from([1.0, 1e30, 1e300]), fail_at=st.integers(1, 5),
+       seed=st.integers(0, 2**31 - 1))
+def test_generated_faults_only_raise_what_was_injected_and_never_corrupt(tree, variant, kind,
+                                                                         scale, fail_at, seed):
+    opt = variant.make()
+    state = opt.init(tree, key=fb.random.key(seed))
+    loss = adversarial(kind, scale)
+    clean = run_updates(opt, state, 3, loss)
+    # The same run with the loss raising at one of the third update's five evaluator calls:
+    # retried, it ends where the clean run does.
+    state2 = run_updates(opt, state, 2, loss)
+    with pytest.raises(Boom):
+        opt.update(state2, FailAt(fail_at, Boom(), loss))
+    retried = opt.update(state2, loss)
+    assert_trees_equal(retried, clean)
+    # No corrupted state: positions finite, best never NaN, counters exact.
+    for leaf in optree.tree_leaves(clean.population):
+        assert bool(torch.isfinite(leaf).all())
+    assert not bool(torch.isnan(clean.best_loss))
+    assert int(clean.step) == 3
