@@ -14,15 +14,18 @@ GPU kernel may round it one ulp differently), and every function works under
 
 The 32-bit words are carried in ``int64`` tensors with explicit masking: torch's ``uint32``
 supports too few ops, and signed 32-bit overflow is undefined behaviour in generated C++.
-The block function is one ``torch.library`` op, the same in every mode (eager, compiled,
-vmapped, traced): its reference kernel is tensor ops on any device, and its CPU kernel runs
-the same rounds in numpy's native ``uint32`` arithmetic (the same bits, about 3x faster on
-an update's lanes: ``benchmarks/update_overhead.py``). The tests check the two agree bit for
-bit.
+The block function, and the noise rows an update draws, are ``torch.library`` ops: the same
+program in every mode (eager, compiled, vmapped, traced). Their reference kernels are
+tensor ops on any device. On the CPU they run a faster kernel with the same bits:
+a C loop when the package was installed with ``FUNCTIONAL_BFO_C=1`` (built then, into the
+package; never at run time), else the same rounds in numpy's native ``uint32`` arithmetic
+(:data:`CPU_KERNEL` says which; ``benchmarks/update_overhead.py`` times them). The tests
+check each against the reference bit for bit.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import numpy as np
@@ -32,7 +35,13 @@ from torch import Tensor
 
 from ._tree import unflatten_like
 
+try:  # the opt-in C kernel, compiled at install time (setup.py)
+    from . import _threefry as _c_module
+except ImportError:
+    _c_module = None
+
 __all__ = [
+    "CPU_KERNEL",
     "bits",
     "fold_in",
     "key",
@@ -130,7 +139,42 @@ def _threefry_vmap(info, in_dims, *args: Tensor):
 _threefry_op = _define(
     "threefry2x32(Tensor k0, Tensor k1, Tensor x0, Tensor x1) -> (Tensor, Tensor)",
     _threefry_rounds, _threefry_fake, _threefry_vmap)
-_LIB.impl("threefry2x32", _threefry_numpy, "CPU")
+
+
+def _c_functions():
+    """The C kernel's two functions, with their argument types set."""
+    library = ctypes.CDLL(_c_module.__file__)
+    block, rows = library.threefry2x32, library.unit_rows
+    block.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 2 \
+        + [ctypes.c_int64]
+    rows.argtypes = [ctypes.c_int64] * 6 + [ctypes.c_void_p]
+    block.restype = rows.restype = None
+    return block, rows
+
+
+_C_BLOCK, _C_ROWS = _c_functions() if _c_module is not None else (None, None)
+CPU_KERNEL = "c" if _c_module is not None else "numpy"
+"""Which kernel the CPU runs: ``"c"`` (installed with ``FUNCTIONAL_BFO_C=1``) or ``"numpy"``."""
+
+
+def _threefry_c(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
+    """The CPU kernel with the C loop: ``_threefry_rounds`` on broadcast int64 words."""
+    shape = tuple(np.broadcast_shapes(k0.shape, k1.shape, x0.shape, x1.shape))
+    inputs, strides = [], []
+    for t in (k0, k1, x0, x1):
+        scalar = t.numel() == 1  # any shape of one word: read in place, stride 0
+        if not scalar and (t.shape != shape or not t.is_contiguous()):
+            t = t.expand(shape).contiguous()
+        inputs.append(t)
+        strides.append(0 if scalar else 1)
+    y0 = torch.empty(shape, dtype=torch.int64)
+    y1 = torch.empty(shape, dtype=torch.int64)
+    _C_BLOCK(*(t.data_ptr() for t in inputs), *strides, y0.data_ptr(), y1.data_ptr(),
+             y0.numel())
+    return y0, y1
+
+
+_LIB.impl("threefry2x32", _threefry_c if _c_module is not None else _threefry_numpy, "CPU")
 
 
 def threefry2x32(key: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
@@ -326,6 +370,22 @@ def _normal_rows_vmap(info, in_dims, key, counter, rows, cols, compute):
 _normal_rows_op = _define(
     "normal_rows(Tensor key, Tensor counter, int rows, int cols, ScalarType compute) -> Tensor",
     _normal_rows, _normal_rows_fake, _normal_rows_vmap)
+
+
+def _normal_rows_c(key: Tensor, counter: Tensor, rows: int, cols: int,
+                   compute: torch.dtype) -> Tensor:
+    """The CPU kernel with the C loop: it makes ``2u - 1`` (every step exact), then erfinv."""
+    if key.dim() != 1 or counter.dim() != 0:  # batched (vmap's rule calls the op per batch)
+        return _normal_rows(key, counter, rows, cols, compute)
+    out = torch.empty((rows, cols), dtype=compute)
+    k0, k1 = key.tolist()
+    _C_ROWS(k0, k1, int(counter) & _MASK32, rows, cols, compute == torch.float64,
+            out.data_ptr())
+    return out.erfinv_().mul_(_SQRT2)
+
+
+if _c_module is not None:
+    _LIB.impl("normal_rows", _normal_rows_c, "CPU")
 
 
 def tree_normal_like(key: Tensor, tree, dtype: torch.dtype | None = None):

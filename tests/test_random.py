@@ -123,6 +123,36 @@ def test_the_cpu_kernel_is_bitwise_the_reference(k0, k1, rows, cols, broadcast):
             assert e.shape == g.shape and g.dtype == torch.int64 and torch.equal(e, g)
 
 
+needs_c = pytest.mark.skipif(R.CPU_KERNEL != "c", reason="installed without FUNCTIONAL_BFO_C=1")
+
+
+@needs_c
+@HYP
+@given(k0=words, k1=words, rows=st.integers(1, 4), cols=st.integers(1, 300),
+       broadcast=st.sampled_from(["none", "x1_row", "key_vector", "transposed"]))
+def test_the_c_kernel_is_bitwise_the_reference(k0, k1, rows, cols, broadcast):
+    """Broadcasting, strided inputs, and more lanes than the C loop's block of 256."""
+    x0 = torch.randint(0, 2**32, (rows, cols))
+    if broadcast == "transposed":
+        x0 = torch.randint(0, 2**32, (cols, rows)).T
+    x1 = torch.randint(0, 2**32, (1, cols) if broadcast == "x1_row" else (rows, cols))
+    a = torch.tensor(k0) if broadcast != "key_vector" else torch.full((cols,), k0)
+    b = torch.tensor(k1)
+    expected = R._threefry_rounds(a, b, x0, x1)
+    for e, g in zip(expected, R._threefry_c(a, b, x0, x1)):
+        assert e.shape == g.shape and g.dtype == torch.int64 and torch.equal(e, g)
+
+
+@needs_c
+@HYP
+@given(seed=seeds, counter=st.integers(0, 2**40), rows=st.integers(1, 40),
+       cols=st.integers(1, 300), dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_the_c_row_kernel_is_bitwise_the_reference(seed, counter, rows, cols, dtype):
+    k, c = R.key(seed), torch.tensor(counter)
+    expected = R._normal_rows(k, c, rows, cols, dtype)
+    assert torch.equal(R._normal_rows_c(k, c, rows, cols, dtype), expected)
+
+
 def test_the_reference_kernel_runs_where_the_cpu_kernel_does_not():
     """Meta tensors (and any device without a kernel of its own) take the tensor reference."""
     x = torch.arange(4)
