@@ -21,6 +21,7 @@ import importlib
 import io
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import tempfile
 import time
@@ -46,6 +47,11 @@ def extract(rev: str, name: str, into: Path) -> str:
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(into / "_archive", filter="data")
     (into / "_archive" / "functional_bfo").rename(into / name)
+    source = into / name / "_threefry.c"
+    if source.exists():  # the opt-in C kernel, built as FUNCTIONAL_BFO_C=1 would
+        suffix = sysconfig.get_config_var("EXT_SUFFIX")
+        subprocess.run(["cc", "-O3", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
+                        str(source), "-o", str(into / name / f"_threefry{suffix}")], check=True)
     for path in (into / name).rglob("*.py"):
         text = path.read_text()
         for old, new in (('"functional_bfo"', f'"{name}"'), ("functional_bfo::", f"{name}::"),

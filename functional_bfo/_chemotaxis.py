@@ -8,9 +8,7 @@ repeated and the count per update is fixed; points past the stop still count tow
 best ever seen. The points go to the evaluator ``per_call`` at a time (stacked as
 ``per_call * P`` candidates): fewer calls cost less per-call overhead, more points per
 call hold more candidates (and the loss's activations) at once; the trajectory is the
-same. Eagerly, when a point's candidates are small, the whole ray is projected at once and
-handed out call by call: the per-point small ops were most of an eager swim's cost on cheap
-losses. Variants reuse ``swim`` with their own directions, step lengths and evaluations.
+same. Variants reuse ``swim`` with their own directions, step lengths and evaluations.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ Salmon, Moraes, Dror & Shaw, "Parallel random numbers: as easy as 1, 2, 3", SC 2
 A key is an ``int64`` tensor of shape ``(2,)`` holding two unsigned 32-bit words. Every
 function here is a pure function of its arguments: the global torch RNG is never read or
 advanced, keys, bits and uniforms are bitwise identical on every device, eager or under
-``torch.compile`` (normals too on CPU, where ``erfinv`` runs as an opaque op; a compiled
-GPU kernel may round it one ulp differently), and every function works under
+``torch.compile``; normals are bitwise the same eager and compiled on a device (``erfinv``
+runs as an opaque op in both; another device's ``erfinv`` may round one ulp differently),
+and every function works under
 ``torch.func.vmap`` over keys. ``key``, ``split`` and ``fold_in`` follow JAX's original
 (non-partitionable) Threefry scheme, so ``split(key(0))`` equals
 ``jax.random.split(jax.random.PRNGKey(0))`` with ``jax_threefry_partitionable=False``.
