@@ -98,3 +98,29 @@ def write(args: argparse.Namespace, name: str, result: dict, markdown: list[str]
     text = "\n".join(markdown) + "\n"
     (args.out / f"{stem}.md").write_text(text)
     print(text)
+
+
+def peak_bytes(fn: Callable[[], object], device: str = "cpu") -> int:
+    """Peak memory allocated while ``fn`` runs, above what was allocated before it.
+
+    CUDA: the caching allocator's peak. CPU: every allocation and free torch.profiler records
+    (``profile_memory=True``), summed in time order; an estimate, since an op's own
+    allocations and frees are netted at its start.
+    """
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+        fn()
+    changes = sorted((e.time_range.start, e.cpu_memory_usage if e.name == "[memory]"
+                      else e.self_cpu_memory_usage) for e in prof.events())
+    running = peak = 0
+    for _, change in changes:
+        running += change
+        peak = max(peak, running)
+    return peak
