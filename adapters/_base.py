@@ -20,9 +20,10 @@ import torch
 from torch import Tensor
 
 import functional_bfo as fb
-from functional_bfo._checks import check_bool, check_float, check_int, compute_dtype
+from functional_bfo._checks import check_bool, check_int, compute_dtype
 from functional_bfo._chemotaxis import rank_costs
 from functional_bfo._state import from_dict, to_dict
+from functional_bfo._stopping import Stopping
 from functional_bfo._tree import diversity
 
 from ._closure import ClosureEvaluator, as_loss, stack_losses, write
@@ -95,29 +96,19 @@ class SwarmOptimizer(torch.optim.Optimizer):
         name = type(self).__name__
         check_bool("compile", compile)
         check_bool("reevaluate", reevaluate)
-        if max_fe is not None:
-            check_int("max_fe", max_fe, 1)
-        if target_loss is not None:
-            check_float("target_loss", target_loss, -math.inf)
-        if patience is not None:
-            check_int("patience", patience, 1)
-        check_float("min_delta", min_delta, 0.0)
+        # The stopping rules fb.run uses too (validated there).
+        self._stopping = Stopping(budget=max_fe, target_loss=target_loss, patience=patience,
+                                  min_delta=min_delta, budget_name="max_fe")
         if seed is None:  # one draw from torch's generator: torch.manual_seed governs it
             seed = int(torch.randint(0, 2**31 - 1, ()).item())
         check_int("seed", seed, 0)
         self._seed, self._compile, self._reevaluate = seed, compile, reevaluate
         self._device = None if device is None else torch.device(device)
-        self.max_fe, self.target_loss, self.patience, self.min_delta = (
-            max_fe, target_loss, patience, min_delta)
         defaults = self._defaults(hyperparams, name)
         self._swarms: list[_Swarm | None] = []
         self._seen: list[dict[str, Any]] = []
         self._defaults_seen = dict(defaults)
         self._best: float | None = None
-        self._best_seen = math.inf  # for patience, in cost units
-        self._stalled = 0
-        self._per_update: int | None = None
-        self.stop_reason: str | None = None
         super().__init__(params, defaults)
 
     # ----- construction -------------------------------------------------------------------
@@ -307,8 +298,9 @@ class SwarmOptimizer(torch.optim.Optimizer):
                 self._best = self._step_group(g, group, closure, loss_fn)
             per_update = self.num_evals - before
             spent += per_update
-            self._per_update = per_update
-            self._check_stop()
+            self._stopping.maximize = bool(self.defaults.get("maximize"))
+            self._stopping.record(self.num_evals,
+                                  math.nan if self._best is None else self._best, per_update)
             if max_fe is None:
                 break
         return math.nan if self._best is None else self._best
@@ -404,26 +396,18 @@ class SwarmOptimizer(torch.optim.Optimizer):
 
     # ----- budgets and early stopping -----------------------------------------------------
 
-    def _check_stop(self) -> None:
-        sign = -1.0 if self.defaults.get("maximize") else 1.0
-        best = math.inf if self._best is None or math.isnan(self._best) else sign * self._best
-        self._stalled = 0 if self._best_seen - best > self.min_delta else self._stalled + 1
-        self._best_seen = min(self._best_seen, best)
-        if self.target_loss is not None and best <= sign * self.target_loss:
-            self.stop_reason = "target_loss"
-        elif self.patience is not None and self._stalled >= self.patience:
-            self.stop_reason = "patience"
-        elif (self.max_fe is not None and self._per_update is not None
-              and self.num_evals + self._per_update > self.max_fe):
-            self.stop_reason = "max_fe"
-
     @property
     def should_stop(self) -> bool:
         """True once ``max_fe``, ``target_loss`` or ``patience`` fired (``stop_reason``).
 
         ``step`` then evaluates nothing and returns the best loss.
         """
-        return self.stop_reason is not None
+        return self._stopping.reason is not None
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why ``should_stop`` became True: ``"max_fe"``, ``"target_loss"`` or ``"patience"``."""
+        return self._stopping.reason
 
     @property
     def num_evals(self) -> int:
@@ -493,9 +477,11 @@ class SwarmOptimizer(torch.optim.Optimizer):
                       for g, s in enumerate(self._swarms) if s is not None},
             "param_groups": groups,
             "adapter": {"format": FORMAT, "class": type(self).__name__, "seed": self._seed,
-                        "best": self._best, "best_seen": self._best_seen,
-                        "stalled": self._stalled, "per_update": self._per_update,
-                        "stop_reason": self.stop_reason},
+                        "best": self._best, "best_seen": self._stopping.best_cost,
+                        "stalled": self._stopping.stalled,
+                        "steps": self._stopping.steps,
+                        "per_update": self._stopping.per_update,
+                        "stop_reason": self._stopping.reason},
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -532,9 +518,10 @@ class SwarmOptimizer(torch.optim.Optimizer):
             if self.uses_grads:
                 swarm.mask = optree.tree_leaves(swarm.state.grad_mask)
                 swarm.mask = [bool(m) for m in swarm.mask]
-        self._best, self._best_seen = meta["best"], meta["best_seen"]
-        self._stalled, self._per_update = meta["stalled"], meta["per_update"]
-        self.stop_reason = meta["stop_reason"]
+        self._best = meta["best"]
+        self._stopping.best_cost, self._stopping.stalled = meta["best_seen"], meta["stalled"]
+        self._stopping.steps = meta.get("steps", 0)
+        self._stopping.per_update, self._stopping.reason = meta["per_update"], meta["stop_reason"]
 
 
 def _same(a: Any, b: Any) -> bool:

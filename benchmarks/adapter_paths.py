@@ -55,7 +55,7 @@ def bench(cls, widths, samples, population, repeats, device) -> dict:
     opt = cls(model.named_parameters(), population_size=population, seed=0)
     row["fast_eager_ms"] = median_ms(lambda: opt.step(loss_fn=loss_fn), repeats, device)
 
-    torch._dynamo.reset()
+    torch.compiler.reset()
     opt = cls(model.named_parameters(), population_size=population, seed=0, compile=True)
     sync(device)
     start = time.perf_counter()

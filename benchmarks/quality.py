@@ -168,7 +168,7 @@ def markdown(summary: dict, labels: list[str], names: list[str], dims: list[int]
     v = summary["verdict"].get(DEFAULT_OURS, {})
     if v.get("cells_with_bfo_peers") and v["mean_log10_error_d10"] is not None:
         share = v["cells_beating_every_bfo_peer"] / v["cells_with_bfo_peers"]
-        lines += ["", f"Targets for {DEFAULT_OURS} (issue 5): beats every BFO peer's median in "
+        lines += ["", f"Targets for {DEFAULT_OURS}: beats every BFO peer's median in "
                   f">= 90% of cells: {share:.0%}, {'met' if share >= 0.9 else 'missed'}; mean "
                   f"log10 error at D = 10 <= -1: {v['mean_log10_error_d10']:.2f}, "
                   f"{'met' if v['mean_log10_error_d10'] <= -1 else 'missed'}."]

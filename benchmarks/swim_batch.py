@@ -34,7 +34,7 @@ def time_batches(name: str, population: int, problem, mode: str, repeats: int,
         state = opt.update(opt.init(params, key=fb.random.key(0)), loss)
         update = opt.update
         if mode == "compiled":
-            torch._dynamo.reset()
+            torch.compiler.reset()
             update = torch.compile(opt.update, fullgraph=True)
             update(state, loss)
         calls.append(lambda u=update, s=state: u(s, loss))

@@ -2,7 +2,8 @@
 
 It lives outside ``update`` because stopping needs host-side decisions: it reads the
 state's counters and best loss once per update (one small device-to-host copy), never
-inside the compiled step. Finished updates are never lost: an exception (a loss that
+inside the compiled step, and hands them to the stopping rules every driver shares
+(``_stopping.Stopping``). Finished updates are never lost: an exception (a loss that
 raises, Ctrl-C) carries the last good state to the caller, and ``checkpoint=`` saves it
 atomically as the run goes.
 """
@@ -19,8 +20,9 @@ from typing import Any
 import torch
 
 from ._base import LossFn, Optimizer
-from ._checks import check_float, check_int
+from ._checks import check_int
 from ._state import save
+from ._stopping import Stopping
 from .telemetry import materialize, metrics
 
 Progress = bool | Callable[[dict[str, float]], None]
@@ -85,35 +87,20 @@ def run(
     if max_evals is None and max_steps is None:
         raise ValueError("run needs a budget: pass max_evals=... or max_steps=... "
                          "(target_loss and patience alone may never fire).")
-    if max_evals is not None:
-        check_int("max_evals", max_evals, 1)
-    if max_steps is not None:
-        check_int("max_steps", max_steps, 0)
-    if patience is not None:
-        check_int("patience", patience, 1)
-    check_float("min_delta", min_delta, 0.0)
     if not isinstance(compile, bool):
         raise ValueError(f"Invalid compile: {compile!r}; expected True or False.")
-    if target_loss is not None:
-        check_float("target_loss", target_loss, -math.inf)
     check_int("log_every", log_every, 1)
     check_int("checkpoint_every", checkpoint_every, 1)
     report = _reporter(progress)
-    update = torch.compile(opt.update, fullgraph=True) if compile else opt.update
-
-    sign = -1.0 if opt.maximize else 1.0
     evals, best = _read(state)[:2]
+    rules = Stopping(maximize=opt.maximize, budget=max_evals, max_steps=max_steps,
+                     target_loss=target_loss, patience=patience, min_delta=min_delta)
+    rules.best_cost = rules.cost(best)
+    update = torch.compile(opt.update, fullgraph=True) if compile else opt.update
     buffer = state.losses.shape[-1]
-    best_cost, per_update, steps, stalled = sign * best, None, 0, 0
-    started, reason = time.perf_counter(), "max_steps"
+    started, steps = time.perf_counter(), 0
     try:
-        while True:
-            if max_steps is not None and steps >= max_steps:
-                reason = "max_steps"
-                break
-            if max_evals is not None and per_update is not None and evals + per_update > max_evals:
-                reason = "max_evals"
-                break
+        while rules.reason is None:
             new = update(state, loss_fn, *args)
             log_now = report is not None and (steps % log_every == log_every - 1 or steps == 0)
             new_evals, best, mean, active = _read(new, with_mean=log_now)
@@ -122,23 +109,15 @@ def run(
                 save(state, checkpoint)
             # The most the next update can cost: every slot active (adaptive populations grow).
             per_update, evals = (new_evals - evals) * buffer / active, new_evals
-            stalled = 0 if best_cost - sign * best > min_delta else stalled + 1
-            best_cost = min(best_cost, sign * best)
             if not math.isfinite(best):  # nothing finite was ever seen
-                reason = "non_finite"
+                rules.reason = "non_finite"
                 warnings.warn(
                     f"functional_bfo.run: every loss evaluated in {steps} update(s) "
                     f"({evals} evaluations) is NaN or infinite, so the search has nothing to "
                     "follow; check loss_fn, the starting params and the bounds.",
                     RuntimeWarning, stacklevel=2)
                 break
-            if target_loss is not None and sign * best <= sign * target_loss:
-                reason = "target_loss"
-                break
-            if patience is not None and stalled >= patience:
-                reason = "patience"
-                break
-            if log_now:
+            if rules.record(evals, best, per_update) is None and log_now:
                 report(_info(state, steps, evals, best, mean, started))
     except BaseException as e:
         e.last_good_state = state
@@ -153,7 +132,7 @@ def run(
         save(state, checkpoint)
     if report is not None:
         info = _info(state, steps, evals, best, _read(state, with_mean=True)[2], started)
-        report({**info, "stopped": reason})
+        report({**info, "stopped": rules.reason})
     return state
 
 

@@ -502,7 +502,7 @@ def test_compile_fast_path_matches_eager_and_says_so():
     logger.setLevel(logging.INFO)
     try:
         for compile in (False, True):
-            torch._dynamo.reset()
+            torch.compiler.reset()
             counters.clear()
             a = fresh()
             opt = BFO([a], population_size=4, swim_length=1, seed=0, compile=compile)

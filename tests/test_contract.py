@@ -110,7 +110,7 @@ def test_checkpoint_resume_is_bitwise_identical(variant, tmp_path):
 
 @variants
 def test_compile_fullgraph_has_no_graph_breaks_and_matches_eager(variant):
-    torch._dynamo.reset()
+    torch.compiler.reset()
     opt = variant.make()
     state = opt.update(opt.init(params(), key=fb.random.key(9)), loss_fn)
     explain = torch._dynamo.explain(opt.update)(state, loss_fn)
@@ -137,7 +137,7 @@ def test_compile_fullgraph_has_no_graph_breaks_and_matches_eager(variant):
 @variants
 def test_an_empty_leaf_is_carried_through_eager_and_compiled_updates(variant, monkeypatch):
     monkeypatch.setattr(fb._chemotaxis, "ORDER_POINTS_FROM", 0)  # ordered swims see it too
-    torch._dynamo.reset()
+    torch.compiler.reset()
     opt = variant.make()
     with_empty = {**params(), "empty": torch.zeros(3, 0)}
 
@@ -153,7 +153,7 @@ def test_an_empty_leaf_is_carried_through_eager_and_compiled_updates(variant, mo
 
 @variants
 def test_whole_swim_ray_in_one_call_compiles_and_keeps_the_trajectory(variant):
-    torch._dynamo.reset()
+    torch.compiler.reset()
     points = variant.kwargs.get("swim_length", 4) + 1
     opt, batched = variant.make(), variant.make(swim_batch=points)
     state = opt.update(opt.init(params(), key=fb.random.key(9)), loss_fn)

@@ -12,7 +12,7 @@ PUBLIC = {
         "run", "save", "with_grad_mask", "with_hyperparams",
     },
     "functional_bfo.random": {
-        "bits", "fold_in", "key", "normal", "normal_rows", "split", "threefry2x32",
+        "CPU_KERNEL", "bits", "fold_in", "key", "normal", "normal_rows", "split", "threefry2x32",
         "tree_normal_like", "uniform",
     },
     "functional_bfo.evaluate": {"Evaluator", "loop", "vmap"},

@@ -694,7 +694,7 @@ IGNORE_JIT_DEPRECATION = pytest.mark.filterwarnings(
 @pytest.fixture(scope="module")
 def compiled_vs_eager():
     """One inductor compile (the slow part, tens of seconds on CPU) shared by the tests below."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     compiled = torch.compile(_compile_target, fullgraph=True)
     k = R.key(2024)
     out = {}
@@ -704,7 +704,7 @@ def compiled_vs_eager():
         with torch._dynamo.config.patch(error_on_recompile=i > 0):
             out[step] = (_compile_target(k, s), compiled(k, s))
     yield out
-    torch._dynamo.reset()
+    torch.compiler.reset()
 
 
 @pytest.mark.slow
@@ -726,11 +726,11 @@ def test_compile_keys_uniform_and_cpu_normals_bitwise_equal_to_eager(compiled_vs
 
 @IGNORE_JIT_DEPRECATION
 def test_compile_no_graph_breaks():
-    torch._dynamo.reset()
+    torch.compiler.reset()
     explanation = torch._dynamo.explain(_compile_target)(R.key(1), torch.tensor(3))
     assert explanation.graph_break_count == 0
     assert explanation.graph_count == 1
-    torch._dynamo.reset()
+    torch.compiler.reset()
 
 
 # --------------------------------------------------------------------------- pytrees

@@ -32,7 +32,7 @@ def aten_graph(opt, state, loss):
     def capture(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
-    torch._dynamo.reset()
+    torch.compiler.reset()
     torch.compile(opt.update, fullgraph=True, backend=aot_autograd(fw_compiler=capture))(
         state, loss)
     assert len(graphs) == 1
@@ -79,7 +79,7 @@ def test_small_candidates_stay_free_to_fuse(make, depends):
 @pytest.mark.parametrize("variant", ORDERED_VARIANTS, ids=lambda v: v.name)
 def test_ordered_compiled_update_matches_eager(variant, monkeypatch):
     monkeypatch.setattr(_chemotaxis, "ORDER_POINTS_FROM", 0)  # order every swim
-    torch._dynamo.reset()
+    torch.compiler.reset()
     opt = variant.make()
     params = {"w": torch.linspace(-1.0, 1.0, 5)}
     state = opt.init(params, key=fb.random.key(3))
