@@ -336,3 +336,13 @@ def test_generated_faults_only_raise_what_was_injected_and_never_corrupt(tree, v
         assert bool(torch.isfinite(leaf).all())
     assert not bool(torch.isnan(clean.best_loss))
     assert int(clean.step) == 3
+
+
+def test_hybrid_names_a_wrong_loss_shape_and_a_loss_vmap_cannot_batch():
+    opt = fb.hybrid_bfo(population_size=4, grad_mask=True)
+    state = opt.init(params(), key=fb.random.key(0))
+    with pytest.raises(ValueError, match=r"one floating scalar .* shape \(3,\)"):
+        opt.update(state, lambda p: p["a"].square())
+    with pytest.raises(RuntimeError) as info:
+        opt.update(state, lambda p: loss_fn(p) * loss_fn(p).item())
+    assert any("evaluate.loop()" in note for note in info.value.__notes__)
