@@ -198,9 +198,11 @@ def time_threefry_compile() -> dict:
 
 
 def time_block_functions(repeats: int) -> dict:
-    """The block function on an update's lanes: the tensor reference and the CPU kernel."""
+    """The block function on an update's lanes: the tensor reference and the CPU kernels."""
     words = (torch.tensor(5), torch.tensor(7), torch.tensor(3))  # key and step counter
     paths = {"tensor": fbr._threefry_rounds, "numpy": fbr._threefry_numpy}
+    if fbr.CPU_KERNEL == "c":  # installed with FUNCTIONAL_BFO_C=1
+        paths["c"] = fbr._threefry_c
     out = {}
     # One update's noise: P rows of ceil((2n + 3) / 2) lanes (random.normal_rows).
     for name, rows, n in (("rastrigin-30", 256, 30), ("mlp-64-128-10", 64, 9610)):
@@ -284,7 +286,7 @@ def main() -> None:
     for name in ("rastrigin-30", "mlp-64-128-10"):
         if f"block_lanes_{name}" in result:
             times = ", ".join(f"{path} {result[f'block_ms_{name}_{path}']:.3f} ms"
-                              for path in ("tensor", "numpy")
+                              for path in ("tensor", "numpy", "c")
                               if f"block_ms_{name}_{path}" in result)
             md += ["", f"The block function on one {name} update's "
                    f"{result[f'block_lanes_{name}']:,} lanes: {times}."]
