@@ -8,7 +8,6 @@ length); elimination–dispersal gets likelier as the swarm stagnates or collaps
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any, NamedTuple
 
@@ -216,6 +215,7 @@ def adaptive_bfo(
         step = adaptive_step(state, static, evaluate)
         return AdaptiveBFOState(**step.fields)
 
+    update_fn.static = static  # for variants that drive adaptive_step themselves
     return Optimizer(init_fn, update_fn, maximize)
 
 
@@ -235,20 +235,14 @@ class AdaptiveStatic(NamedTuple):
     swim_batch: int = 1  # swim points per evaluator call
 
 
-def adaptive_static(population_size: int, **kwargs: Any) -> AdaptiveStatic:
-    """The structural settings of ``adaptive_bfo(population_size, **kwargs)``.
+def adaptive_static(opt: Optimizer) -> AdaptiveStatic:
+    """The structural settings of an optimizer made by :func:`adaptive_bfo`.
 
-    For variants that drive :func:`adaptive_step` themselves; ``adaptive_bfo``'s own
-    defaults fill in what is not given, so the two never drift apart.
+    For variants that drive :func:`adaptive_step` themselves (``hybrid_bfo``,
+    ``black_box``): they build an ``adaptive_bfo`` with their settings, which validates and
+    completes them with its defaults, and read the result here.
     """
-    given = inspect.signature(adaptive_bfo).bind(population_size, **kwargs)
-    given.apply_defaults()
-    a = given.arguments
-    return AdaptiveStatic(population_size, a["swim_length"], a["chemotaxis_steps"],
-                          a["stagnation_steps"], a["bounds"], a["boundary"], a["tumble"],
-                          -1.0 if a["maximize"] else 1.0,
-                          a["min_population_size"] or population_size, a["relative_steps"],
-                          a["swim_batch"])
+    return opt.update.static
 
 
 class AdaptiveStep(NamedTuple):

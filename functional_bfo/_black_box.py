@@ -181,7 +181,7 @@ def black_box(
     sign = -1.0 if adaptive_kwargs.get("maximize", False) else 1.0
     dtype = torch.promote_types(optree.tree_leaves(params)[0].dtype, torch.float32)
     box = resolve(bounds, params, dtype)
-    static = adaptive_static(population_size, **settings)
+    static = adaptive_static(opt)
     evaluate = costs_by(check_evaluator(adaptive_kwargs.get("evaluator")), loss_fn, args,
                         dtype, sign)
     width = widths(box, params) if rate > 0 else None

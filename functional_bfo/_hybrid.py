@@ -167,7 +167,7 @@ def hybrid_bfo(
                          "like params of bools.")
     base = adaptive_bfo(population_size, **adaptive_kwargs)  # validates the rest
     size = population_size
-    static = adaptive_static(size, **adaptive_kwargs)
+    static = adaptive_static(base)
 
     def init_fn(params: Params, *, key: Key) -> HybridBFOState:
         state = base.init(params, key=key)
