@@ -345,15 +345,14 @@ class SwarmOptimizer(torch.optim.Optimizer):
         return float(state.best_loss)
 
     def _call(self, update: Callable[..., Any], state: Any, loss: Any) -> Any:
-        if not self._compile:
-            return update(state, loss)
         try:
             return update(state, loss)
-        except torch._dynamo.exc.TorchDynamoException as e:
-            raise RuntimeError(f"{type(self).__name__}(compile=True): torch.compile("
-                               "fullgraph=True) failed on the update with this loss_fn (see "
-                               "the cause above). Nothing fell back to eager; pass "
-                               "compile=False to run eagerly.") from e
+        except Exception as e:  # its type kept; compiled, a note says what ran
+            if self._compile:
+                e.add_note(f"{type(self).__name__}(compile=True): the update ran under "
+                           "torch.compile(fullgraph=True), with this loss_fn; nothing falls "
+                           "back to eager. Pass compile=False to run eagerly.")
+            raise
 
     def _reanchor(self, state: Any, swarm: _Swarm, current: list[Tensor], closure: Any,
                   loss: Any, sign: float) -> Any:

@@ -51,3 +51,15 @@ def test_every_public_name_is_documented():
     missing = [f"{m}.{n}" for m, names in PUBLIC.items() for n in names
                if f"`{'fb.' + m.split('.', 1)[1] + '.' if '.' in m else 'fb.'}{n}" not in docs]
     assert not missing, f"public names missing from docs/: {missing}"
+
+
+def test_the_library_decides_nothing_by_execution_mode_or_private_torch_api():
+    """update is one program: no branch on compiling or transforms, no torch._ internals."""
+    root = pathlib.Path(__file__).parents[1]
+    offenders = []
+    for path in [*root.glob("functional_bfo/*.py"), *root.glob("adapters/*.py")]:
+        text = path.read_text()
+        for needle in ("torch._", "is_compiling", "_python_dispatch", "functorch"):
+            if needle in text:
+                offenders.append(f"{path.name}: {needle}")
+    assert not offenders, offenders
