@@ -69,7 +69,7 @@ def initial_population(params: Params, key: Tensor, size: int, bounds: Any, init
         return _initial_population(leaves, spec, params, key, size, bounds, init_scale)
     except RuntimeError as e:  # the allocator's own words, with the size that asked for it
         message = str(e)
-        if isinstance(e, torch.OutOfMemoryError) or "allocate" in message:
+        if "out of memory" in message or "allocate" in message:
             per = sum(x.numel() * x.element_size() for x in leaves)
             e.add_note(f"functional_bfo: population_size={size} bacteria of {per:,} bytes "
                        f"each need {size * per / 2**30:.3g} GiB for the population alone (and "
