@@ -105,41 +105,26 @@ def test_threefry_matches_reference(k0, k1, x0, data):
     assert got == [ref_threefry2x32(k0, k1, a, b) for a, b in zip(x0, x1, strict=True)]
 
 
-@HYP
-@given(k0=words, k1=words, rows=st.integers(1, 4), cols=st.integers(1, 300),
-       broadcast=st.sampled_from(["none", "x1_row", "key_vector", "transposed"]))
-def test_the_cpu_kernel_is_bitwise_the_reference(k0, k1, rows, cols, broadcast):
-    """The block function op's CPU kernel (numpy) is bitwise the tensor reference, which
-    every other device runs: broadcasting and strided inputs."""
-    x0 = torch.randint(0, 2**32, (rows, cols))
-    if broadcast == "transposed":
-        x0 = torch.randint(0, 2**32, (cols, rows)).T
-    x1 = torch.randint(0, 2**32, (1, cols) if broadcast == "x1_row" else (rows, cols))
-    a = torch.tensor(k0) if broadcast != "key_vector" else torch.full((cols,), k0)
-    b = torch.tensor(k1)
-    expected = R._threefry_rounds(a, b, x0, x1)
-    for got in (R._threefry_numpy(a, b, x0, x1), R._threefry_op(a, b, x0, x1)):
-        for e, g in zip(expected, got):
-            assert e.shape == g.shape and g.dtype == torch.int64 and torch.equal(e, g)
-
-
 needs_c = pytest.mark.skipif(R.CPU_KERNEL != "c", reason="installed without FUNCTIONAL_BFO_C=1")
+KERNELS = [R._threefry_numpy, R._threefry_op,
+           pytest.param(R._threefry_c, marks=needs_c, id="c")]
 
 
-@needs_c
+@pytest.mark.parametrize("kernel", KERNELS, ids=["numpy", "op", "c"])
 @HYP
 @given(k0=words, k1=words, rows=st.integers(1, 4), cols=st.integers(1, 300),
        broadcast=st.sampled_from(["none", "x1_row", "key_vector", "transposed"]))
-def test_the_c_kernel_is_bitwise_the_reference(k0, k1, rows, cols, broadcast):
-    """Broadcasting, strided inputs, and more lanes than the C loop's block of 256."""
+def test_every_cpu_kernel_is_bitwise_the_reference(kernel, k0, k1, rows, cols, broadcast):
+    """The CPU kernels (numpy; C when installed; the op picks one) are bitwise the tensor
+    reference that every other device runs: broadcasting, strided inputs, and more lanes
+    than the C loop's block of 256."""
     x0 = torch.randint(0, 2**32, (rows, cols))
     if broadcast == "transposed":
         x0 = torch.randint(0, 2**32, (cols, rows)).T
     x1 = torch.randint(0, 2**32, (1, cols) if broadcast == "x1_row" else (rows, cols))
     a = torch.tensor(k0) if broadcast != "key_vector" else torch.full((cols,), k0)
     b = torch.tensor(k1)
-    expected = R._threefry_rounds(a, b, x0, x1)
-    for e, g in zip(expected, R._threefry_c(a, b, x0, x1)):
+    for e, g in zip(R._threefry_rounds(a, b, x0, x1), kernel(a, b, x0, x1)):
         assert e.shape == g.shape and g.dtype == torch.int64 and torch.equal(e, g)
 
 
