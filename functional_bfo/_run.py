@@ -10,6 +10,7 @@ atomically as the run goes.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -120,7 +121,8 @@ def run(
             if rules.record(evals, best, per_update) is None and log_now:
                 report(_info(state, steps, evals, best, mean, started))
     except BaseException as e:
-        e.last_good_state = state
+        with contextlib.suppress(AttributeError):  # an exception type without a __dict__
+            e.last_good_state = state
         e.add_note(f"functional_bfo.run: interrupted after {steps} finished update(s); the "
                    "state after the last of them is this exception's .last_good_state"
                    + ("" if checkpoint is None else f" and is saved to {os.fspath(checkpoint)}")
