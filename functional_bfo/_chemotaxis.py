@@ -121,10 +121,10 @@ def swim(
     ks = torch.arange(swims + 1, dtype=last.dtype, device=last.device).unsqueeze(1)
     distances = (start + ks) * step_length  # (N_s + 1, P): every point's place on the ray
     ordered = numel(population) >= ORDER_POINTS_FROM
-    # Where each bacterium ends: the index of its point (-1: where it stands), and the raw
-    # cost, compared cost (None: the raw one) and aux there. Passino's start at point 0.
-    end = None if stay is None else (torch.full_like(last, -1, dtype=torch.int64),
-                                     stay[0], None if swarm_cost is None else stay[0], stay[1])
+    # Where each bacterium ends: its distance along the ray (NaN: where it stands), and the
+    # raw cost, compared cost (None: the raw one) and aux there. Passino's start at point 0.
+    end = None if stay is None else (torch.full_like(last, torch.nan), stay[0],
+                                     None if swarm_cost is None else stay[0], stay[1])
     running = None  # every point so far improved on the one before (None: before the first)
     previous, raw, aux, champions = last, None, None, []
     for first in range(0, swims + 1, per_call):
@@ -139,8 +139,7 @@ def swim(
             cost = point_raw
             if swarm_cost is not None:  # J_cc per point: the same sums whatever the batch
                 cost = point_raw + swarm_cost(point_rows(candidates, g, size))
-            here = (torch.full_like(last, first + g, dtype=torch.int64), point_raw,
-                    None if swarm_cost is None else cost, point_aux)
+            here = (along[g], point_raw, None if swarm_cost is None else cost, point_aux)
             improved = cost < previous if running is None else running & (cost < previous)
             if end is None:  # Passino: every bacterium arrives at its first point
                 end = here
@@ -150,12 +149,10 @@ def swim(
     costs, best_rows = zip(*champions)
     best_params, best_cost = keep_best(best_params, best_cost, concat(best_rows),
                                        torch.cat(costs))
-    index, final_raw, final_cost, final_aux = end
-    final = ray_point(population, direction,
-                      distances.gather(0, index.clamp_min(0).unsqueeze(0)).squeeze(0),
-                      bounds, boundary)
-    if stay is not None:
-        final = where(index >= 0, final, population)
+    distance, final_raw, final_cost, final_aux = end
+    final = ray_point(population, direction, distance, bounds, boundary)
+    if stay is not None:  # NaN rows (those that stay) are replaced whole
+        final = where(~torch.isnan(distance), final, population)
     return SwimResult(final, final_raw, final_raw if final_cost is None else final_cost,
                       final_aux, best_params, best_cost)
 
