@@ -163,6 +163,7 @@ def _threefry_c(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor,
     shape = tuple(np.broadcast_shapes(k0.shape, k1.shape, x0.shape, x1.shape))
     inputs, strides = [], []
     for t in (k0, k1, x0, x1):
+        t = t.to(torch.int64)  # the loop reads int64 words
         scalar = t.numel() == 1  # any shape of one word: read in place, stride 0
         if not scalar and (t.shape != shape or not t.is_contiguous()):
             t = t.expand(shape).contiguous()
