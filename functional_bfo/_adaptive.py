@@ -254,9 +254,11 @@ class AdaptiveStep(NamedTuple):
     aux: Any  # the evaluation's auxiliary output at each final point
 
 
-def cycle_event(flag: Tensor, state: Any, coins: Tensor, places: Params, box: list,
-                static: AdaptiveStatic, dtype: torch.dtype) -> tuple:
+def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: Params,
+                box: list, static: AdaptiveStatic, dtype: torch.dtype) -> tuple:
     """Reproduction, then dispersal under pressure, where ``flag`` (0-d bool) holds.
+
+    ``slots`` is ``arange(population_size)``.
 
     Returns the new ``(population, losses, step_sizes, health, active_size)``, the
     reproduction ``source`` of each slot (the identity where ``flag`` fails) and which
@@ -265,7 +267,6 @@ def cycle_event(flag: Tensor, state: Any, coins: Tensor, places: Params, box: li
     hp, stall, count = state.hyperparams, state.stall, state.active_size
     reference_diversity, best_params = state.reference_diversity, state.best_params
     size = static.size
-    slots = torch.arange(size, device=count.device)
     varying = static.min_size < size
     source = reproduction_index(state.health, flag, count if varying else None)
     population, losses = take(state.population, source), state.losses[source]
@@ -311,10 +312,10 @@ def adaptive_step(
     noise = bacterium_noise(state.key, state.step, size, state.best_params, dtype)
 
     # Reproduction, then dispersal under pressure, every chemotaxis_steps updates.
-    population, losses, step_sizes, health, count, source, dispersed = cycle_event(
-        cycle_ends(state.step, static.chemotaxis_steps), state, noise.coin, noise.place, box,
-        static, dtype)
     slots = torch.arange(size, device=state.step.device)
+    population, losses, step_sizes, health, count, source, dispersed = cycle_event(
+        cycle_ends(state.step, static.chemotaxis_steps), state, slots, noise.coin,
+        noise.place, box, static, dtype)
     cost = sign * losses  # NaN where never evaluated
     # A fixed population has every slot active: no masks (bitwise the same, fewer ops).
     active = slots < count if static.min_size < size else None

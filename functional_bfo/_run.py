@@ -99,7 +99,7 @@ def run(
     rules.best_cost = rules.cost(best)
     update = torch.compile(opt.update, fullgraph=True) if compile else opt.update
     buffer = state.losses.shape[-1]
-    started, steps = time.perf_counter(), 0
+    started, steps, saved_at = time.perf_counter(), 0, None  # saved_at: steps on disk
     try:
         while rules.reason is None:
             new = update(state, loss_fn, *args)
@@ -108,6 +108,7 @@ def run(
             state, steps = new, steps + 1  # only a finished update replaces the last good one
             if checkpoint is not None and steps % checkpoint_every == 0:
                 save(state, checkpoint)
+                saved_at = steps
             # The most the next update can cost: every slot active (adaptive populations grow).
             per_update, evals = (new_evals - evals) * buffer / active, new_evals
             if not math.isfinite(best):  # nothing finite was ever seen
@@ -127,10 +128,10 @@ def run(
                    "state after the last of them is this exception's .last_good_state"
                    + ("" if checkpoint is None else f" and is saved to {os.fspath(checkpoint)}")
                    + ".")
-        if checkpoint is not None:
+        if checkpoint is not None and saved_at != steps:
             save(state, checkpoint)
         raise
-    if checkpoint is not None:
+    if checkpoint is not None and saved_at != steps:
         save(state, checkpoint)
     if report is not None:
         info = _info(state, steps, evals, best, _read(state, with_mean=True)[2], started)

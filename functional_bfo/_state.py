@@ -121,7 +121,7 @@ def _digest(kind: str, names: list[str], leaves: list[Tensor]) -> str:
     h = hashlib.sha256(f"{FORMAT}\0{kind}".encode())
     for name, x in zip(names, leaves):
         h.update(f"\0{name}\0{x.dtype}\0{tuple(x.shape)}\0".encode())
-        h.update(x.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(x.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 

@@ -377,7 +377,7 @@ _normal_rows_op = _define(
 def _normal_rows_c(key: Tensor, counter: Tensor, rows: int, cols: int,
                    compute: torch.dtype) -> Tensor:
     """The CPU kernel with the C loop: it makes ``2u - 1`` (every step exact), then erfinv."""
-    if key.dim() != 1 or counter.dim() != 0:  # batched (vmap's rule calls the op per batch)
+    if key.dim() != 1 or counter.dim() != 0:  # batch axes: the reference broadcasts them
         return _normal_rows(key, counter, rows, cols, compute)
     out = torch.empty((rows, cols), dtype=compute)
     k0, k1 = key.tolist()

@@ -189,10 +189,13 @@ def test_run_checkpoints_periodically_and_at_the_end(tmp_path):
     run_module.save = counting_save
     try:
         final = fb.run(opt, start, loss_fn, max_steps=7, checkpoint=path, checkpoint_every=3)
+        assert seen == [3, 6, 7]
+        assert_trees_equal(fb.load(path, like=start), final)
+        seen.clear()
+        fb.run(opt, start, loss_fn, max_steps=6, checkpoint=path, checkpoint_every=3)
+        assert seen == [3, 6]  # the last state is on disk already: not written twice
     finally:
         run_module.save = original
-    assert seen == [3, 6, 7]
-    assert_trees_equal(fb.load(path, like=start), final)
 
 
 def test_run_stops_and_warns_when_every_loss_is_non_finite():
