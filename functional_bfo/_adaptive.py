@@ -120,9 +120,11 @@ def adaptive_bfo(
 
     Args:
         population_size: number of bacteria; the initial params are bacterium 0.
-        step_size: ``C_0``, every bacterium's initial step size.
-        step_size_min: floor of the adapted step sizes.
-        step_size_max: ceiling of the adapted step sizes.
+        step_size: ``C_0``, every bacterium's initial (and post-dispersal) step size,
+            clamped into ``[step_size_min, step_size_max]``.
+        step_size_min: floor of the step sizes.
+        step_size_max: ceiling of the step sizes; it wins over the floor and over
+            ``step_size`` (``torch.clamp``'s rule), so lowering it alone caps every step.
         adaptation_rate: ``a`` above.
         swim_length: ``N_s``, the most swim steps after a tumble.
         swim_batch: swim points per evaluator call, as in :func:`functional_bfo.bfo`.
@@ -184,9 +186,6 @@ def adaptive_bfo(
     hyper = {name: check_float(name, value, low, high, low_open=low_open)
              for name, value in given.items()
              for low, high, low_open in [AdaptiveBFOHyperparams.RANGES[name]]}
-    if not hyper["step_size_min"] <= hyper["step_size"] <= hyper["step_size_max"]:
-        raise ValueError(f"Invalid step sizes: expected step_size_min <= step_size <= "
-                         f"step_size_max; got {step_size_min}, {step_size}, {step_size_max}.")
     check_choice("tumble", tumble, TUMBLES)
     check_choice("boundary", boundary, BOUNDARY_MODES)
     check_bool("maximize", maximize)
@@ -202,7 +201,9 @@ def adaptive_bfo(
         dtype, device = start.dtype, start.key.device
         return AdaptiveBFOState(
             **start.state_fields(sign, hyper, AdaptiveBFOHyperparams),
-            step_sizes=torch.full((size,), hyper["step_size"], dtype=dtype, device=device),
+            step_sizes=torch.full((size,), hyper["step_size"], dtype=dtype,
+                                  device=device).clamp(hyper["step_size_min"],
+                                                       hyper["step_size_max"]),
             stall=torch.zeros((), dtype=torch.int64, device=device),
             reference_diversity=diversity(start.population, dtype),
             active_size=torch.tensor(size, dtype=torch.int64, device=device),
@@ -316,6 +317,8 @@ def adaptive_step(
     population, losses, step_sizes, health, count, source, dispersed = cycle_event(
         cycle_ends(state.step, static.chemotaxis_steps), state, slots, noise.coin,
         noise.place, box, static, dtype)
+    # Within the current bounds, the ceiling winning: a lowered step_size_max caps every step.
+    step_sizes = step_sizes.clamp(hp.step_size_min, hp.step_size_max)
     cost = sign * losses  # NaN where never evaluated
     # A fixed population has every slot active: no masks (bitwise the same, fewer ops).
     active = slots < count if static.min_size < size else None

@@ -24,7 +24,9 @@ def metrics(state: Any) -> dict[str, Tensor]:
     Keys: ``best_loss``, ``mean_loss``, ``median_loss``, ``worst_loss`` (over finite losses
     of the current population; NaN if none is finite), ``nonfinite_losses`` (count),
     ``diversity`` (root-mean-square distance of the bacteria to their centroid), ``step``,
-    ``num_evals``, ``step_size`` (mean, min and max when step sizes are per bacterium),
+    ``num_evals``, ``step_length_mean``, ``step_length_min`` and ``step_length_max`` (the
+    step sizes in use: per bacterium in the adaptive variants, named apart from the
+    ``step_size*`` hyperparameters),
     ``active_size`` for the adaptive variants, and for hybrid_bfo ``grad_norm_mean``,
     ``grad_nonfinite``, ``grad_vanishing`` and ``grad_exploding``.
     """
@@ -53,12 +55,12 @@ def metrics(state: Any) -> dict[str, Tensor]:
                    grad_exploding=state.grad_exploding)
     if hasattr(state, "active_size"):
         out["active_size"] = state.active_size
-    step_sizes = getattr(state, "step_sizes", None)
-    if step_sizes is None:
-        out["step_size"] = state.hyperparams.step_size
-    else:
-        out.update(step_size=step_sizes.mean(), step_size_min=step_sizes.min(),
-                   step_size_max=step_sizes.max())
+    # The step lengths in use (named apart from the step_size* hyperparameters).
+    steps = getattr(state, "step_sizes", None)
+    if steps is None:
+        steps = state.hyperparams.step_size
+    out.update(step_length_mean=steps.mean(), step_length_min=steps.min(),
+               step_length_max=steps.max())
     return out
 
 

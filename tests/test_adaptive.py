@@ -68,8 +68,6 @@ def test_hyperparameter_ranges_apply_to_with_hyperparams():
     state = fb.adaptive_bfo(population_size=4).init({"x": torch.zeros(2)}, key=fb.random.key(5))
     with pytest.raises(ValueError, match="Invalid adaptation_rate"):
         fb.with_hyperparams(state, adaptation_rate=-0.1)
-    with pytest.raises(ValueError, match="step_size_min <= step_size <= step_size_max"):
-        fb.adaptive_bfo(step_size=2.0, step_size_max=1.0)
 
 
 @pytest.mark.slow
@@ -194,3 +192,15 @@ def test_hybrid_takes_relative_steps():
     opt = fb.hybrid_bfo(4, bounds=(-1.0, 1.0), relative_steps=True)
     state = opt.update(opt.init({"x": torch.zeros(2)}, key=fb.random.key(9)), sq)
     assert torch.isfinite(state.best_loss)
+
+
+def test_the_ceiling_caps_initial_and_restarted_step_sizes():
+    """``step_size_max`` wins: lowering it alone caps every step, dispersed ones included."""
+    opt = fb.adaptive_bfo(population_size=8, step_size=0.5, step_size_max=0.01,
+                          chemotaxis_steps=2, elimination_prob=1.0)
+    state = opt.init({"x": torch.zeros(3)}, key=fb.random.key(6))
+    assert torch.all(state.step_sizes == torch.tensor(0.01))
+    state = fb.with_hyperparams(state, step_size_max=1e-3)
+    for _ in range(5):  # two reproductions, every bacterium but the leader dispersed
+        state = opt.update(state, lambda p: p["x"].square().sum())
+        assert bool((state.step_sizes <= torch.tensor(1e-3)).all())
