@@ -5,8 +5,9 @@ loops; see ``docs/adapters.md``.
 """
 
 from ._base import SwarmOptimizer as SwarmOptimizer
+from ._candidates import evaluating_candidates as evaluating_candidates
 from .optimizers import BFO as BFO
 from .optimizers import AdaptiveBFO as AdaptiveBFO
 from .optimizers import HybridBFO as HybridBFO
 
-__all__ = ["AdaptiveBFO", "BFO", "HybridBFO", "SwarmOptimizer"]
+__all__ = ["AdaptiveBFO", "BFO", "HybridBFO", "SwarmOptimizer", "evaluating_candidates"]

@@ -1,9 +1,9 @@
 """SwarmOptimizer: the ``torch.optim.Optimizer`` shell shared by BFO, AdaptiveBFO and HybridBFO.
 
 Each param group is one swarm of the pure core (``fb.bfo`` and friends) over that group's
-parameters; the shell only moves values between the model and the core's state, keeps the
-core's state between steps, and turns hyperparameter edits into ``fb.with_hyperparams``.
-It never implements any part of the algorithm itself.
+parameters. The shell moves values between the model and the core's state, keeps that state
+between steps and turns hyperparameter edits into ``fb.with_hyperparams``; the algorithm and
+the stopping rules are the core's. Every operation commits fully or changes nothing.
 """
 
 from __future__ import annotations
@@ -11,40 +11,70 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import optree
 import torch
 from torch import Tensor
 
 import functional_bfo as fb
 from functional_bfo._checks import check_bool, check_int, compute_dtype
 from functional_bfo._chemotaxis import rank_costs
-from functional_bfo._state import from_dict, to_dict
 from functional_bfo._stopping import Stopping
 from functional_bfo._tree import diversity
 
-from ._closure import ClosureEvaluator, as_loss, stack_losses, write
+from . import _layout
+from ._candidates import Buffers, CandidateEvaluator, as_loss, scoring_candidates, write
 
 logger = logging.getLogger("functional_bfo.adapters")
 
-FORMAT = "functional_bfo.adapters/1"
-ADAPTER_ONLY = ("chunk_size",)  # group settings the shell turns into an evaluator
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+SHELL_SETTINGS = {"chunk_size": None}  # group settings the shell gives its evaluator
+
+
+class Settings(dict):
+    """A param group (or ``defaults``) in which an alias and its core name are one setting.
+
+    Writing either key writes both, so ``group["lr"] = 0.01`` is ``step_size`` (or
+    ``step_size_max``) at once, whoever writes it: a scheduler, a framework or the user.
+    """
+
+    def __init__(self, aliases: dict[str, str], *sources: dict[str, Any]) -> None:
+        super().__init__()
+        self._partner = {**aliases, **{v: k for k, v in aliases.items()}}
+        for source in sources:
+            self.update(source)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        partner = getattr(self, "_partner", {}).get(key)  # absent while unpickling
+        if partner is not None:
+            super().__setitem__(partner, value)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
 
 
 @dataclass
 class _Swarm:
-    """One param group's core optimizer and state, and what the shell remembers of it."""
+    """One param group's core optimizer, its evaluator and its state (None before a step)."""
 
-    closure_core: fb.Optimizer  # evaluates with the closure, one call per bacterium
-    evaluator: ClosureEvaluator
-    state: Any
-    update_fast: Callable[..., Any]  # the vmapped core's update (compiled with compile=True)
-    updates: int = 0
+    core: fb.Optimizer
+    evaluator: CandidateEvaluator
+    settings: dict[str, Any]  # the core's settings the state follows
+    state: Any = None
+    fast_update: Callable[..., Any] | None = None  # the fast path's update (maybe compiled)
+    mask: list[bool] = field(default_factory=list)  # requires_grad flags (hybrid)
     loss_cache: tuple[Any, Any] | None = None  # (user loss_fn, its per-group wrapper)
-    mask: list[bool] = field(default_factory=list)
 
 
 class SwarmOptimizer(torch.optim.Optimizer):
@@ -54,7 +84,9 @@ class SwarmOptimizer(torch.optim.Optimizer):
     their current values). ``step(closure)`` writes each candidate into the parameters and
     calls the closure (float or one-element tensor; ``backward`` optional); ``step(loss_fn=f)``
     evaluates the whole population with ``torch.func.vmap`` instead. After ``step`` the
-    parameters hold the best values found and the best loss is returned.
+    parameters hold the best values found and the best loss is returned. A step that raises
+    (a closure error, Ctrl-C, an invalid setting) leaves parameters, buffers, swarms,
+    settings and counters exactly as they were.
 
     Args:
         params: parameters or ``named_parameters()`` or param-group dicts, as for any
@@ -62,10 +94,18 @@ class SwarmOptimizer(torch.optim.Optimizer):
         seed: the swarm's random key; None draws it from torch's global generator once, so
             ``torch.manual_seed`` makes runs repeat.
         compile: compile the core update of ``step(loss_fn=...)`` with
-            ``torch.compile(fullgraph=True)`` (logged; a failure raises, never falls back).
+            ``torch.compile(fullgraph=True)``: True or a mode (``"default"``,
+            ``"reduce-overhead"``, ``"max-autotune"``, ``"max-autotune-no-cudagraphs"``);
+            logged with the time it took, and a failure raises, never falls back.
         device: where the parameters must be (checked; they are never moved).
+        module: the model, to keep candidates free of side effects: its buffers (BatchNorm
+            running statistics and counters) are put back after every candidate and, in
+            train mode, a step ends with one forward pass at the best params (one
+            evaluation); on the fast path its train-mode normalization layers use batch
+            statistics. ``DataParallel`` / ``DistributedDataParallel`` are unwrapped.
         reevaluate: start each step by scoring the parameters as they stand (one extra
-            evaluation), so minibatch noise or outside edits cannot freeze a stale best.
+            evaluation), so minibatch noise or outside edits cannot freeze a stale best; the
+            first step's score gives HybridBFO the gradient where it starts.
         max_fe: stop (``should_stop``) before an evaluation budget would be exceeded.
         target_loss: stop once the best loss reaches it.
         patience: stop after this many steps without the best improving by ``min_delta``.
@@ -76,7 +116,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
 
     factory: ClassVar[Callable[..., fb.Optimizer]]
     core_hyperparams: ClassVar[type]  # the core's Hyperparams NamedTuple: its fields are dynamic
-    aliases: ClassVar[dict[str, str]]  # seed / torch.optim name -> core name
+    aliases: ClassVar[dict[str, str]]  # torch / seed name -> core name
     uses_grads: ClassVar[bool] = False
 
     def __init__(
@@ -84,8 +124,9 @@ class SwarmOptimizer(torch.optim.Optimizer):
         params: Iterable[Any],
         *,
         seed: int | None = None,
-        compile: bool = False,
+        compile: bool | str = False,
         device: torch.device | str | None = None,
+        module: torch.nn.Module | None = None,
         reevaluate: bool = True,
         max_fe: int | None = None,
         target_loss: float | None = None,
@@ -94,24 +135,31 @@ class SwarmOptimizer(torch.optim.Optimizer):
         **hyperparams: Any,
     ) -> None:
         name = type(self).__name__
-        check_bool("compile", compile)
+        self._mode = _compile_mode(compile)
         check_bool("reevaluate", reevaluate)
-        # The stopping rules fb.run uses too (validated there).
         self._stopping = Stopping(budget=max_fe, target_loss=target_loss, patience=patience,
                                   min_delta=min_delta, budget_name="max_fe")
         if seed is None:  # one draw from torch's generator: torch.manual_seed governs it
             seed = int(torch.randint(0, 2**31 - 1, ()).item())
         check_int("seed", seed, 0)
-        self._seed, self._compile, self._reevaluate = seed, compile, reevaluate
+        self._seed, self._reevaluate = seed, reevaluate
         self._device = None if device is None else torch.device(device)
-        defaults = self._defaults(hyperparams, name)
-        self._swarms: list[_Swarm | None] = []
-        self._seen: list[dict[str, Any]] = []
-        self._defaults_seen = dict(defaults)
+        self._buffers = Buffers(module)
+        signature = self._signature()
+        unknown = sorted(set(hyperparams) - set(signature) - set(self.aliases))
+        if unknown:
+            raise TypeError(f"{name} got unexpected hyperparameters {unknown}; valid ones are "
+                            f"{sorted(signature) + sorted(self.aliases)}.")
+        self._check_aliases(hyperparams, name)
+        defaults = Settings(self.aliases, signature, hyperparams)
+        self._swarms: list[_Swarm] = []
+        self._defaults_applied = dict(defaults)
         self._best: float | None = None
+        self._settle_evals = 0  # the forward passes that settle buffers, in num_evals
+        self._warned_pause = False
         super().__init__(params, defaults)
 
-    # ----- construction -------------------------------------------------------------------
+    # ----- settings -----------------------------------------------------------------------
 
     @classmethod
     def _signature(cls) -> dict[str, Any]:
@@ -121,48 +169,48 @@ class SwarmOptimizer(torch.optim.Optimizer):
             for p in inspect.signature(fn).parameters.values():
                 if p.kind is not p.VAR_KEYWORD and p.name not in ("evaluator", "grad_mask"):
                     out[p.name] = p.default
-        out.setdefault("chunk_size", None)
-        return out
+        return out | SHELL_SETTINGS
 
-    def _defaults(self, given: dict[str, Any], name: str) -> dict[str, Any]:
-        defaults = self._signature()
-        unknown = sorted(set(given) - set(defaults) - set(self.aliases))
-        if unknown:
-            raise TypeError(f"{name} got unexpected hyperparameters {unknown}; valid ones are "
-                            f"{sorted(defaults) + sorted(self.aliases)}.")
-        defaults.update(given)
-        self._settle_aliases(defaults, set(given), name)
-        return defaults
-
-    def _settle_aliases(self, d: dict[str, Any], given: set[str], where: str) -> None:
-        """Make each alias and its core name agree in ``d``; the one in ``given`` wins."""
+    def _check_aliases(self, given: dict[str, Any], where: str) -> None:
         for alias, canonical in self.aliases.items():
-            if alias in given and canonical in given and not _same(d[alias], d[canonical]):
-                raise ValueError(f"{where} sets {alias}={d[alias]!r} and {canonical}="
-                                 f"{d[canonical]!r}; they are the same setting, pass one.")
-            if alias in given:
-                d[canonical] = d[alias]
-            else:
-                d[alias] = d[canonical]
+            if alias in given and canonical in given and not _same(given[alias],
+                                                                   given[canonical]):
+                raise ValueError(f"{where} sets {alias}={given[alias]!r} and {canonical}="
+                                 f"{given[canonical]!r}; they are the same setting, pass one.")
 
-    def _core(self, values: dict[str, Any], evaluator: Any) -> fb.Optimizer:
+    def _settings(self, group: dict[str, Any]) -> dict[str, Any]:
+        """The core's settings of a group (core names only)."""
+        return {k: group[k] for k in self._signature()}
+
+    def _core(self, settings: dict[str, Any], evaluator: CandidateEvaluator) -> fb.Optimizer:
         """The pure core optimizer for one group's settings (validates them)."""
-        kwargs = {k: v for k, v in values.items() if k not in ADAPTER_ONLY}
-        chunk = values.get("chunk_size")
-        if self.uses_grads:
-            if evaluator is None:
-                return type(self).factory(**kwargs, chunk_size=chunk)
-            return type(self).factory(**kwargs, evaluator=evaluator)
-        if evaluator is None:
-            evaluator = fb.evaluate.vmap(chunk)
+        kwargs = {k: v for k, v in settings.items() if k not in SHELL_SETTINGS}
         return type(self).factory(**kwargs, evaluator=evaluator)
 
+    def _paused(self, g: int, settings: dict[str, Any]) -> bool:
+        """``lr == 0`` (a schedule's end or a warmup's start) pauses the group, warned once."""
+        if settings[self.aliases["lr"]] != 0:
+            return False
+        if not self._warned_pause:
+            self._warned_pause = True
+            warnings.warn(f"{type(self).__name__}: param group {g} has lr=0, so it is paused "
+                          "(no evaluations, parameters unchanged) until lr is positive again.",
+                          RuntimeWarning, stacklevel=4)
+        return True
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group (its own swarm); its settings are validated now."""
-        given = set(param_group) if isinstance(param_group, dict) else set()
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        self._settle_aliases(group, given, "A param group")
+        """Add a group (its own swarm); nothing is added unless its settings are valid."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"A param group must be a dict; got {type(param_group).__name__}.")
+        self._check_aliases(param_group, "A param group")
+        super().add_param_group(Settings(self.aliases, param_group))  # torch's checks, append
+        try:
+            self._swarms.append(self._new_swarm(self.param_groups[-1]))
+        except BaseException:
+            self.param_groups.pop()
+            raise
+
+    def _new_swarm(self, group: dict[str, Any]) -> _Swarm:
         params = group["params"]
         devices = {p.device for p in params}
         if len(devices) > 1:
@@ -178,80 +226,12 @@ class SwarmOptimizer(torch.optim.Optimizer):
             if not p.is_floating_point():
                 raise TypeError(f"BFO optimizes floating parameters; got a {p.dtype} tensor "
                                 f"of shape {tuple(p.shape)}.")
-        self._core(self._values(group), None)  # raises on invalid settings
-        self._swarms.append(None)
-        self._seen.append(dict(group))
-
-    # ----- hyperparameters ----------------------------------------------------------------
-
-    def _values(self, group: dict[str, Any]) -> dict[str, Any]:
-        return {k: group[k] for k in self._signature()}
-
-    def _reconcile(self, d: dict[str, Any], seen: dict[str, Any], where: str) -> set[str]:
-        """Make aliases agree in ``d`` (the one edited since ``seen`` wins); return edits."""
-        changed = {k for k in self.defaults if k in d and not _same(d[k], seen.get(k))}
-        for alias, canonical in self.aliases.items():
-            if alias in changed and canonical in changed and not _same(d[alias], d[canonical]):
-                raise ValueError(f"{where}: {alias}={d[alias]!r} and {canonical}="
-                                 f"{d[canonical]!r} were both changed; they are the same "
-                                 "setting, change one.")
-            if alias in changed:
-                d[canonical] = d[alias]
-                changed.add(canonical)
-            elif canonical in changed:
-                d[alias] = d[canonical]
-        return {self.aliases.get(k, k) for k in changed}
-
-    def _sync(self, g: int, group: dict[str, Any]) -> dict[str, Any]:
-        """Apply edits of ``defaults`` and of this group since its last step; return them.
-
-        An edit of ``defaults`` reaches every group, as the seed's BFOScheduler expects.
-        """
-        from_defaults = self._reconcile(self.defaults, self._defaults_seen, "defaults")
-        if from_defaults:
-            for other in self.param_groups:
-                for k in from_defaults:
-                    other[k] = self.defaults[k]
-                for alias, canonical in self.aliases.items():
-                    other[alias] = other[canonical]
-            self._defaults_seen = dict(self.defaults)
-        edits = self._reconcile(group, self._seen[g], f"param_groups[{g}]")
-        return {k: group[k] for k in edits}
-
-    def _apply(self, g: int, swarm: _Swarm, edits: dict[str, Any]) -> None:
-        if not edits:
-            return
-        dynamic = set(self.core_hyperparams._fields)
-        fixed = sorted(set(edits) - dynamic)
-        if fixed:
-            raise ValueError(f"param_groups[{g}]: {fixed} cannot change after the group's first "
-                             f"step (they shape the swarm); only {sorted(dynamic)} can. Build a "
-                             "new optimizer to change them.")
-        swarm.state = fb.with_hyperparams(swarm.state, **edits)
+        settings = self._settings(group)
+        evaluator = CandidateEvaluator(params, self._buffers, self.uses_grads,
+                                       settings["chunk_size"])
+        return _Swarm(self._core(settings, evaluator), evaluator, settings)
 
     # ----- the step -----------------------------------------------------------------------
-
-    def _swarm(self, g: int, group: dict[str, Any]) -> _Swarm:
-        swarm = self._swarms[g]
-        if swarm is not None:
-            return swarm
-        params = group["params"]
-        values = self._values(group)
-        fast = self._core(values, None)  # vmapped: step(loss_fn=...)
-        evaluator = ClosureEvaluator(params, with_grads=self.uses_grads)
-        key = fb.random.fold_in(fb.random.key(self._seed), g)
-        if params:
-            key = key.to(params[0].device)
-        state = fast.init([p.detach().clone() for p in params], key=key)
-        update = fast.update
-        if self._compile:
-            logger.info("%s: compiling the update of param group %d with "
-                        "torch.compile(fullgraph=True); the first step(loss_fn=...) pays "
-                        "the compile time.", type(self).__name__, g)
-            update = torch.compile(fast.update, fullgraph=True)
-        swarm = _Swarm(self._core(values, evaluator), evaluator, state, update)
-        self._swarms[g] = swarm
-        return swarm
 
     def step(self, closure: Callable[[], Any] | None = None, *,
              loss_fn: Callable[[Any], Tensor] | None = None,
@@ -265,7 +245,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
             loss_fn: instead of a closure, ``loss_fn(params) -> 0-d tensor`` for a whole
                 population at once under ``torch.func.vmap``: ``params`` is a dict
                 ``{name: tensor}`` if the optimizer was built from ``named_parameters()``,
-                else a list in parameter order (the fast path; compiled with ``compile=True``).
+                else a list in parameter order (the fast path; compiled with ``compile``).
             max_fe: run steps until the next would take this call past ``max_fe``
                 evaluations (at least one step), instead of exactly one.
 
@@ -282,97 +262,174 @@ class SwarmOptimizer(torch.optim.Optimizer):
             raise TypeError(f"Invalid {'closure' if closure is not None else 'loss_fn'}: "
                             f"{(closure if closure is not None else loss_fn)!r}; expected a "
                             "callable.")
-        if closure is not None and self._compile:
-            raise ValueError("compile=True compiles the vmapped fast path, step(loss_fn=...); "
+        if closure is not None and self._mode is not None:
+            raise ValueError("compile= compiles the vmapped fast path, step(loss_fn=...); "
                              "a closure runs Python per candidate (.item(), backward) and "
                              "cannot be captured in one graph. Use compile=False with "
                              "closures.")
         if max_fe is not None:
             check_int("max_fe", max_fe, 1)
-        spent, per_update = 0, None
+        spent = 0
         while not self.should_stop:
-            if max_fe is not None and per_update is not None and spent + per_update > max_fe:
+            per_update = self._stopping.per_update
+            if max_fe is not None and spent and spent + per_update > max_fe:
                 break
             before = self.num_evals
-            for g, group in enumerate(self.param_groups):
-                self._best = self._step_group(g, group, closure, loss_fn)
-            per_update = self.num_evals - before
-            spent += per_update
-            self._stopping.maximize = bool(self.defaults.get("maximize"))
-            self._stopping.record(self.num_evals,
-                                  math.nan if self._best is None else self._best, per_update)
-            if max_fe is None:
+            stepped = self._step_all(closure, loss_fn)
+            spent += self.num_evals - before
+            if max_fe is None or not stepped:
                 break
         return math.nan if self._best is None else self._best
 
-    def _step_group(self, g: int, group: dict[str, Any], closure: Any, loss_fn: Any) -> float:
-        params = group["params"]
-        if not params:
-            return math.nan if self._best is None else self._best
-        edits = self._sync(g, group)
-        built_now = self._swarms[g] is None  # then built from the settings as they are now
-        swarm = self._swarm(g, group)
-        if not built_now:
-            self._apply(g, swarm, edits)
-        self._seen[g] = dict(group)
+    def _step_all(self, closure: Any, loss_fn: Any) -> bool:
+        """Step every group; commit all of it, or restore everything and raise.
+
+        Returns whether any group stepped (False: every group paused or empty).
+        """
+        edited = {k: v for k, v in self.defaults.items()
+                  if not _same(v, self._defaults_applied.get(k))}  # reach every group
+        start = [[p.detach().clone() for p in group["params"]] for group in self.param_groups]
+        self._buffers.save()
+        new: list[tuple[dict[str, Any], Any, Any, fb.Optimizer] | None] = []
+        g = 0
+        try:
+            for g, (group, swarm) in enumerate(zip(self.param_groups, self._swarms)):
+                settings = self._settings({**group, **edited})
+                if not group["params"] or self._paused(g, settings):
+                    new.append(None)
+                    continue
+                new.append(self._step_group(g, swarm, settings, closure, loss_fn))
+                write(group["params"], new[-1][1].best_params)
+            settled = self._settle(closure, loss_fn) if any(new) else 0
+        except BaseException as e:
+            for group, values in zip(self.param_groups, start):
+                write(group["params"], values)
+            self._buffers.restore()
+            e.add_note(f"(raised while {type(self).__name__} stepped param group {g}; the "
+                       "parameters, buffers, swarms, settings and counters were restored to "
+                       "where they were before the step)")
+            raise
+        for group, swarm, done in zip(self.param_groups, self._swarms, new):
+            group.update(edited)
+            if done is not None:
+                swarm.settings, swarm.state, swarm.fast_update, swarm.core = done
+                if self.uses_grads:
+                    swarm.mask = [bool(p.requires_grad) for p in group["params"]]
+        self._defaults_applied = dict(self.defaults)
+        self._settle_evals += settled
+        best = [float(d[1].best_loss) for d in new if d is not None]
+        if not best:
+            return False
+        self._best = best[-1]
+        self._stopping.maximize = bool(self.defaults["maximize"])
+        self._stopping.record(self.num_evals, self._best, self._per_update())
+        return True
+
+    def _step_group(self, g: int, swarm: _Swarm, settings: dict[str, Any], closure: Any,
+                    loss_fn: Any) -> tuple[dict[str, Any], Any, Any, fb.Optimizer]:
+        """The group's next (settings, state, fast update, core); changes nothing."""
+        params = swarm.evaluator.params
+        state, fast, core = swarm.state, swarm.fast_update, swarm.core
+        first = state is None
+        if first:  # the swarm starts here, from the settings and parameters as they are now
+            if any(not _same(v, swarm.settings[k]) for k, v in settings.items()):
+                core = self._core(settings, swarm.evaluator)
+            key = fb.random.fold_in(fb.random.key(self._seed), g).to(params[0].device)
+            state = core.init([p.detach().clone() for p in params], key=key)
+            fast = core.update if self._mode is None else self._compiled(g, core)
+        else:
+            changed = {k: v for k, v in settings.items() if not _same(v, swarm.settings[k])}
+            fixed = sorted(set(changed) - set(self.core_hyperparams._fields))
+            if fixed:
+                raise ValueError(f"param_groups[{g}]: {fixed} cannot change after the group's "
+                                 "first step (they shape the swarm); only "
+                                 f"{sorted(self.core_hyperparams._fields)} can. Set them back, "
+                                 "or build a new optimizer to change them.")
+            if changed:
+                state = fb.with_hyperparams(state, **changed)
         if self.uses_grads:
             mask = [bool(p.requires_grad) for p in params]
-            if mask != swarm.mask:
-                swarm.state, swarm.mask = fb.with_grad_mask(swarm.state, mask), mask
-        start = [p.detach().clone() for p in params]
+            if first or mask != swarm.mask:
+                state = fb.with_grad_mask(state, mask)
         if closure is not None:
-            swarm.evaluator.closure = closure
-            update, loss = swarm.closure_core.update, closure
+            update, loss = core.update, closure
         else:
-            update, loss = swarm.update_fast, self._group_loss(g, swarm, loss_fn)
+            update, loss = fast, self._group_loss(g, swarm, loss_fn)
+        swarm.evaluator.closure = closure
         try:
-            state = swarm.state
-            if self._reevaluate and swarm.updates > 0:
-                sign = -1.0 if group["maximize"] else 1.0
-                state = self._reanchor(state, swarm, start, closure, loss, sign)
-            state = self._call(update, state, loss)
-        except BaseException as e:
-            write(params, start)  # a failed step leaves the model as it found it
-            if hasattr(e, "add_note"):
-                e.add_note(f"(raised while {type(self).__name__} evaluated candidates of "
-                           f"param group {g}, step {swarm.updates}; the parameters were "
-                           "restored to their values before the step)")
+            if self._reevaluate:
+                state = self._score_current(state, swarm.evaluator, loss, first,
+                                            settings["maximize"])
+            with self._buffers.batch_statistics(), scoring_candidates():
+                state = update(state, loss)
+        except Exception as e:  # its type kept; notes say what ran and what to do
+            if closure is None and "DataParallel" in str(e):
+                e.add_note("step(loss_fn=...): torch.func.functional_call cannot call a "
+                           "DataParallel / DistributedDataParallel wrapper; call it on the "
+                           "wrapped model, model.module, with that model's parameter names "
+                           "(build the optimizer from model.module.named_parameters()).")
+            if self._mode is not None and closure is None:
+                e.add_note(f"{type(self).__name__}(compile={self._mode!r}): the update ran "
+                           "under torch.compile(fullgraph=True), with this loss_fn; nothing "
+                           "falls back to eager. Pass compile=False to run eagerly.")
             raise
         finally:
             swarm.evaluator.closure = None
-        swarm.state, swarm.updates = state, swarm.updates + 1
-        write(params, state.best_params)
-        return float(state.best_loss)
+        return settings, state, fast, core
 
-    def _call(self, update: Callable[..., Any], state: Any, loss: Any) -> Any:
-        try:
-            return update(state, loss)
-        except Exception as e:  # its type kept; compiled, a note says what ran
-            if self._compile:
-                e.add_note(f"{type(self).__name__}(compile=True): the update ran under "
-                           "torch.compile(fullgraph=True), with this loss_fn; nothing falls "
-                           "back to eager. Pass compile=False to run eagerly.")
-            raise
+    def _score_current(self, state: Any, evaluator: CandidateEvaluator, loss: Any,
+                       first: bool, maximize: bool) -> Any:
+        """Score the parameters as they stand (one evaluation) on this step's objective.
 
-    def _reanchor(self, state: Any, swarm: _Swarm, current: list[Tensor], closure: Any,
-                  loss: Any, sign: float) -> Any:
-        """The model's current parameters become the best, scored on this step's objective.
-
-        A fixed objective gives the stored best loss back; a new minibatch, an edit of the
-        model, or another group's move gives an honest one, so a lucky batch never freezes
-        the model.
+        Before the first update they are bacterium 0 (``fb.with_start_loss``: the hybrid's
+        first tumble follows the gradient there). Later they become the best to beat, so a
+        lucky minibatch never freezes the model and an outside edit is scored honestly.
         """
+        current = [p.detach().unsqueeze(0) for p in evaluator.params]
+        with self._buffers.batch_statistics(), scoring_candidates():
+            out = evaluator(loss, current)
+        value, grads = out if self.uses_grads else (out, None)
+        if first:
+            grads = None if grads is None else [x[0] for x in grads]
+            return fb.with_start_loss(state, value[0], grad=grads)
+        sign = -1.0 if maximize else 1.0
+        best = sign * rank_costs(value[0].to(state.best_loss.dtype), sign)
+        return state._replace(best_params=[x[0].clone() for x in current], best_loss=best,
+                              num_evals=state.num_evals + 1)
+
+    def _settle(self, closure: Any, loss_fn: Any) -> int:
+        """Buffers as one train-mode forward pass at the best params leaves them."""
+        if not self._buffers.settle:
+            return 0
+        self._buffers.restore()
         if closure is not None:
-            write(swarm.evaluator.params, current)
             with torch.enable_grad():
-                value = stack_losses([as_loss(closure())], current[0].device)[0]
+                as_loss(closure())
         else:
             with torch.no_grad():
-                value = loss(current)
-        dtype = state.best_loss.dtype
-        best = sign * rank_costs(torch.as_tensor(value).to(dtype), sign)
-        return state._replace(best_params=[x.clone() for x in current], best_loss=best,
-                              num_evals=state.num_evals + 1)
+                loss_fn(_loss_input(self._names(), [[p.detach() for p in group["params"]]
+                                                    for group in self.param_groups]))
+        return 1
+
+    def _compiled(self, g: int, core: fb.Optimizer) -> Callable[..., Any]:
+        """``core.update`` under torch.compile; the first call's time is logged once."""
+        compiled = torch.compile(core.update, fullgraph=True, mode=self._mode)
+        calls = [0]
+
+        def update(state: Any, loss: Any) -> Any:
+            if calls[0]:
+                return compiled(state, loss)
+            began = time.perf_counter()
+            out = compiled(state, loss)
+            calls[0] = 1
+            logger.info("%s: compiled the update of param group %d with torch.compile("
+                        "mode=%r, fullgraph=True) in %.1f s (the first step(loss_fn=...) "
+                        "pays it).", type(self).__name__, g, self._mode,
+                        time.perf_counter() - began)
+            return out
+
+        return update
+
 
     def _group_loss(self, g: int, swarm: _Swarm, loss_fn: Callable[[Any], Tensor]):
         """``loss_fn`` as a function of group ``g``'s leaves, other groups as they stand.
@@ -382,16 +439,18 @@ class SwarmOptimizer(torch.optim.Optimizer):
         if swarm.loss_cache is not None and swarm.loss_cache[0] is loss_fn:
             return swarm.loss_cache[1]
         groups = [[p.detach() for p in group["params"]] for group in self.param_groups]
-        names = [group.get("param_names") for group in self.param_groups]
+        names = self._names()
 
         def group_loss(leaves: list[Tensor]) -> Tensor:
-            values = [leaves if i == g else other for i, other in enumerate(groups)]
-            if all(n is not None for n in names):
-                return loss_fn({n: v for ns, vs in zip(names, values) for n, v in zip(ns, vs)})
-            return loss_fn([v for vs in values for v in vs])
+            return loss_fn(_loss_input(names, [leaves if i == g else other
+                                               for i, other in enumerate(groups)]))
 
         swarm.loss_cache = (loss_fn, group_loss)
         return group_loss
+
+    def _names(self) -> list[list[str]] | None:
+        names = [group.get("param_names") for group in self.param_groups]
+        return names if all(n is not None for n in names) else None
 
     # ----- budgets and early stopping -----------------------------------------------------
 
@@ -411,10 +470,25 @@ class SwarmOptimizer(torch.optim.Optimizer):
     @property
     def num_evals(self) -> int:
         """Loss evaluations (closure or loss_fn calls per candidate) so far, all groups."""
-        states = [s.state.num_evals for s in self._swarms if s is not None]
-        return int(sum(int(n) for n in states))
+        states = [int(s.state.num_evals) for s in self._swarms if s.state is not None]
+        return sum(states) + self._settle_evals
+
+    def _per_update(self) -> int:
+        """The most evaluations the next step can take."""
+        total = int(self._buffers.settle)
+        for group, swarm in zip(self.param_groups, self._swarms):
+            if group["params"]:
+                s = swarm.settings
+                total += s["population_size"] * (s["swim_length"] + 1) + self._reevaluate
+        return total
 
     # ----- what the seeds' loops read -----------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        """Where the parameters are (``device=`` if given)."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        return self._device if self._device is not None else params[0].device
 
     @property
     def best_fitness(self) -> float | None:
@@ -448,12 +522,12 @@ class SwarmOptimizer(torch.optim.Optimizer):
     def metrics(self, group: int = 0) -> dict[str, float]:
         """:func:`functional_bfo.metrics` of one group's swarm, as floats (one host transfer)."""
         swarm = self._swarms[group] if group < len(self._swarms) else None
-        if swarm is None:
+        if swarm is None or swarm.state is None:
             raise ValueError(f"param group {group} has not stepped yet; call step first.")
         return fb.materialize(fb.metrics(swarm.state))
 
     def _stepped(self, what: str) -> list[_Swarm]:
-        swarms = [s for s in self._swarms if s is not None]
+        swarms = [s for s in self._swarms if s.state is not None]
         if not swarms:
             raise ValueError(f"There is no {what} before the first step; call step first.")
         return swarms
@@ -461,66 +535,81 @@ class SwarmOptimizer(torch.optim.Optimizer):
     # ----- checkpoints --------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue exactly, as plain values and tensors.
+        """torch.optim's layout: ``state`` by parameter index, ``param_groups`` with indices.
 
-        It loads with ``torch.load(weights_only=True)``; the parameters are the model's.
+        A group's swarm lies with its parameters: each parameter's population and best
+        values in its own entry, the swarm's shared fields under ``"swarm"`` in the entry of
+        the group's first parameter, and the optimizer's own under ``"optimizer"`` in entry
+        0 (as LBFGS keeps its counters with its first parameter). It loads with
+        ``torch.load(weights_only=True)``.
         """
-        groups, start = [], 0
-        for group in self.param_groups:
-            packed = {k: v for k, v in group.items() if k != "params"}
-            packed["params"] = list(range(start, start + len(group["params"])))
-            start += len(group["params"])
-            groups.append(packed)
-        return {
-            "state": {g: to_dict(s.state) | {"updates": s.updates}
-                      for g, s in enumerate(self._swarms) if s is not None},
-            "param_groups": groups,
-            "adapter": {"format": FORMAT, "class": type(self).__name__, "seed": self._seed,
-                        "best": self._best, "best_seen": self._stopping.best_cost,
-                        "stalled": self._stopping.stalled,
-                        "steps": self._stopping.steps,
-                        "per_update": self._stopping.per_update,
-                        "stop_reason": self._stopping.reason},
-        }
+        groups, state, first = [], {}, 0
+        for group, swarm in zip(self.param_groups, self._swarms):
+            size = len(group["params"])
+            groups.append({**{k: v for k, v in group.items() if k != "params"},
+                           "params": list(range(first, first + size))})
+            if swarm.state is not None:
+                for i, entry in _layout.pack(swarm.state, first).items():
+                    state.setdefault(i, {}).update(entry)
+            first += size
+        state.setdefault(0, {})["optimizer"] = {
+            "format": _layout.FORMAT, "class": type(self).__name__, "seed": self._seed,
+            "best": self._best, "settle_evals": self._settle_evals,
+            **_layout.stopping_fields(self._stopping)}
+        return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict`, onto these parameters' device.
+        """Restore a :meth:`state_dict` (this format or the previous one) onto these params.
+
+        Everything is checked before anything changes; a rejected state dict leaves the
+        optimizer as it was.
 
         Raises:
-            ValueError: it is not this class's state dict, or its groups or shapes differ.
+            ValueError: it is not this class's state dict, or its groups, settings or shapes
+                differ from this optimizer's.
         """
         name = type(self).__name__
-        meta = state_dict.get("adapter") if isinstance(state_dict, dict) else None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise ValueError(f"Not a functional_bfo adapter state dict (expected "
-                             f"format {FORMAT}); write one with {name}.state_dict().")
-        if meta["class"] != name:
-            raise ValueError(f"This state dict is from {meta['class']}, not {name}.")
-        saved = state_dict["param_groups"]
-        sizes = [len(g["params"]) for g in self.param_groups]
-        if [len(g["params"]) for g in saved] != sizes:
-            raise ValueError(f"The state dict has param groups of "
-                             f"{[len(g['params']) for g in saved]} parameters, this optimizer "
-                             f"{sizes}; build the optimizer over the same parameters.")
-        self._seed = meta["seed"]
-        for g, (group, packed) in enumerate(zip(self.param_groups, saved)):
-            group.update({k: v for k, v in packed.items() if k != "params"})
-            self._seen[g] = dict(group)
-            self._swarms[g] = None
-            data = state_dict["state"].get(g)
-            if data is None:
-                continue
-            swarm = self._swarm(g, group)
-            swarm.state = from_dict({k: v for k, v in data.items() if k != "updates"},
-                                    swarm.state)
-            swarm.updates = data["updates"]
-            if self.uses_grads:
-                swarm.mask = optree.tree_leaves(swarm.state.grad_mask)
-                swarm.mask = [bool(m) for m in swarm.mask]
-        self._best = meta["best"]
-        self._stopping.best_cost, self._stopping.stalled = meta["best_seen"], meta["stalled"]
-        self._stopping.steps = meta.get("steps", 0)
-        self._stopping.per_update, self._stopping.reason = meta["per_update"], meta["stop_reason"]
+        saved = _layout.read(state_dict, name, [len(g["params"]) for g in self.param_groups])
+        swarms = []
+        for g, (group, packed, entries) in enumerate(zip(self.param_groups, saved.groups,
+                                                         saved.states)):
+            restored = Settings(self.aliases, group, packed)
+            swarm = self._new_swarm({**restored, "params": group["params"]})
+            if entries is not None:
+                key = fb.random.fold_in(fb.random.key(saved.seed), g)
+                like = swarm.core.init([p.detach() for p in group["params"]],
+                                       key=key.to(group["params"][0].device))
+                swarm.state = entries(like)
+                swarm.fast_update = (swarm.core.update if self._mode is None
+                                     else self._compiled(g, swarm.core))
+                if self.uses_grads:
+                    swarm.mask = [bool(m) for m in swarm.state.grad_mask]
+            swarms.append((restored, swarm))
+        for group, (restored, _) in zip(self.param_groups, swarms):  # commit
+            group.update({k: v for k, v in restored.items() if k != "params"})
+        self._swarms = [swarm for _, swarm in swarms]
+        self._seed, self._best, self._settle_evals = saved.seed, saved.best, saved.settle_evals
+        _layout.set_stopping(self._stopping, saved.stopping)
+        self._defaults_applied = dict(self.defaults)
+
+
+def _loss_input(names: list[list[str]] | None, values: list[list[Tensor]]) -> Any:
+    """What ``loss_fn`` receives: ``{name: tensor}`` if built from named params, else a list."""
+    if names is not None:
+        return {n: v for ns, vs in zip(names, values) for n, v in zip(ns, vs)}
+    return [v for vs in values for v in vs]
+
+
+def _compile_mode(compile: Any) -> str | None:
+    """``compile=`` as a torch.compile mode, or None for eager."""
+    if compile is True:
+        return "default"
+    if compile is False:
+        return None
+    if compile in COMPILE_MODES:
+        return compile
+    raise ValueError(f"Invalid compile: {compile!r}; expected False, True (\"default\") or one "
+                     f"of torch.compile's modes {list(COMPILE_MODES)}.")
 
 
 def _same(a: Any, b: Any) -> bool:

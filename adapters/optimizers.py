@@ -2,7 +2,10 @@
 
 Thin shells over :func:`functional_bfo.bfo`, :func:`functional_bfo.adaptive_bfo` and
 :func:`functional_bfo.hybrid_bfo`: every hyperparameter keeps the core's name and default,
-plus the seed API's aliases (``elim_prob``, and ``lr`` so ``torch.optim.lr_scheduler`` works).
+plus two aliases that are the same setting (writing one writes both): ``elim_prob`` for
+``elimination_prob``, and torch's ``lr`` for the largest step, so every
+``torch.optim.lr_scheduler`` and framework schedule drives it. Any ``lr >= 0`` works;
+``lr = 0`` (a schedule's end, a warmup's start) pauses the group with one warning.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ class BFO(SwarmOptimizer):
     """Canonical BFO (Passino 2002) in torch.optim form, over :func:`functional_bfo.bfo`.
 
     Hyperparameters and defaults are ``fb.bfo``'s (population_size=50, step_size=0.1, ...).
-    Aliases: ``elim_prob`` = ``elimination_prob``; ``lr`` = ``step_size``. The shared
-    arguments (seed, compile, budgets, ...) are :class:`SwarmOptimizer`'s.
+    ``lr`` is ``step_size``, the one step length of every bacterium; ``elim_prob`` is
+    ``elimination_prob``. The shared arguments (seed, compile, module, budgets, ...) are
+    :class:`SwarmOptimizer`'s.
     """
 
     factory = staticmethod(fb.bfo)
@@ -36,9 +40,11 @@ class AdaptiveBFO(SwarmOptimizer):
     """Adaptive BFO in torch.optim form, over :func:`functional_bfo.adaptive_bfo`.
 
     Per-bacterium step sizes by the 1/5th success rule within ``[step_size_min,
-    step_size_max]``, and dispersal that grows with stagnation. Aliases: ``elim_prob`` =
-    ``elimination_prob``; ``lr`` = ``step_size_max`` (an LR schedule caps the step). The
-    shared arguments are :class:`SwarmOptimizer`'s.
+    step_size_max]``, and dispersal that grows with stagnation. ``lr`` is ``step_size_max``,
+    the ceiling of every step size: it wins over ``step_size`` (the initial and
+    post-dispersal step) and ``step_size_min``, so ``lr=1e-3`` caps every step at 1e-3 and
+    a schedule lowers them all. ``elim_prob`` is ``elimination_prob``. The shared arguments
+    are :class:`SwarmOptimizer`'s.
     """
 
     factory = staticmethod(fb.adaptive_bfo)

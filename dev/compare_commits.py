@@ -42,11 +42,12 @@ def extract(rev: str, name: str, into: Path) -> str:
     """``functional_bfo`` at ``rev`` as package ``name`` in ``into``; the full commit id."""
     commit = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=REPO,
                             check=True, capture_output=True, text=True).stdout.strip()
-    archive = subprocess.run(["git", "archive", commit, "functional_bfo"], cwd=REPO,
-                             check=True, capture_output=True).stdout
+    archive = subprocess.run(["git", "archive", commit, "functional_bfo", "adapters"],
+                             cwd=REPO, check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(into / "_archive", filter="data")
     (into / "_archive" / "functional_bfo").rename(into / name)
+    (into / "_archive" / "adapters").rename(into / name / "adapters")  # as installed
     source = into / name / "_threefry.c"
     if source.exists():  # the opt-in C kernel, built as FUNCTIONAL_BFO_C=1 would
         suffix = sysconfig.get_config_var("EXT_SUFFIX")
@@ -55,7 +56,9 @@ def extract(rev: str, name: str, into: Path) -> str:
     for path in (into / name).rglob("*.py"):
         text = path.read_text()
         for old, new in (('"functional_bfo"', f'"{name}"'), ("functional_bfo::", f"{name}::"),
-                         ("torch.ops.functional_bfo", f"torch.ops.{name}")):
+                         ("torch.ops.functional_bfo", f"torch.ops.{name}"),
+                         ("import functional_bfo as", f"import {name} as"),
+                         ("from functional_bfo.", f"from {name}.")):
             text = text.replace(old, new)
         path.write_text(text)
     return commit

@@ -30,6 +30,7 @@ from ._run import run as run
 from ._state import load as load
 from ._state import save as save
 from ._state import with_hyperparams as with_hyperparams
+from ._state import with_start_loss as with_start_loss
 from .telemetry import materialize as materialize
 from .telemetry import metrics as metrics
 
@@ -64,4 +65,5 @@ __all__ = [
     "save",
     "with_grad_mask",
     "with_hyperparams",
+    "with_start_loss",
 ]

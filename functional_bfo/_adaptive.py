@@ -40,9 +40,9 @@ class AdaptiveBFOHyperparams(NamedTuple):
 
     # (low, high, low_open) of each field, checked by adaptive_bfo() and with_hyperparams().
     RANGES = {
-        "step_size": (0.0, math.inf, True),
+        "step_size": (0.0, math.inf, False),
         "step_size_min": (0.0, math.inf, True),
-        "step_size_max": (0.0, math.inf, True),
+        "step_size_max": (0.0, math.inf, False),
         "adaptation_rate": (0.0, 5.0, False),
         "elimination_prob": (0.0, 1.0, False),
         "elimination_prob_max": (0.0, 1.0, False),

@@ -49,7 +49,7 @@ class BFOHyperparams(NamedTuple):
 
     # (low, high, low_open) of each field, checked by bfo() and by with_hyperparams().
     RANGES = {
-        "step_size": (0.0, math.inf, True),
+        "step_size": (0.0, math.inf, False),
         "elimination_prob": (0.0, 1.0, False),
         "init_scale": (0.0, math.inf, True),
         "levy_beta": (0.0, 1.99, True),

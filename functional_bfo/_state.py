@@ -1,4 +1,4 @@
-"""State utilities: checkpoints and hyperparameter changes.
+"""State utilities: checkpoints, hyperparameter changes and a scored start.
 
 Checkpoints load with ``torch.load(weights_only=True)``; hyperparameter changes keep dtype and
 device, so a compiled update does not recompile.
@@ -105,6 +105,56 @@ def save(state: Any, f: PathOrFile) -> None:
             os.fsync(directory)
         finally:
             os.close(directory)
+
+
+def with_start_loss(state: State, loss: Any, grad: Any = None) -> State:
+    """``state`` before its first update, with bacterium 0 (the initial params) scored.
+
+    A driver that has just evaluated the params it started from (the ``torch.optim`` shell
+    scores the model before every step) hands over that loss, and for ``hybrid_bfo`` the
+    gradient there (a pytree like params), instead of paying for it again: the first update
+    then swims on from bacterium 0, and the hybrid's first tumble of bacterium 0 follows the
+    gradient. The loss counts as one evaluation and becomes the best; a non-finite loss
+    leaves bacterium 0 unknown (a non-finite gradient: its gradient unknown).
+
+    Examples:
+        >>> import torch, functional_bfo as fb
+        >>> opt = fb.hybrid_bfo(population_size=4, gradient_weight=1.0)
+        >>> state = opt.init({"x": torch.ones(2)}, key=fb.random.key(0))
+        >>> state = fb.with_start_loss(state, 2.0, grad={"x": torch.full((2,), 2.0)})
+        >>> float(state.best_loss), int(state.num_evals)
+        (2.0, 1)
+    """
+    losses = getattr(state, "losses", None)
+    if losses is None or not hasattr(state, "best_params"):
+        raise TypeError(f"Expected the state returned by init, got {type(state).__name__}.")
+    if int(state.step) != 0:
+        raise ValueError(f"with_start_loss scores the params an optimizer started from; this "
+                         f"state has made {int(state.step)} updates. Call it right after init.")
+    value = torch.as_tensor(loss).detach()
+    if value.numel() != 1 or not value.is_floating_point():
+        raise ValueError(f"Invalid loss: {loss!r}; expected one real number.")
+    value = value.to(losses.dtype).to(losses.device).reshape(())
+    finite = torch.isfinite(value)
+    fields = {
+        "losses": losses.index_put((torch.tensor(0, device=losses.device),),
+                                   torch.where(finite, value, torch.nan)),
+        "best_loss": torch.where(finite, value, state.best_loss),
+        "num_evals": state.num_evals + 1,
+    }
+    if grad is not None:
+        if not hasattr(state, "grads"):
+            raise TypeError(f"grad= is for hybrid_bfo states; this is a {type(state).__name__}.")
+        given = optree.tree_structure(state.grads).flatten_up_to(grad)
+        rows = [torch.as_tensor(g).detach().to(x.dtype).to(x.device).reshape(x.shape[1:])
+                for g, x in zip(given, optree.tree_leaves(state.grads))]
+        known = torch.stack([torch.isfinite(g).all() for g in rows]).all() & finite
+        fields["grads"] = optree.tree_unflatten(optree.tree_structure(state.grads), [
+            x.index_put((torch.tensor(0, device=x.device),), torch.nan_to_num(g, 0.0, 0.0, 0.0))
+            for g, x in zip(rows, optree.tree_leaves(state.grads))])
+        fields["grad_known"] = state.grad_known.index_put(
+            (torch.tensor(0, device=losses.device),), known)
+    return state._replace(**fields)
 
 
 def to_dict(state: Any) -> dict[str, Any]:

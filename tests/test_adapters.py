@@ -4,6 +4,7 @@ import io
 import logging
 import math
 
+import optree
 import pytest
 import torch
 from hypothesis import given, settings
@@ -403,9 +404,12 @@ def test_state_dict_roundtrips_exactly():
     other.load_state_dict(_roundtrip(sd))
     again = other.state_dict()
     assert again["param_groups"] == sd["param_groups"]
-    assert again["adapter"] == sd["adapter"]
-    for x, y in zip(again["state"][0]["leaves"], sd["state"][0]["leaves"]):
-        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert optree.tree_structure(again) == optree.tree_structure(sd)
+    for x, y in zip(optree.tree_leaves(again), optree.tree_leaves(sd)):
+        if isinstance(x, torch.Tensor):
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
+        else:
+            assert x == y or (x != x and y != y)
 
 
 @pytest.mark.parametrize("make,match", [
@@ -515,7 +519,8 @@ def test_compile_fast_path_matches_eager_and_says_so():
         logger.removeHandler(records)
         logger.setLevel(logging.NOTSET)
     torch.testing.assert_close(runs[0], runs[1])
-    assert any("torch.compile(fullgraph=True)" in m for m in records.messages)
+    compiled = [m for m in records.messages if "torch.compile(mode='default', fullgraph=True)" in m]
+    assert len(compiled) == 1 and " s (" in compiled[0]  # logged once, with its time
     assert counters["stats"]["unique_graphs"] == 1  # no recompile for new lambdas or edits
 
 
@@ -529,7 +534,7 @@ def test_compile_failure_is_loud_and_closures_are_refused():
 
     with pytest.raises(RuntimeError, match="compile=False"):
         opt.step(loss_fn=breaks_the_graph)
-    with pytest.raises(ValueError, match="compile=True"):
+    with pytest.raises(ValueError, match="compile=False with closures"):
         opt.step(quad_closure([a], target()))
 
 

@@ -200,3 +200,29 @@ def test_leaf_dtypes_are_kept_with_momentum(dtype):
                 assert old_leaf.dtype == new_leaf.dtype
         assert new.grads["a"].dtype == dtype and new.population["b"].dtype == dtype
         state = new
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_scored_start_gives_bacterium_0_its_gradient_in_the_first_tumble(seed):
+    slope = torch.tensor([1.0, -3.0, 0.5, 2.0])
+    opt = fb.hybrid_bfo(population_size=4, swim_length=2, gradient_weight=1.0, grad_mask=True)
+    params = {"x": torch.tensor([0.5, -1.0, 2.0, 0.0])}
+    state = opt.init(params, key=fb.random.key(seed))
+    state = fb.with_start_loss(state, (params["x"] * slope).sum(), grad={"x": slope})
+    new = opt.update(state, lambda p: (p["x"] * slope).sum())
+    moved = new.population["x"][0] - params["x"]
+    assert float(torch.nn.functional.cosine_similarity(moved, -slope, dim=0)) > 0.999
+    assert int(new.num_evals) == 1 + 4 * 3
+
+
+def test_with_start_loss_is_for_the_start_only():
+    opt = fb.hybrid_bfo(population_size=4)
+    state = opt.init({"x": torch.zeros(2)}, key=fb.random.key(0))
+    nan = fb.with_start_loss(state, float("nan"))
+    assert bool(torch.isnan(nan.losses[0])) and float(nan.best_loss) == float("inf")
+    moved = opt.update(state, lambda p: p["x"].sum())
+    with pytest.raises(ValueError, match="right after init"):
+        fb.with_start_loss(moved, 1.0)
+    plain = fb.bfo(population_size=4).init({"x": torch.zeros(2)}, key=fb.random.key(0))
+    with pytest.raises(TypeError, match="hybrid_bfo"):
+        fb.with_start_loss(plain, 1.0, grad={"x": torch.zeros(2)})

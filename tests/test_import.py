@@ -9,7 +9,7 @@ PUBLIC = {
         "BlackBoxResult", "HybridBFOHyperparams", "HybridBFOState", "InitFn", "Key", "LossFn",
         "Optimizer", "Params", "PyTree", "UpdateFn", "adaptive_bfo", "bfo", "black_box",
         "evaluate", "hybrid_bfo", "load", "materialize", "metrics", "module_loss", "random",
-        "run", "save", "with_grad_mask", "with_hyperparams",
+        "run", "save", "with_grad_mask", "with_hyperparams", "with_start_loss",
     },
     "functional_bfo.random": {
         "CPU_KERNEL", "bits", "fold_in", "key", "normal", "normal_rows", "split", "threefry2x32",
@@ -41,7 +41,8 @@ def test_every_public_callable_has_a_docstring():
 def test_adapters_install_as_a_subpackage():
     adapters = importlib.import_module("functional_bfo.adapters")
     assert adapters.__name__ == "functional_bfo.adapters"
-    assert set(adapters.__all__) == {"AdaptiveBFO", "BFO", "HybridBFO", "SwarmOptimizer"}
+    assert set(adapters.__all__) == {"AdaptiveBFO", "BFO", "HybridBFO", "SwarmOptimizer",
+                                     "evaluating_candidates"}
     for name in adapters.__all__:
         assert (getattr(adapters, name).__doc__ or "").strip(), name
 

@@ -1,0 +1,461 @@
+"""The torch.optim shell: transactional steps, loads, groups and edits; lr; clean candidates."""
+
+import copy
+import io
+import math
+import warnings
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from functional_bfo.adapters import BFO, AdaptiveBFO, HybridBFO, evaluating_candidates
+
+CLASSES = [BFO, AdaptiveBFO, HybridBFO]
+TINY = dict(population_size=3, swim_length=1)  # 3 * 2 + 1 = 7 closure calls per group
+
+
+def two_params(requires_grad=True):
+    torch.manual_seed(0)
+    return (torch.nn.Parameter(torch.tensor([1.0, -2.0, 0.5]), requires_grad=requires_grad),
+            torch.nn.Parameter(torch.tensor([0.3]), requires_grad=requires_grad))
+
+
+def make(cls, w, b, groups, **kwargs):
+    params = [{"params": [w]}, {"params": [b]}] if groups == 2 else [w, b]
+    return cls(params, **TINY, seed=3, **kwargs)
+
+
+def loss_of(w, b):
+    return (w - 0.25).square().sum() + (b + 1.0).square().sum()
+
+
+def closure_for(opt, w, b, fail_at=None, error=KeyError):
+    calls = [0]
+
+    def closure():
+        calls[0] += 1
+        if calls[0] == fail_at:
+            raise error("the data loader ran dry")
+        opt.zero_grad()
+        loss = loss_of(w, b)
+        if w.requires_grad:
+            loss.backward()
+        return loss
+    return closure
+
+
+def snapshot(opt, params):
+    """Everything a step may change, as plain values."""
+    buf, sd = io.BytesIO(), opt.state_dict()
+    torch.save(sd["state"], buf)  # the swarms and counters; the settings come last
+    return ([p.detach().clone() for p in params], buf.getvalue(), opt.num_evals,
+            opt.best_fitness, opt.stop_reason, copy.deepcopy([
+                {k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]))
+
+
+def assert_same(a, b):
+    for x, y in zip(a[0], b[0]):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert a[1:] == b[1:]
+
+
+# ----- a step commits fully or changes nothing ----------------------------------------------
+
+@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("error", [KeyError, KeyboardInterrupt])
+def test_a_closure_raising_at_any_call_changes_nothing(cls, groups, error):
+    calls_per_step = 7 * groups
+    for fail_at in range(1, calls_per_step + 1):
+        w, b = two_params()
+        opt = make(cls, w, b, groups)
+        opt.step(closure_for(opt, w, b))
+        before = snapshot(opt, [w, b])
+        with pytest.raises(error) as info:
+            opt.step(closure_for(opt, w, b, fail_at=fail_at, error=error))
+        assert "restored" in info.value.__notes__[0]
+        assert_same(snapshot(opt, [w, b]), before)
+        # The retry equals a run that never saw the fault.
+        opt.step(closure_for(opt, w, b))
+        w2, b2 = two_params()
+        clean = make(cls, w2, b2, groups)
+        for _ in range(2):
+            clean.step(closure_for(clean, w2, b2))
+        assert_same(snapshot(opt, [w, b]), snapshot(clean, [w2, b2]))
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_the_first_step_raising_leaves_no_swarm(cls):
+    w, b = two_params()
+    opt = make(cls, w, b, 2)
+    before = snapshot(opt, [w, b])
+    with pytest.raises(KeyError):
+        opt.step(closure_for(opt, w, b, fail_at=9))
+    assert_same(snapshot(opt, [w, b]), before)
+    with pytest.raises(ValueError, match="before the first step"):
+        opt.population  # noqa: B018
+
+
+def test_the_fast_path_raising_changes_nothing():
+    w, b = two_params()
+    opt = make(AdaptiveBFO, w, b, 2)
+    opt.step(loss_fn=lambda p: loss_of(*p))
+    before = snapshot(opt, [w, b])
+    for bad in (lambda p: loss_of(*p).reshape(1, 1).expand(2, 2),
+                lambda p: (_ for _ in ()).throw(KeyboardInterrupt())):
+        with pytest.raises((ValueError, KeyboardInterrupt)):
+            opt.step(loss_fn=bad)
+        assert_same(snapshot(opt, [w, b]), before)
+
+
+# ----- load_state_dict and add_param_group validate before changing anything ----------------
+
+@pytest.mark.parametrize("bad", [
+    lambda sd: {"state": {}, "param_groups": []},
+    lambda sd: "not a dict",
+    lambda sd: AdaptiveBFO([torch.nn.Parameter(torch.zeros(3)),
+                            torch.nn.Parameter(torch.zeros(1))], **TINY).state_dict(),
+    lambda sd: {**sd, "param_groups": [{**sd["param_groups"][0], "population_size": 0}]},
+    lambda sd: {**sd, "state": {**sd["state"], 1: {**sd["state"][1],
+                                                   "population": torch.zeros(5, 1)}}},
+    lambda sd: {**sd, "state": {k: v for k, v in sd["state"].items() if k != 1}},
+])
+def test_a_rejected_load_changes_nothing(bad):
+    w, b = two_params()
+    opt = make(BFO, w, b, 1)
+    for _ in range(2):
+        opt.step(closure_for(opt, w, b))
+    good = opt.state_dict()
+    before = snapshot(opt, [w, b])
+    with pytest.raises(ValueError):
+        opt.load_state_dict(bad(good))
+    assert_same(snapshot(opt, [w, b]), before)
+    opt.step(closure_for(opt, w, b))  # and it goes on as if nothing happened
+    w2, b2 = two_params()
+    clean = make(BFO, w2, b2, 1)
+    for _ in range(3):
+        clean.step(closure_for(clean, w2, b2))
+    assert_same(snapshot(opt, [w, b]), snapshot(clean, [w2, b2]))
+
+
+@pytest.mark.parametrize("group,error", [
+    ({"params": [torch.nn.Parameter(torch.zeros(2))], "population_size": 0}, ValueError),
+    ({"params": [torch.nn.Parameter(torch.zeros(2))], "lr": -1.0}, ValueError),
+    ({"params": [torch.zeros(2, dtype=torch.int64)]}, TypeError),
+    ({"params": [torch.nn.Parameter(torch.zeros(2))], "lr": 0.1, "step_size": 0.2},
+     ValueError),
+])
+def test_a_rejected_param_group_is_not_added(group, error):
+    w, b = two_params()
+    opt = make(BFO, w, b, 1)
+    opt.step(closure_for(opt, w, b))
+    before = snapshot(opt, [w, b])
+    with pytest.raises(error):
+        opt.add_param_group(group)
+    assert len(opt.param_groups) == 1
+    assert_same(snapshot(opt, [w, b]), before)
+    opt.step(closure_for(opt, w, b))  # no IndexError
+
+
+# ----- settings: aliases are one setting, edits are validated where they are used ------------
+
+@pytest.mark.parametrize("cls,canonical", [(BFO, "step_size"), (AdaptiveBFO, "step_size_max"),
+                                           (HybridBFO, "step_size_max")])
+def test_an_invalid_edit_fails_the_step_and_the_next_valid_edit_fixes_it(cls, canonical):
+    w, b = two_params()
+    opt = make(cls, w, b, 1)
+    opt.step(closure_for(opt, w, b))
+    group = opt.param_groups[0]
+    for bad_name, fix_name in [("lr", "lr"), ("lr", canonical), (canonical, "lr")]:
+        before = snapshot(opt, [w, b])
+        group[bad_name] = -1.0
+        assert group["lr"] == group[canonical] == -1.0  # one setting, whichever name
+        with pytest.raises(ValueError, match=f"Invalid {canonical}"):
+            opt.step(closure_for(opt, w, b))
+        assert_same(snapshot(opt, [w, b])[:5], before[:5])
+        group[fix_name] = 0.05
+        opt.step(closure_for(opt, w, b))
+        hp = opt._swarms[0].state.hyperparams
+        assert float(getattr(hp, canonical)) == pytest.approx(0.05)
+    group["elim_prob"] = 2.0
+    with pytest.raises(ValueError, match="elimination_prob"):
+        opt.step(closure_for(opt, w, b))
+    group["elimination_prob"] = 0.1
+    opt.step(closure_for(opt, w, b))
+    assert group["elim_prob"] == 0.1
+
+
+def test_defaults_edits_reach_every_group_and_are_undoable():
+    w, b = two_params()
+    opt = make(AdaptiveBFO, w, b, 2)
+    opt.step(closure_for(opt, w, b))
+    opt.defaults["step_size_max"] = -0.5
+    with pytest.raises(ValueError):
+        opt.step(closure_for(opt, w, b))
+    assert opt.param_groups[1]["lr"] == 1.0  # nothing reached the groups
+    opt.defaults["lr"] = 0.02
+    opt.step(closure_for(opt, w, b))
+    assert [g["step_size_max"] for g in opt.param_groups] == [0.02, 0.02]
+
+
+def test_a_shape_setting_cannot_change_after_the_first_step_but_can_be_set_back():
+    w, b = two_params()
+    opt = make(BFO, w, b, 1)
+    opt.step(closure_for(opt, w, b))
+    opt.param_groups[0]["population_size"] = 9
+    with pytest.raises(ValueError, match="population_size"):
+        opt.step(closure_for(opt, w, b))
+    opt.param_groups[0]["population_size"] = 3
+    opt.step(closure_for(opt, w, b))
+
+
+@pytest.mark.parametrize("path", ["closure", "fast"])
+def test_settings_edited_before_the_first_step_shape_the_swarm(path):
+    w, b = two_params()
+    opt = make(AdaptiveBFO, w, b, 1)
+    opt.param_groups[0]["population_size"] = 5
+    for _ in range(2):
+        opt.step(closure_for(opt, w, b)) if path == "closure" else opt.step(
+            loss_fn=lambda p: loss_of(*p))
+    assert opt.population.shape == (5, 4)
+    assert opt.num_evals == 2 * (5 * 2 + 1)
+
+
+# ----- lr --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("lr", [1e-5, 1e-3, 0.01, 0.1, 3.0])
+def test_any_positive_lr_constructs_and_caps_every_step(cls, lr):
+    w, b = two_params()
+    opt = cls([w, b], lr=lr, **TINY, seed=0)
+    for _ in range(3):
+        opt.step(closure_for(opt, w, b))
+    assert opt.metrics()["step_length_max"] <= lr * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("schedule", ["cosine", "warmup"])
+def test_schedules_reaching_zero_pause_the_group_with_one_warning(cls, schedule):
+    w, b = two_params()
+    opt = cls([w, b], lr=0.05, **TINY, seed=0)
+    if schedule == "cosine":
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=2)  # 0.05, 0.025, 0
+    else:
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, i / 2))  # 0, .5, 1
+    lrs, evals = [], []
+    with pytest.warns(RuntimeWarning, match="lr=0, so it is paused") as caught:
+        for _ in range(5):
+            before = [w.detach().clone(), b.detach().clone()]
+            lrs.append(opt.param_groups[0]["lr"])
+            opt.step(closure_for(opt, w, b))
+            evals.append(opt.num_evals)
+            if lrs[-1] == 0:
+                assert torch.equal(w, before[0]) and torch.equal(b, before[1])
+            sched.step()
+    assert len([c for c in caught if "paused" in str(c.message)]) == 1
+    assert 0 in lrs and any(lr > 0 for lr in lrs)
+    paused = [i for i, lr in enumerate(lrs) if lr == 0]
+    for i in paused:
+        assert evals[i] == (evals[i - 1] if i else 0)
+
+
+def test_a_budget_over_paused_groups_returns():
+    w, b = two_params()
+    opt = BFO([w, b], lr=0.0, **TINY, seed=0)
+    with pytest.warns(RuntimeWarning, match="paused"):
+        assert math.isnan(opt.step(closure_for(opt, w, b), max_fe=100))
+    assert opt.num_evals == 0
+
+
+def test_telemetry_names_are_not_hyperparameter_names():
+    w, b = two_params()
+    opt = AdaptiveBFO([w, b], **TINY, seed=0)
+    opt.step(closure_for(opt, w, b))
+    assert not set(opt.metrics()) & set(opt.defaults)
+
+
+# ----- candidates leave no trace -------------------------------------------------------------
+
+def bn_model():
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4),
+                               torch.nn.Linear(4, 1))
+
+
+def buffers_after_one_forward(model, start_buffers, x):
+    """What one train-mode forward pass at the model's params gives from ``start_buffers``."""
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        for buf, saved in zip(reference.buffers(), start_buffers):
+            buf.copy_(saved)
+        reference.train()(x)
+    return [buf.clone() for buf in reference.buffers()]
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("path", ["closure", "fast"])
+@pytest.mark.parametrize("wrap", [False, True])
+def test_buffers_are_what_one_forward_pass_of_the_best_gives(cls, path, wrap):
+    model = bn_model().train()
+    net = torch.nn.DataParallel(model) if wrap else model
+    x, y = torch.randn(16, 3), torch.randn(16, 1)
+    opt = cls(model.named_parameters(), **TINY, seed=0, module=net)
+    seen = []
+
+    def closure():
+        seen.append(evaluating_candidates())
+        opt.zero_grad()
+        loss = (net(x) - y).square().mean()
+        loss.backward()
+        return loss
+
+    def loss_fn(params):
+        return (functional_call(model, params, (x,)) - y).square().mean()
+
+    for _ in range(2):
+        start = [buf.clone() for buf in model.buffers()]
+        opt.step(closure) if path == "closure" else opt.step(loss_fn=loss_fn)
+        expected = buffers_after_one_forward(model, start, x)
+        for got, want in zip(model.buffers(), expected):
+            torch.testing.assert_close(got, want)
+    assert int(model[1].num_batches_tracked) == 2
+    if path == "closure":
+        assert seen[-1] is False and seen.count(False) == 2  # each step's last pass only
+    assert not evaluating_candidates()
+
+
+def test_without_module_the_buffers_follow_every_candidate():
+    """The reason for module=: without it, each candidate's forward pass counts."""
+    model = bn_model().train()
+    x, y = torch.randn(16, 3), torch.randn(16, 1)
+    opt = BFO(model.parameters(), **TINY, seed=0)
+    opt.step(lambda: (model(x) - y).square().mean())
+    assert int(model[1].num_batches_tracked) == 7
+
+
+def test_a_failed_step_restores_the_buffers():
+    model = bn_model().train()
+    x = torch.randn(16, 3)
+    opt = BFO(model.parameters(), **TINY, seed=0, module=model)
+    start = [buf.clone() for buf in model.buffers()]
+    calls = [0]
+
+    def closure():
+        calls[0] += 1
+        if calls[0] == 4:
+            raise KeyError("boom")
+        return model(x).square().mean()
+
+    with pytest.raises(KeyError):
+        opt.step(closure)
+    for got, want in zip(model.buffers(), start):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_the_fast_path_on_a_data_parallel_model_says_what_to_call():
+    model = torch.nn.DataParallel(torch.nn.Linear(3, 1))
+    x = torch.randn(8, 3)
+    opt = BFO(model.named_parameters(), **TINY, seed=0, module=model)
+    with pytest.raises(RuntimeError, match="DataParallel") as info:
+        opt.step(loss_fn=lambda p: functional_call(model, p, (x,)).square().mean())
+    assert "model.module" in "".join(info.value.__notes__)
+
+
+# ----- HybridBFO's first step ----------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["closure", "fast"])
+@pytest.mark.parametrize("seed", range(6))
+def test_hybrid_first_tumble_follows_the_start_gradient(path, seed):
+    w = torch.nn.Parameter(torch.tensor([0.5, -1.0, 2.0, 0.0]))
+    slope = torch.tensor([1.0, -3.0, 0.5, 2.0])
+    opt = HybridBFO([w], population_size=4, swim_length=2, gradient_weight=1.0, seed=seed,
+                    lr=0.1, step_size=0.1)
+    start = w.detach().clone()
+
+    def closure():
+        opt.zero_grad()
+        loss = (w * slope).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure) if path == "closure" else opt.step(loss_fn=lambda p: (p[0] * slope).sum())
+    moved = opt._swarms[0].state.population[0][0] - start
+    cosine = torch.nn.functional.cosine_similarity(moved, -slope, dim=0)
+    assert float(cosine) > 0.999
+    assert float((w.detach() * slope).sum()) < float((start * slope).sum())
+
+
+# ----- the state dict ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_state_dict_has_torch_layout_and_loads_with_weights_only(cls):
+    w, b = two_params()
+    opt = make(cls, w, b, 2)
+    opt.step(closure_for(opt, w, b))
+    sd = opt.state_dict()
+    assert set(sd) == {"state", "param_groups"}
+    assert [g["params"] for g in sd["param_groups"]] == [[0], [1]]
+    assert set(sd["state"]) == {0, 1} and sd["state"][1]["population"].shape == (3, 1)
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    w2, b2 = two_params()
+    other = make(cls, w2, b2, 2)
+    other.load_state_dict(loaded)
+    with torch.no_grad():
+        w2.copy_(w), b2.copy_(b)
+    opt.step(closure_for(opt, w, b))
+    other.step(closure_for(other, w2, b2))
+    assert_same(snapshot(opt, [w, b]), snapshot(other, [w2, b2]))
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_the_previous_format_loads_and_continues_exactly(cls):
+    saved = torch.load("tests/data/adapters_format1.pt", weights_only=True)[cls.__name__]
+    w = torch.nn.Parameter(saved["params"][0].clone())
+    b = torch.nn.Parameter(saved["params"][1].clone(), requires_grad=cls is HybridBFO)
+    opt = cls([{"params": [w]}, {"params": [b], "elim_prob": 0.2}], population_size=4,
+              swim_length=2, seed=99)
+    opt.load_state_dict(saved["state_dict"])
+
+    def closure():
+        opt.zero_grad()
+        loss = (w - 0.25).square().sum() + (b + 1.0).square().sum()
+        if cls is HybridBFO:
+            loss.backward()
+        return loss
+
+    assert opt.step(closure) == saved["next_best"]
+    torch.testing.assert_close(w.detach(), saved["next_params"][0], rtol=0, atol=0)
+    torch.testing.assert_close(b.detach(), saved["next_params"][1], rtol=0, atol=0)
+
+
+# ----- compile modes -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", [True, "default", "reduce-overhead", "max-autotune"])
+def test_each_compile_mode_runs_the_fast_path_as_eager_does(mode):
+    results = []
+    for compile in (False, mode):
+        torch.compiler.reset()
+        w, b = two_params()
+        opt = BFO([w, b], **TINY, seed=0, compile=compile)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. CUDA graphs skipped on the CPU
+            for _ in range(2):
+                opt.step(loss_fn=lambda p: loss_of(*p))
+        results.append(snapshot(opt, [w, b])[0])
+    for x, y in zip(*results):
+        torch.testing.assert_close(x, y)
+
+
+def test_invalid_compile_modes_are_named():
+    with pytest.raises(ValueError, match="reduce-overhead"):
+        BFO([torch.nn.Parameter(torch.zeros(2))], compile="fast")
+
+
+def test_device_is_where_the_parameters_are():
+    w, b = two_params()
+    assert BFO([w, b]).device == torch.device("cpu")
+    assert BFO([w, b], device="cpu").device == torch.device("cpu")
