@@ -63,6 +63,10 @@ class Settings(dict):
             self[key] = default
         return self[key]
 
+    def __ior__(self, other: Any) -> Settings:
+        self.update(other)
+        return self
+
 
 @dataclass
 class _Swarm:
@@ -179,8 +183,12 @@ class SwarmOptimizer(torch.optim.Optimizer):
                                  f"{given[canonical]!r}; they are the same setting, pass one.")
 
     def _settings(self, group: dict[str, Any]) -> dict[str, Any]:
-        """The core's settings of a group (core names only)."""
-        return {k: group[k] for k in self._signature()}
+        """The core's settings of a group, by core name.
+
+        One-element tensors become numbers: torch optimizers take a tensor ``lr``.
+        """
+        return {k: v.item() if isinstance(v, Tensor) and v.numel() == 1 else v
+                for k, v in ((k, group[k]) for k in self._signature())}
 
     def _core(self, settings: dict[str, Any], evaluator: CandidateEvaluator) -> fb.Optimizer:
         """The pure core optimizer for one group's settings (validates them)."""
@@ -209,6 +217,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
         except BaseException:
             self.param_groups.pop()
             raise
+        for swarm in self._swarms:  # their loss_fn wrappers hold the groups as they were
+            swarm.loss_cache = None
 
     def _new_swarm(self, group: dict[str, Any]) -> _Swarm:
         params = group["params"]
@@ -269,19 +279,19 @@ class SwarmOptimizer(torch.optim.Optimizer):
                              "closures.")
         if max_fe is not None:
             check_int("max_fe", max_fe, 1)
-        spent = 0
+        spent, steps = 0, 0
         while not self.should_stop:
             per_update = self._stopping.per_update
             if max_fe is not None and spent and spent + per_update > max_fe:
                 break
             before = self.num_evals
-            stepped = self._step_all(closure, loss_fn)
-            spent += self.num_evals - before
+            stepped = self._step_all(closure, loss_fn, steps)
+            spent, steps = spent + self.num_evals - before, steps + 1
             if max_fe is None or not stepped:
                 break
         return math.nan if self._best is None else self._best
 
-    def _step_all(self, closure: Any, loss_fn: Any) -> bool:
+    def _step_all(self, closure: Any, loss_fn: Any, done: int = 0) -> bool:
         """Step every group; commit all of it, or restore everything and raise.
 
         Returns whether any group stepped (False: every group paused or empty).
@@ -305,9 +315,10 @@ class SwarmOptimizer(torch.optim.Optimizer):
             for group, values in zip(self.param_groups, start):
                 write(group["params"], values)
             self._buffers.restore()
+            kept = f"; the {done} steps this call made before it are kept" if done else ""
             e.add_note(f"(raised while {type(self).__name__} stepped param group {g}; the "
                        "parameters, buffers, swarms, settings and counters were restored to "
-                       "where they were before the step)")
+                       f"where they were before this step{kept})")
             raise
         for group, swarm, done in zip(self.param_groups, self._swarms, new):
             group.update(edited)
@@ -321,7 +332,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
         if not best:
             return False
         self._best = best[-1]
-        self._stopping.maximize = bool(self.defaults["maximize"])
+        self._stopping.maximize = bool([d for d in new if d is not None][-1][0]["maximize"])
         self._stopping.record(self.num_evals, self._best, self._per_update())
         return True
 
@@ -339,14 +350,16 @@ class SwarmOptimizer(torch.optim.Optimizer):
             fast = core.update if self._mode is None else self._compiled(g, core)
         else:
             changed = {k: v for k, v in settings.items() if not _same(v, swarm.settings[k])}
-            fixed = sorted(set(changed) - set(self.core_hyperparams._fields))
+            fixed = sorted(set(changed) - set(self.core_hyperparams._fields)
+                           - set(SHELL_SETTINGS))
             if fixed:
                 raise ValueError(f"param_groups[{g}]: {fixed} cannot change after the group's "
                                  "first step (they shape the swarm); only "
                                  f"{sorted(self.core_hyperparams._fields)} can. Set them back, "
                                  "or build a new optimizer to change them.")
-            if changed:
-                state = fb.with_hyperparams(state, **changed)
+            dynamic = {k: v for k, v in changed.items() if k not in SHELL_SETTINGS}
+            if dynamic:
+                state = fb.with_hyperparams(state, **dynamic)
         if self.uses_grads:
             mask = [bool(p.requires_grad) for p in params]
             if first or mask != swarm.mask:
@@ -355,7 +368,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
             update, loss = core.update, closure
         else:
             update, loss = fast, self._group_loss(g, swarm, loss_fn)
-        swarm.evaluator.closure = closure
+        swarm.evaluator.closure, swarm.evaluator.chunk_size = closure, settings["chunk_size"]
         try:
             if self._reevaluate:
                 state = self._score_current(state, swarm.evaluator, loss, first,
@@ -385,7 +398,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
         first tumble follows the gradient there). Later they become the best to beat, so a
         lucky minibatch never freezes the model and an outside edit is scored honestly.
         """
-        current = [p.detach().unsqueeze(0) for p in evaluator.params]
+        current = ([x[:1] for x in state.population] if first  # the start, inside bounds
+                   else [p.detach().unsqueeze(0) for p in evaluator.params])
         with self._buffers.batch_statistics(), scoring_candidates():
             out = evaluator(loss, current)
         value, grads = out if self.uses_grads else (out, None)
@@ -398,10 +412,10 @@ class SwarmOptimizer(torch.optim.Optimizer):
                               num_evals=state.num_evals + 1)
 
     def _settle(self, closure: Any, loss_fn: Any) -> int:
-        """Buffers as one train-mode forward pass at the best params leaves them."""
+        """Buffers as before the step, then (train mode) as one forward pass at the best."""
+        self._buffers.restore()
         if not self._buffers.settle:
             return 0
-        self._buffers.restore()
         if closure is not None:
             with torch.enable_grad():
                 as_loss(closure())
@@ -477,7 +491,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
         """The most evaluations the next step can take."""
         total = int(self._buffers.settle)
         for group, swarm in zip(self.param_groups, self._swarms):
-            if group["params"]:
+            if group["params"] and swarm.settings[self.aliases["lr"]] != 0:
                 s = swarm.settings
                 total += s["population_size"] * (s["swim_length"] + 1) + self._reevaluate
         return total
@@ -573,6 +587,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
         swarms = []
         for g, (group, packed, entries) in enumerate(zip(self.param_groups, saved.groups,
                                                          saved.states)):
+            self._check_aliases(packed, f"The state dict's param_groups[{g}]")
             restored = Settings(self.aliases, group, packed)
             swarm = self._new_swarm({**restored, "params": group["params"]})
             if entries is not None:

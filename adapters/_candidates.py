@@ -67,7 +67,7 @@ class Buffers:
             raise TypeError(f"module must be the torch.nn.Module being optimized; got "
                             f"{type(module).__name__}.")
         self.module = None if module is None else unwrap(module)
-        self.tensors = [] if self.module is None else list(self.module.buffers())
+        self.tensors: list[Tensor] = []
         self.saved: list[Tensor] = []
 
     @property
@@ -76,6 +76,8 @@ class Buffers:
         return bool(self.tensors) and self.module.training
 
     def save(self) -> None:
+        """Keep the buffers as they are (read now: ``module.to()`` replaces them)."""
+        self.tensors = [] if self.module is None else list(self.module.buffers())
         self.saved = [b.detach().clone() for b in self.tensors]
 
     def restore(self) -> None:
@@ -137,7 +139,7 @@ class CandidateEvaluator:
     ``params``, the buffers are put back, and the closure is called with gradients enabled;
     with ``with_grads`` each parameter's ``.grad`` is read too (cleared before the call, so
     candidates never share gradients; a gradient the closure did not produce is NaN, i.e.
-    unknown, on leaves that require gradients and zero elsewhere). Without a closure the
+    unknown, if the closure called no ``backward``, else zero). Without a closure the
     core's ``loss_fn`` is batched with ``torch.func.vmap`` (with ``grad_and_value`` for
     the hybrid), as the core's default evaluator does.
     """
@@ -168,16 +170,22 @@ class CandidateEvaluator:
             finally:
                 self.buffers.restore()
             if self.with_grads:
+                backward = any(p.grad is not None for p in self.params)
                 for slot, p in zip(grads, self.params):
-                    slot.append(_grad_of(p))
+                    slot.append(_grad_of(p, backward))
         out = stack_losses(losses, population[0].device)
         if not self.with_grads:
             return out
         return out, [torch.stack(slot) for slot in grads]
 
 
-def _grad_of(p: Tensor) -> Tensor:
-    """A copy of ``p.grad``; NaN (unknown) if ``p`` takes gradients but got none, else zero."""
+def _grad_of(p: Tensor, backward: bool) -> Tensor:
+    """A copy of ``p.grad``, or zero or NaN (unknown) without one.
+
+    Zero if the closure called ``backward`` (so the loss does not depend on ``p``) or ``p``
+    takes no gradients; NaN if ``p`` takes gradients and no ``backward`` ran.
+    """
     if p.grad is not None:
         return p.grad.detach().to(p.dtype).clone()
-    return torch.full_like(p, torch.nan) if p.requires_grad else torch.zeros_like(p)
+    return torch.full_like(p, torch.nan) if p.requires_grad and not backward else (
+        torch.zeros_like(p))

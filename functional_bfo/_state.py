@@ -115,7 +115,8 @@ def with_start_loss(state: State, loss: Any, grad: Any = None) -> State:
     gradient there (a pytree like params), instead of paying for it again: the first update
     then swims on from bacterium 0, and the hybrid's first tumble of bacterium 0 follows the
     gradient. The loss counts as one evaluation and becomes the best; a non-finite loss
-    leaves bacterium 0 unknown (a non-finite gradient: its gradient unknown).
+    leaves bacterium 0 unknown (a non-finite gradient: its gradient unknown). It reads the
+    state's step on the host, so it takes one unbatched state (a batch of runs: per run).
 
     Examples:
         >>> import torch, functional_bfo as fb
@@ -131,8 +132,9 @@ def with_start_loss(state: State, loss: Any, grad: Any = None) -> State:
     if int(state.step) != 0:
         raise ValueError(f"with_start_loss scores the params an optimizer started from; this "
                          f"state has made {int(state.step)} updates. Call it right after init.")
-    value = torch.as_tensor(loss).detach()
-    if value.numel() != 1 or not value.is_floating_point():
+    value = loss.detach() if isinstance(loss, Tensor) else torch.as_tensor(
+        loss, dtype=losses.dtype)  # a Python number straight to the state's dtype
+    if value.numel() != 1 or value.dtype == torch.bool or value.is_complex():
         raise ValueError(f"Invalid loss: {loss!r}; expected one real number.")
     value = value.to(losses.dtype).to(losses.device).reshape(())
     finite = torch.isfinite(value)
