@@ -498,10 +498,11 @@ def test_a_group_added_later_reaches_the_fast_paths_loss():
 
 @pytest.mark.parametrize("cls", CLASSES)
 def test_the_first_best_is_the_loss_of_the_params_it_leaves(cls):
-    w = torch.nn.Parameter(torch.tensor([5.0, -4.0]))
+    outside = torch.tensor([5.0, -4.0])  # the best point, outside the box
+    w = torch.nn.Parameter(outside.clone())
     opt = cls([w], **TINY, seed=0, bounds=(-1.0, 1.0), reevaluate=True)
-    best = opt.step(lambda: float((w.detach() - 5.0).square().sum()))
-    assert best == pytest.approx(float((w.detach() - 5.0).square().sum()))
+    best = opt.step(lambda: float((w.detach() - outside).square().sum()))
+    assert best == pytest.approx(float((w.detach() - outside).square().sum()))
 
 
 def test_the_or_operator_writes_both_names():
