@@ -245,8 +245,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Callable[[], Any] | None = None, *,
              loss_fn: Callable[[Any], Tensor] | None = None,
-             max_fe: int | None = None) -> float:
-        """One chemotactic step of every param group's swarm; returns the best loss.
+             max_fe: int | None = None, steps: int = 1) -> float:
+        """Chemotactic steps of every param group's swarm (one by default); the best loss.
 
         Args:
             closure: evaluates the model as it stands and returns the loss (float or
@@ -257,7 +257,9 @@ class SwarmOptimizer(torch.optim.Optimizer):
                 ``{name: tensor}`` if the optimizer was built from ``named_parameters()``,
                 else a list in parameter order (the fast path; compiled with ``compile``).
             max_fe: run steps until the next would take this call past ``max_fe``
-                evaluations (at least one step), instead of exactly one.
+                evaluations (at least one step), instead of ``steps``.
+            steps: how many chemotactic steps this call runs (fewer if ``should_stop``
+                fires); each commits on its own.
 
         Returns:
             The best loss of the last group stepped, as a float; the parameters hold the
@@ -279,15 +281,16 @@ class SwarmOptimizer(torch.optim.Optimizer):
                              "closures.")
         if max_fe is not None:
             check_int("max_fe", max_fe, 1)
-        spent, steps = 0, 0
-        while not self.should_stop:
+        check_int("steps", steps, 1)
+        spent, done = 0, 0
+        while not self.should_stop and (max_fe is not None or done < steps):
             per_update = self._stopping.per_update
             if max_fe is not None and spent and spent + per_update > max_fe:
                 break
             before = self.num_evals
-            stepped = self._step_all(closure, loss_fn, steps)
-            spent, steps = spent + self.num_evals - before, steps + 1
-            if max_fe is None or not stepped:
+            stepped = self._step_all(closure, loss_fn, done)
+            spent, done = spent + self.num_evals - before, done + 1
+            if not stepped:
                 break
         return math.nan if self._best is None else self._best
 

@@ -584,3 +584,16 @@ def test_buffers_are_read_at_each_step_so_module_to_is_fine():
     x = torch.randn(16, 3, dtype=torch.float64)
     opt.step(lambda: model(x).square().mean())
     assert int(model[1].num_batches_tracked) == 1 and int(model[2].calls) == 1
+
+
+def test_one_call_runs_as_many_steps_as_asked():
+    w, b = two_params()
+    opt = make(BFO, w, b, 1)
+    opt.step(closure_for(opt, w, b), steps=3)
+    w2, b2 = two_params()
+    clean = make(BFO, w2, b2, 1)
+    for _ in range(3):
+        clean.step(closure_for(clean, w2, b2))
+    assert_same(snapshot(opt, [w, b]), snapshot(clean, [w2, b2]))
+    with pytest.raises(ValueError, match="steps"):
+        opt.step(closure_for(opt, w, b), steps=0)
