@@ -8,6 +8,7 @@ the stopping rules are the core's. Every operation commits fully or changes noth
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import math
@@ -166,6 +167,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
     # ----- settings -----------------------------------------------------------------------
 
     @classmethod
+    @functools.cache
     def _signature(cls) -> dict[str, Any]:
         """The core factory's keyword defaults (hybrid: with adaptive_bfo's), minus evaluator."""
         out: dict[str, Any] = {}
@@ -401,17 +403,24 @@ class SwarmOptimizer(torch.optim.Optimizer):
         first tumble follows the gradient there). Later they become the best to beat, so a
         lucky minibatch never freezes the model and an outside edit is scored honestly.
         """
-        current = ([x[:1] for x in state.population] if first  # the start, inside bounds
-                   else [p.detach().unsqueeze(0) for p in evaluator.params])
+        current = ([x[0] for x in state.population] if first  # the start, inside bounds
+                   else [p.detach() for p in evaluator.params])
+        grads = None
         with self._buffers.batch_statistics(), scoring_candidates():
-            out = evaluator(loss, current)
-        value, grads = out if self.uses_grads else (out, None)
+            if evaluator.closure is not None:  # the closure path: one candidate
+                out = evaluator(loss, [x.unsqueeze(0) for x in current])
+                value, grads = out if self.uses_grads else (out, None)
+                value, grads = value[0], grads and [g[0] for g in grads]
+            elif first and self.uses_grads:  # where the hybrid starts, with its gradient
+                grads, value = torch.func.grad_and_value(loss)(current)
+            else:
+                with torch.no_grad():
+                    value = loss(current)
         if first:
-            grads = None if grads is None else [x[0] for x in grads]
-            return fb.with_start_loss(state, value[0], grad=grads)
+            return fb.with_start_loss(state, value, grad=grads)
         sign = -1.0 if maximize else 1.0
-        best = sign * rank_costs(value[0].to(state.best_loss.dtype), sign)
-        return state._replace(best_params=[x[0].clone() for x in current], best_loss=best,
+        best = sign * rank_costs(torch.as_tensor(value).detach().to(state.best_loss.dtype), sign)
+        return state._replace(best_params=[x.clone() for x in current], best_loss=best,
                               num_evals=state.num_evals + 1)
 
     def _settle(self, closure: Any, loss_fn: Any) -> int:

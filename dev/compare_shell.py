@@ -18,9 +18,12 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine, parser, write
-from compare_commits import REPO, extract
 from torch import nn
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+from common import machine, parser, write  # noqa: E402
+from compare_commits import extract  # noqa: E402
 
 
 def tiny():
