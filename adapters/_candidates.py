@@ -159,20 +159,20 @@ class CandidateEvaluator:
             return losses, grads
         losses: list[float | Tensor] = []
         grads: list[list[Tensor]] = [[] for _ in self.params]
-        for i in range(population[0].shape[0]):
-            write(self.params, [x[i] for x in population])
-            if self.with_grads:
-                for p in self.params:
-                    p.grad = None
-            try:
-                with torch.enable_grad(), scoring_candidates():
+        with torch.enable_grad(), scoring_candidates():
+            for i in range(population[0].shape[0]):
+                write(self.params, [x[i] for x in population])
+                if self.with_grads:
+                    for p in self.params:
+                        p.grad = None
+                try:
                     losses.append(as_loss(self.closure()))
-            finally:
-                self.buffers.restore()
-            if self.with_grads:
-                backward = any(p.grad is not None for p in self.params)
-                for slot, p in zip(grads, self.params):
-                    slot.append(_grad_of(p, backward))
+                finally:
+                    self.buffers.restore()
+                if self.with_grads:
+                    backward = any(p.grad is not None for p in self.params)
+                    for slot, p in zip(grads, self.params):
+                        slot.append(_grad_of(p, backward))
         out = stack_losses(losses, population[0].device)
         if not self.with_grads:
             return out
