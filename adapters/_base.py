@@ -641,6 +641,8 @@ def _compile_mode(compile: Any) -> str | None:
 
 def _same(a: Any, b: Any) -> bool:
     """Equality for settings: tensors by value, everything else by ``==``."""
+    if a is b:  # most settings, most steps
+        return True
     if isinstance(a, Tensor) or isinstance(b, Tensor):
         return isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape == b.shape and bool(
             torch.equal(a.cpu(), b.cpu()))
