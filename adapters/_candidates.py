@@ -81,6 +81,8 @@ class Buffers:
         self.saved = [b.detach().clone() for b in self.tensors]
 
     def restore(self) -> None:
+        if not self.tensors:
+            return
         with torch.no_grad():
             for b, s in zip(self.tensors, self.saved):
                 b.copy_(s)
