@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 import functional_bfo as fb
@@ -97,7 +98,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
         params: parameters or ``named_parameters()`` or param-group dicts, as for any
             ``torch.optim`` optimizer.
         seed: the swarm's random key; None draws it from torch's global generator once, so
-            ``torch.manual_seed`` makes runs repeat.
+            ``torch.manual_seed`` makes runs repeat (under ``torch.distributed``, rank 0's
+            draw, broadcast once, so every rank runs the same swarm).
         compile: compile the core update of ``step(loss_fn=...)`` with
             ``torch.compile(fullgraph=True)``: True or a mode (``"default"``,
             ``"reduce-overhead"``, ``"max-autotune"``, ``"max-autotune-no-cudagraphs"``);
@@ -145,7 +147,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
         self._stopping = Stopping(budget=max_fe, target_loss=target_loss, patience=patience,
                                   min_delta=min_delta, budget_name="max_fe")
         if seed is None:  # one draw from torch's generator: torch.manual_seed governs it
-            seed = int(torch.randint(0, 2**31 - 1, ()).item())
+            seed = _agreed(int(torch.randint(0, 2**31 - 1, ()).item()))
         check_int("seed", seed, 0)
         self._seed, self._reevaluate = seed, reevaluate
         self._device = None if device is None else torch.device(device)
@@ -618,6 +620,18 @@ class SwarmOptimizer(torch.optim.Optimizer):
         self._seed, self._best, self._settle_evals = saved.seed, saved.best, saved.settle_evals
         _layout.set_stopping(self._stopping, saved.stopping)
         self._defaults_applied = dict(self.defaults)
+
+
+def _agreed(seed: int) -> int:
+    """Rank 0's ``seed`` on every rank of an initialized process group (else ``seed``)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return seed
+    nccl = dist.get_backend() == "nccl"
+    value = torch.tensor([seed], dtype=torch.int64,
+                         device=torch.device("cuda", torch.cuda.current_device()) if nccl
+                         else "cpu")
+    dist.broadcast(value, src=0)
+    return int(value.item())
 
 
 def _loss_input(names: list[list[str]] | None, values: list[list[Tensor]]) -> Any:

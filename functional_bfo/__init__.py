@@ -4,6 +4,7 @@
 ``opt.update(state, loss_fn, *args) -> state``; ``run`` drives updates to a budget.
 """
 
+from . import distributed as distributed
 from . import evaluate as evaluate
 from . import random as random
 from ._adaptive import AdaptiveBFOHyperparams as AdaptiveBFOHyperparams
@@ -54,6 +55,7 @@ __all__ = [
     "adaptive_bfo",
     "bfo",
     "black_box",
+    "distributed",
     "evaluate",
     "hybrid_bfo",
     "load",

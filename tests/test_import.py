@@ -8,14 +8,16 @@ PUBLIC = {
         "AdaptiveBFOHyperparams", "AdaptiveBFOState", "BFOHyperparams", "BFOState",
         "BlackBoxResult", "HybridBFOHyperparams", "HybridBFOState", "InitFn", "Key", "LossFn",
         "Optimizer", "Params", "PyTree", "UpdateFn", "adaptive_bfo", "bfo", "black_box",
-        "evaluate", "hybrid_bfo", "load", "materialize", "metrics", "module_loss", "random",
-        "run", "save", "with_grad_mask", "with_hyperparams", "with_start_loss",
+        "distributed", "evaluate", "hybrid_bfo", "load", "materialize", "metrics",
+        "module_loss", "random", "run", "save", "with_grad_mask", "with_hyperparams",
+        "with_start_loss",
     },
     "functional_bfo.random": {
         "CPU_KERNEL", "bits", "fold_in", "key", "normal", "normal_rows", "split", "threefry2x32",
         "tree_normal_like", "uniform",
     },
     "functional_bfo.evaluate": {"Evaluator", "loop", "vmap"},
+    "functional_bfo.distributed": {"data_parallel", "sharded"},
 }
 
 ALIASES = {"Key", "Params", "PyTree"}  # type aliases of Tensor / Any: documented in _base.py

@@ -1,0 +1,164 @@
+"""Evaluators on ``torch.distributed``: a population sharded across ranks, or the data.
+
+Both keep the state identical on every rank: each rank runs the same ``update`` with the
+same key, and only the losses (and the hybrid's gradients) cross processes.
+
+- :func:`sharded` splits the candidates: each rank scores its slice and the losses are
+  all-gathered. Bacterium noise depends only on (key, step, bacterium), so any world size
+  gives the one-process trajectory, bit for bit.
+- :func:`data_parallel` splits the data: each rank scores every candidate on its own shard
+  and the losses are all-reduced, weighted by shard size.
+
+Launch with ``torchrun`` (gloo on CPU, NCCL on GPU) and call ``init_process_group`` first,
+with a ``timeout`` of minutes rather than torch's default 30: a rank that dies makes the
+others raise at once, one that hangs within that timeout. The collectives are torch's own,
+so ``torch.compile(update, fullgraph=True)`` captures them (as functional collectives).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optree
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ._base import LossFn, Params
+from ._checks import check_bool, check_float, check_int, check_losses
+from .evaluate import Evaluator, batched
+
+__all__ = ["data_parallel", "sharded"]
+
+FAILED = ("functional_bfo.distributed: rank {rank} of {world} could not get the other ranks' "
+          "{what}: the collective failed, or waited the process group's whole timeout "
+          "(init_process_group(timeout=...); torch's default is 30 minutes). Another rank "
+          "raised, was killed, or is still evaluating: look for the first error in the other "
+          "ranks' logs.")
+UNDER_VMAP = ("functional_bfo.distributed evaluators cannot run under torch.func.vmap over "
+              "runs: collectives have no batching rule. Run one optimizer per process, or "
+              "loop over the runs.")
+
+
+def sharded(group: Any = None, *, grads: bool = False,
+            chunk_size: int | None = None) -> Evaluator:
+    """Each rank scores its slice of the candidates; the losses are all-gathered.
+
+    Rank ``r`` of ``W`` takes rows ``[r N / W, (r + 1) N / W)`` of the ``N`` candidates (as
+    ``torch.tensor_split`` cuts them; uneven slices are fine, empty ones too) and evaluates
+    them with ``torch.func.vmap``. Every rank gets every loss, so the state stays identical.
+
+    Args:
+        group: the process group (None: the default one).
+        grads: also return each candidate's gradient, ``(losses, grads)``, as ``hybrid_bfo``
+            needs (each rank differentiates its own slice).
+        chunk_size: as :func:`functional_bfo.evaluate.vmap`, for the local slice.
+
+    Examples:
+        >>> import functional_bfo as fb
+        >>> opt = fb.bfo(population_size=8, evaluator=fb.distributed.sharded())
+    """
+    check_bool("grads", grads)
+    if chunk_size is not None:
+        check_int("chunk_size", chunk_size, 1)
+
+    def evaluate(loss_fn: LossFn, population: Params, *args: Any):
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        size = optree.tree_leaves(population)[0].shape[0]
+        counts = [len(part) for part in torch.arange(size).tensor_split(world)]
+        start = sum(counts[:rank])
+        local = optree.tree_map(lambda x: x[start:start + counts[rank]], population)
+        losses, local_grads = _score(loss_fn, local, args, counts[rank], grads, chunk_size,
+                                     population)
+        losses = _gather(losses.to(torch.float64), counts, group, "losses")
+        if not grads:
+            return losses
+        leaves, spec = optree.tree_flatten(local_grads)
+        return losses, spec.unflatten([_gather(g, counts, group, "gradients")
+                                       for g in leaves])
+
+    return evaluate
+
+
+def data_parallel(group: Any = None, *, weight: float = 1.0, grads: bool = False,
+                  chunk_size: int | None = None) -> Evaluator:
+    """Each rank scores every candidate on its own data; the losses are all-reduced.
+
+    The loss of a candidate is ``sum_r weight_r * loss_r / sum_r weight_r``: with each rank's
+    ``weight`` its number of samples and ``loss_fn`` a mean over them, that is the mean over
+    all the data (to float rounding: the sum runs in float64, so it matches one process on
+    the concatenated data to about 1e-6 relative in float32).
+
+    Args:
+        group: the process group (None: the default one).
+        weight: this rank's weight, e.g. the size of its data shard.
+        grads: also all-reduce each candidate's gradient, ``(losses, grads)``, as
+            ``hybrid_bfo`` needs.
+        chunk_size: as :func:`functional_bfo.evaluate.vmap`.
+
+    Examples:
+        >>> import functional_bfo as fb
+        >>> opt = fb.bfo(population_size=8, evaluator=fb.distributed.data_parallel(weight=128))
+    """
+    check_float("weight", weight, 0.0, low_open=True)
+    check_bool("grads", grads)
+    if chunk_size is not None:
+        check_int("chunk_size", chunk_size, 1)
+
+    def evaluate(loss_fn: LossFn, population: Params, *args: Any):
+        size = optree.tree_leaves(population)[0].shape[0]
+        losses, local_grads = _score(loss_fn, population, args, size, grads, chunk_size,
+                                     population)
+        leaves, spec = optree.tree_flatten(local_grads) if grads else ([], None)
+        parts = [losses.to(torch.float64)] + [g.to(torch.float64).reshape(-1) for g in leaves]
+        flat = torch.cat(parts + [losses.new_ones(1, dtype=torch.float64)]) * weight
+        _collective(lambda: dist.all_reduce(flat, group=group), group, "losses")
+        flat = flat[:-1] / flat[-1]
+        losses, rest = flat[:size], flat[size:]
+        if not grads:
+            return losses
+        out, offset = [], 0
+        for g in leaves:
+            out.append(rest[offset:offset + g.numel()].reshape(g.shape).to(g.dtype))
+            offset += g.numel()
+        return losses, spec.unflatten(out)
+
+    return evaluate
+
+
+def _score(loss_fn: LossFn, local: Params, args: tuple, count: int, grads: bool,
+           chunk_size: int | None, like: Params) -> tuple[Tensor, Any]:
+    """This rank's losses (and gradients) of ``count`` candidates, checked."""
+    if count == 0:  # more ranks than candidates: nothing to score here
+        empty = optree.tree_map(lambda x: x[:0], like)
+        dtype = optree.tree_leaves(like)[0].dtype
+        return torch.empty(0, dtype=dtype, device=optree.tree_leaves(like)[0].device), empty
+    if grads:
+        local_grads, losses = batched(torch.func.grad_and_value(loss_fn), local, args,
+                                      chunk_size)
+    else:
+        local_grads, losses = None, batched(loss_fn, local, args, chunk_size)
+    return check_losses(losses, count), local_grads
+
+
+def _gather(local: Tensor, counts: list[int], group: Any, what: str) -> Tensor:
+    """Every rank's rows of ``local`` in rank order (padded to one size for the collective)."""
+    most = max(counts)
+    padded = local.new_zeros((most,) + local.shape[1:])
+    padded[:local.shape[0]] = local
+    parts = [torch.empty_like(padded) for _ in counts]
+    _collective(lambda: dist.all_gather(parts, padded, group=group), group, what)
+    return torch.cat([part[:n] for part, n in zip(parts, counts)])
+
+
+def _collective(run: Any, group: Any, what: str) -> None:
+    """Run a collective; a failure says what it means here (its type kept)."""
+    try:
+        run()
+    except RuntimeError as e:
+        if "Batching rule" in str(e):
+            e.add_note(UNDER_VMAP)
+        else:
+            e.add_note(FAILED.format(rank=dist.get_rank(group),
+                                     world=dist.get_world_size(group), what=what))
+        raise

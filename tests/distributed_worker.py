@@ -1,0 +1,228 @@
+"""One rank of a multi-process test: ``python distributed_worker.py SCENARIO RANK WORLD DIR``.
+
+Joins a gloo group through a file in DIR, runs the scenario, and saves what it saw to
+``DIR/rank{RANK}.pt`` (tensors and plain values). ``tests/test_distributed.py`` launches the
+ranks as separate processes, each under a hard timeout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import sys
+import time
+
+import optree
+import torch
+import torch.distributed as dist
+
+import functional_bfo as fb
+
+STEPS = 8
+TIMEOUTS = {"stuck": 4}  # seconds the process group waits (else 20)
+X = torch.linspace(-1.0, 1.0, 5)
+
+
+def loss(params, x):
+    return ((params["w"] - x) ** 2).sum() + torch.sin(3 * params["w"]).sum()
+
+
+def optimizers(evaluator_of):
+    """(name, optimizer, initial params) of every variant, with the given evaluator."""
+    return [
+        ("bfo", fb.bfo(population_size=7, swim_length=2, chemotaxis_steps=3,
+                       evaluator=evaluator_of(False))),
+        ("adaptive_bfo", fb.adaptive_bfo(population_size=7, min_population_size=2,
+                                         chemotaxis_steps=2, stagnation_steps=1,
+                                         evaluator=evaluator_of(False))),
+        ("hybrid_bfo", fb.hybrid_bfo(population_size=7, grad_mask=True, chemotaxis_steps=3,
+                                     evaluator=evaluator_of(True))),
+    ]
+
+
+def run_variants(evaluator_of, steps=STEPS, compiled=False):
+    out = {}
+    for name, opt in optimizers(evaluator_of):
+        update = torch.compile(opt.update, fullgraph=True) if compiled else opt.update
+        state = opt.init({"w": torch.zeros(5)}, key=fb.random.key(3))
+        for _ in range(steps):
+            state = update(state, loss, X)
+        out[name] = optree.tree_leaves(state)
+    if compiled:
+        return out
+    result = fb.black_box(loss, {"w": torch.zeros(5)}, (-2.0, 2.0), X, max_evals=300,
+                          key=fb.random.key(4), evaluator=evaluator_of(False))
+    out["black_box"] = [result.loss, *optree.tree_leaves(result.params), result.num_evals,
+                        result.restarts]
+    return out
+
+
+def sharded(grads):
+    return fb.distributed.sharded(grads=grads)
+
+
+def scenario_variants(rank, world, folder):
+    return run_variants(sharded)
+
+
+def scenario_data_parallel(rank, world, folder):
+    torch.manual_seed(0)
+    data = torch.randn(23, 5)  # every rank makes the same data and takes its own rows
+    shard = data.tensor_split(world)[rank]
+
+    def mean_loss(params, x):
+        return ((x - params["w"]) ** 2).sum(dim=1).mean()
+
+    evaluate = fb.distributed.data_parallel(weight=len(shard))
+    population = {"w": torch.randn(6, 5, generator=torch.Generator().manual_seed(1))}
+    losses = evaluate(mean_loss, population, shard)
+    with_grads = fb.distributed.data_parallel(weight=len(shard), grads=True)
+    _, grads = with_grads(mean_loss, population, shard)
+    opt = fb.bfo(population_size=6, evaluator=evaluate)
+    state = opt.init({"w": torch.zeros(5)}, key=fb.random.key(0))
+    for _ in range(4):
+        state = opt.update(state, mean_loss, shard)
+    return {"losses": losses, "grads": grads["w"], "state": optree.tree_leaves(state)}
+
+
+def scenario_failing(rank, world, folder):
+    calls = [0]
+
+    def fails_on_rank_1(params, x):
+        calls[0] += 1
+        if rank == 1 and calls[0] == 3:
+            raise KeyError("rank 1's data loader ran dry")
+        return loss(params, x)
+
+    opt = fb.bfo(population_size=6, evaluator=fb.distributed.sharded())
+    state = opt.init({"w": torch.zeros(5)}, key=fb.random.key(0))
+    began = time.monotonic()
+    try:
+        for _ in range(STEPS):
+            state = opt.update(state, fails_on_rank_1, X)
+    except BaseException as e:
+        return {"error": type(e).__name__, "message": str(e) + "".join(
+            getattr(e, "__notes__", [])), "seconds": time.monotonic() - began}
+    return {"error": None}
+
+
+def scenario_killed(rank, world, folder):
+    calls = [0]
+
+    def dies_on_rank_1(params, x):
+        calls[0] += 1
+        if rank == 1 and calls[0] == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return loss(params, x)
+
+    opt = fb.bfo(population_size=6, evaluator=fb.distributed.sharded())
+    state = opt.init({"w": torch.zeros(5)}, key=fb.random.key(0))
+    began = time.monotonic()
+    try:
+        for _ in range(STEPS):
+            state = opt.update(state, dies_on_rank_1, X)
+    except BaseException as e:
+        return {"error": type(e).__name__, "message": str(e) + "".join(
+            getattr(e, "__notes__", [])), "seconds": time.monotonic() - began}
+    return {"error": None}
+
+
+def scenario_stuck(rank, world, folder):
+    """Rank 1 hangs in its loss longer than the process group's timeout."""
+    calls = [0]
+
+    def hangs_on_rank_1(params, x):
+        calls[0] += 1
+        if rank == 1 and calls[0] == 3:
+            time.sleep(3 * TIMEOUTS["stuck"])
+        return loss(params, x)
+
+    opt = fb.bfo(population_size=6, evaluator=fb.distributed.sharded())
+    state = opt.init({"w": torch.zeros(5)}, key=fb.random.key(0))
+    began = time.monotonic()
+    try:
+        for _ in range(STEPS):
+            state = opt.update(state, hangs_on_rank_1, X)
+    except BaseException as e:
+        return {"error": type(e).__name__, "message": str(e) + "".join(
+            getattr(e, "__notes__", [])), "seconds": time.monotonic() - began}
+    return {"error": None}
+
+
+def scenario_compiled(rank, world, folder):
+    """The whole update compiled, collectives inside (fullgraph: no graph breaks)."""
+    return run_variants(sharded, compiled=True)
+
+
+def scenario_resume(rank, world, folder):
+    """Continue the checkpoint in ``folder`` (if any) for 3 updates, then write it back."""
+    opt = fb.adaptive_bfo(population_size=7, min_population_size=2, chemotaxis_steps=2,
+                          stagnation_steps=1, evaluator=sharded(False))
+    state = opt.init({"w": torch.zeros(5)}, key=fb.random.key(3))
+    path = os.path.join(folder, "..", "checkpoint.pt")
+    if os.path.exists(path):
+        state = fb.load(path, like=state)
+    for _ in range(3):
+        state = opt.update(state, loss, X)
+    dist.barrier()
+    if rank == 0:
+        fb.save(state, path)
+    return {"state": optree.tree_leaves(state)}
+
+
+def scenario_guide_ddp(rank, world, folder):
+    """The integration guide's DDP loop, every rank broadcasting, with seed left to default."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from functional_bfo.adapters import BFO
+
+    torch.manual_seed(rank)  # each rank's own default generator, as in a real launch
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
+                                    torch.nn.Linear(8, 1)))
+    data = torch.randn(16, 4, generator=torch.Generator().manual_seed(10 + rank))
+    target = data.sum(dim=1, keepdim=True)
+    optimizer = BFO(model.parameters(), population_size=6, swim_length=1)
+
+    def closure():
+        loss = torch.nn.functional.mse_loss(model(data), target)
+        dist.all_reduce(loss, op=dist.ReduceOp.SUM)
+        loss /= world
+        return loss.item()
+
+    for _ in range(3):
+        optimizer.step(closure)
+        for param in model.parameters():
+            dist.broadcast(param.data, src=0)
+    return {"params": [p.detach().clone() for p in model.parameters()],
+            "best": optimizer.best_fitness}
+
+
+def scenario_under_vmap(rank, world, folder):
+    opt = fb.bfo(population_size=4, evaluator=sharded(False))
+    keys = torch.stack([fb.random.key(0), fb.random.key(1)])
+    init = torch.func.vmap(lambda k: opt.init({"w": torch.zeros(5)}, key=k))
+    try:
+        states = init(keys)
+        torch.func.vmap(lambda s: opt.update(s, loss, X))(states)
+    except BaseException as e:
+        return {"error": type(e).__name__, "message": str(e) + "".join(
+            getattr(e, "__notes__", []))}
+    return {"error": None}
+
+
+def main() -> None:
+    scenario, rank, world, folder = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(folder, 'store')}",
+                            rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=TIMEOUTS.get(scenario, 20)))
+    result = globals()[f"scenario_{scenario}"](rank, world, folder)
+    torch.save(result, os.path.join(folder, f"rank{rank}.pt"))
+    if scenario not in ("failing", "killed", "stuck"):  # the other ranks are gone there
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main()

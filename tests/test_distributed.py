@@ -1,0 +1,130 @@
+"""functional_bfo.distributed with real processes: gloo on localhost, every launch under a
+hard timeout so that a hang fails the test instead of stalling CI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import distributed_worker as worker
+import optree
+import pytest
+import torch
+
+import functional_bfo as fb
+
+WORKER = Path(worker.__file__)
+HANG = 120  # seconds a whole launch may take
+
+
+def launch(scenario: str, world: int, folder: Path) -> tuple[list[int], list[str], dict]:
+    """Run ``world`` ranks of a scenario; their exit codes, outputs and saved results."""
+    folder.mkdir(parents=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(WORKER), scenario, str(rank), str(world),
+                               str(folder)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=env)
+             for rank in range(world)]
+    deadline, outputs = time.monotonic() + HANG, []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail(f"{scenario} on {world} ranks hung for {HANG} s")
+    results = {}
+    for rank in range(world):
+        path = folder / f"rank{rank}.pt"
+        results[rank] = torch.load(path, weights_only=True) if path.exists() else None
+    return [p.returncode for p in procs], outputs, results
+
+
+def assert_bitwise(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor):
+            assert x.dtype == y.dtype and torch.equal(x, y)
+        else:
+            assert x == y
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_sharded_world_sizes_give_the_one_process_trajectory(world, tmp_path):
+    codes, outputs, results = launch("variants", world, tmp_path / "run")
+    assert codes == [0] * world, outputs
+    alone = worker.run_variants(lambda grads: None)  # no distributed evaluator at all
+    for rank in range(world):
+        for name, leaves in alone.items():
+            assert_bitwise(results[rank][name], leaves)
+
+
+def test_the_whole_update_compiles_with_the_collectives_inside(tmp_path):
+    codes, outputs, results = launch("compiled", 2, tmp_path / "run")
+    assert codes == [0, 0], outputs
+    alone = worker.run_variants(lambda grads: None)
+    for name, leaves in results[0].items():
+        assert_bitwise(leaves, results[1][name])  # identical on every rank
+        for x, y in zip(leaves, alone[name]):  # and eager's to the compiler's rounding
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_data_parallel_is_one_process_on_all_the_data(tmp_path):
+    codes, outputs, results = launch("data_parallel", 2, tmp_path / "run")
+    assert codes == [0, 0], outputs
+    torch.manual_seed(0)
+    data = torch.randn(23, 5)
+    population = {"w": torch.randn(6, 5, generator=torch.Generator().manual_seed(1))}
+
+    def mean_loss(params, x):
+        return ((x - params["w"]) ** 2).sum(dim=1).mean()
+
+    losses = fb.evaluate.vmap()(mean_loss, population, data)
+    grads = torch.func.vmap(torch.func.grad(mean_loss), in_dims=(0, None))(population, data)
+    for rank in (0, 1):
+        torch.testing.assert_close(results[rank]["losses"].float(), losses, rtol=1e-6, atol=0)
+        torch.testing.assert_close(results[rank]["grads"], grads["w"], rtol=1e-6, atol=1e-7)
+    assert_bitwise(results[0]["state"], results[1]["state"])  # identical on every rank
+
+
+@pytest.mark.parametrize("scenario", ["failing", "killed", "stuck"])
+def test_a_failing_rank_ends_every_rank_quickly_and_clearly(scenario, tmp_path):
+    codes, outputs, results = launch(scenario, 2, tmp_path / "run")
+    survivor = results[0]
+    assert survivor["error"] is not None, outputs
+    # A rank that dies ends the others at once; one that hangs, at the group's timeout.
+    assert survivor["seconds"] < (3 * worker.TIMEOUTS["stuck"] if scenario == "stuck" else 10)
+    assert "could not get the other ranks' losses" in survivor["message"]
+    if scenario == "failing":
+        assert results[1]["error"] == "KeyError"  # the user's exception keeps its type
+    elif scenario == "killed":
+        assert codes[1] == -9 and results[1] is None
+
+
+def test_a_checkpoint_resumes_at_another_world_size(tmp_path):
+    for i, world in enumerate([2, 1, 3]):  # 3 updates each, through one checkpoint file
+        codes, outputs, results = launch("resume", world, tmp_path / f"run{i}")
+        assert codes == [0] * world, outputs
+    opt = fb.adaptive_bfo(population_size=7, min_population_size=2, chemotaxis_steps=2,
+                          stagnation_steps=1)
+    state = opt.init({"w": torch.zeros(5)}, key=fb.random.key(3))
+    for _ in range(9):
+        state = opt.update(state, worker.loss, worker.X)
+    for rank in range(3):
+        assert_bitwise(results[rank]["state"], optree.tree_leaves(state))
+
+
+def test_the_guides_ddp_loop_ends_with_identical_parameters(tmp_path):
+    codes, outputs, results = launch("guide_ddp", 2, tmp_path / "run")
+    assert codes == [0, 0], outputs
+    assert_bitwise(results[0]["params"], results[1]["params"])
+    assert results[0]["best"] == results[1]["best"]
+
+
+def test_vmap_over_runs_is_refused_clearly(tmp_path):
+    codes, outputs, results = launch("under_vmap", 2, tmp_path / "run")
+    assert results[0]["error"] is not None, outputs
+    assert "vmap" in results[0]["message"]
