@@ -76,6 +76,7 @@ class _Swarm:
 
     core: fb.Optimizer
     evaluator: CandidateEvaluator
+    scorer: Any  # what the core evaluates with: the evaluator, or a distributed one around it
     settings: dict[str, Any]  # the core's settings the state follows
     state: Any = None
     fast_update: Callable[..., Any] | None = None  # the fast path's update (maybe compiled)
@@ -110,6 +111,11 @@ class SwarmOptimizer(torch.optim.Optimizer):
             train mode, a step ends with one forward pass at the best params (one
             evaluation); on the fast path its train-mode normalization layers use batch
             statistics. ``DataParallel`` / ``DistributedDataParallel`` are unwrapped.
+        evaluator: ``fb.distributed.sharded()`` (each rank scores its share of the
+            candidates: the closure or ``loss_fn`` must not communicate) or
+            ``fb.distributed.data_parallel(weight=...)`` (each rank scores every candidate on
+            its own batch; the losses are averaged across ranks), so every rank holds the
+            same swarm.
         reevaluate: start each step by scoring the parameters as they stand (one extra
             evaluation), so minibatch noise or outside edits cannot freeze a stale best; the
             first step's score gives HybridBFO the gradient where it starts.
@@ -134,6 +140,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
         compile: bool | str = False,
         device: torch.device | str | None = None,
         module: torch.nn.Module | None = None,
+        evaluator: Any = None,
         reevaluate: bool = True,
         max_fe: int | None = None,
         target_loss: float | None = None,
@@ -152,6 +159,11 @@ class SwarmOptimizer(torch.optim.Optimizer):
         self._seed, self._reevaluate = seed, reevaluate
         self._device = None if device is None else torch.device(device)
         self._buffers = Buffers(module)
+        if evaluator is not None and not callable(getattr(evaluator, "around", None)):
+            raise TypeError(f"evaluator must be fb.distributed.sharded(...) or "
+                            f"fb.distributed.data_parallel(...); got {evaluator!r}. The "
+                            "shell scores candidates itself (closure or loss_fn).")
+        self._distributed = evaluator
         signature = self._signature()
         unknown = sorted(set(hyperparams) - set(signature) - set(self.aliases))
         if unknown:
@@ -243,7 +255,9 @@ class SwarmOptimizer(torch.optim.Optimizer):
         settings = self._settings(group)
         evaluator = CandidateEvaluator(params, self._buffers, self.uses_grads,
                                        settings["chunk_size"])
-        return _Swarm(self._core(settings, evaluator), evaluator, settings)
+        scorer = evaluator if self._distributed is None else self._distributed.around(
+            evaluator, self.uses_grads)
+        return _Swarm(self._core(settings, scorer), evaluator, scorer, settings)
 
     # ----- the step -----------------------------------------------------------------------
 
@@ -351,7 +365,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
         first = state is None
         if first:  # the swarm starts here, from the settings and parameters as they are now
             if any(not _same(v, swarm.settings[k]) for k, v in settings.items()):
-                core = self._core(settings, swarm.evaluator)
+                core = self._core(settings, swarm.scorer)
             key = fb.random.fold_in(fb.random.key(self._seed), g).to(params[0].device)
             state = core.init([p.detach().clone() for p in params], key=key)
             fast = core.update if self._mode is None else self._compiled(g, core)
@@ -378,7 +392,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
         swarm.evaluator.closure, swarm.evaluator.chunk_size = closure, settings["chunk_size"]
         try:
             if self._reevaluate:
-                state = self._score_current(state, swarm.evaluator, loss, first,
+                state = self._score_current(state, swarm, loss, first,
                                             settings["maximize"])
             with self._buffers.batch_statistics(), scoring_candidates():
                 state = update(state, loss)
@@ -397,20 +411,22 @@ class SwarmOptimizer(torch.optim.Optimizer):
             swarm.evaluator.closure = None
         return settings, state, fast, core
 
-    def _score_current(self, state: Any, evaluator: CandidateEvaluator, loss: Any,
-                       first: bool, maximize: bool) -> Any:
+    def _score_current(self, state: Any, swarm: _Swarm, loss: Any, first: bool,
+                       maximize: bool) -> Any:
         """Score the parameters as they stand (one evaluation) on this step's objective.
 
         Before the first update they are bacterium 0 (``fb.with_start_loss``: the hybrid's
         first tumble follows the gradient there). Later they become the best to beat, so a
         lucky minibatch never freezes the model and an outside edit is scored honestly.
         """
+        evaluator = swarm.evaluator
         current = ([x[0] for x in state.population] if first  # the start, inside bounds
                    else [p.detach() for p in evaluator.params])
         grads = None
         with self._buffers.batch_statistics(), scoring_candidates():
-            if evaluator.closure is not None:  # the closure path: one candidate
-                out = evaluator(loss, [x.unsqueeze(0) for x in current])
+            # One candidate through the core's evaluator (a distributed one: all ranks agree).
+            if evaluator.closure is not None or swarm.scorer is not evaluator:
+                out = swarm.scorer(loss, [x.unsqueeze(0) for x in current])
                 value, grads = out if self.uses_grads else (out, None)
                 value, grads = value[0], grads and [g[0] for g in grads]
             elif first and self.uses_grads:  # where the hybrid starts, with its gradient

@@ -62,6 +62,9 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "`python benchmarks/adapter_paths.py --device cuda`."),
     ("adaptive_vs_bfo", "AdaptiveBFO vs canonical BFO",
      "`python benchmarks/adaptive_vs_bfo.py`."),
+    ("distributed", "A population sharded across processes (CPU, gloo)",
+     "`python benchmarks/distributed.py`: `fb.distributed.sharded()` on 1 and 2 processes "
+     "of one thread each, against one process with 1 and 2 threads (docs/distributed.md)."),
 ]
 
 

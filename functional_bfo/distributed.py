@@ -28,7 +28,7 @@ from ._base import LossFn, Params
 from ._checks import check_bool, check_float, check_int, check_losses
 from .evaluate import Evaluator, batched
 
-__all__ = ["data_parallel", "sharded"]
+__all__ = ["DataParallel", "Sharded", "data_parallel", "sharded"]
 
 FAILED = ("functional_bfo.distributed: rank {rank} of {world} could not get the other ranks' "
           "{what}: the collective failed, or waited the process group's whole timeout "
@@ -40,8 +40,8 @@ UNDER_VMAP = ("functional_bfo.distributed evaluators cannot run under torch.func
               "loop over the runs.")
 
 
-def sharded(group: Any = None, *, grads: bool = False,
-            chunk_size: int | None = None) -> Evaluator:
+def sharded(group: Any = None, *, grads: bool = False, chunk_size: int | None = None,
+            inner: Evaluator | None = None) -> Sharded:
     """Each rank scores its slice of the candidates; the losses are all-gathered.
 
     Rank ``r`` of ``W`` takes rows ``[r N / W, (r + 1) N / W)`` of the ``N`` candidates (as
@@ -53,41 +53,24 @@ def sharded(group: Any = None, *, grads: bool = False,
         grads: also return each candidate's gradient, ``(losses, grads)``, as ``hybrid_bfo``
             needs (each rank differentiates its own slice).
         chunk_size: as :func:`functional_bfo.evaluate.vmap`, for the local slice.
+        inner: how a rank scores its slice (default: ``vmap``, with ``grad_and_value`` for
+            ``grads``); with ``grads`` it returns ``(losses, grads)``.
 
     Examples:
         >>> import functional_bfo as fb
         >>> opt = fb.bfo(population_size=8, evaluator=fb.distributed.sharded())
     """
-    check_bool("grads", grads)
-    if chunk_size is not None:
-        check_int("chunk_size", chunk_size, 1)
-
-    def evaluate(loss_fn: LossFn, population: Params, *args: Any):
-        world, rank = dist.get_world_size(group), dist.get_rank(group)
-        size = optree.tree_leaves(population)[0].shape[0]
-        counts = [len(part) for part in torch.arange(size).tensor_split(world)]
-        start = sum(counts[:rank])
-        local = optree.tree_map(lambda x: x[start:start + counts[rank]], population)
-        losses, local_grads = _score(loss_fn, local, args, counts[rank], grads, chunk_size,
-                                     population)
-        losses = _gather(losses.to(torch.float64), counts, group, "losses")
-        if not grads:
-            return losses
-        leaves, spec = optree.tree_flatten(local_grads)
-        return losses, spec.unflatten([_gather(g, counts, group, "gradients")
-                                       for g in leaves])
-
-    return evaluate
+    return Sharded(group, grads, chunk_size, inner)
 
 
 def data_parallel(group: Any = None, *, weight: float = 1.0, grads: bool = False,
-                  chunk_size: int | None = None) -> Evaluator:
+                  chunk_size: int | None = None, inner: Evaluator | None = None) -> DataParallel:
     """Each rank scores every candidate on its own data; the losses are all-reduced.
 
     The loss of a candidate is ``sum_r weight_r * loss_r / sum_r weight_r``: with each rank's
     ``weight`` its number of samples and ``loss_fn`` a mean over them, that is the mean over
     all the data (to float rounding: the sum runs in float64, so it matches one process on
-    the concatenated data to about 1e-6 relative in float32).
+    the concatenated data to about 1e-6 relative in float32). Gradients are averaged alike.
 
     Args:
         group: the process group (None: the default one).
@@ -95,50 +78,96 @@ def data_parallel(group: Any = None, *, weight: float = 1.0, grads: bool = False
         grads: also all-reduce each candidate's gradient, ``(losses, grads)``, as
             ``hybrid_bfo`` needs.
         chunk_size: as :func:`functional_bfo.evaluate.vmap`.
+        inner: how a rank scores the candidates on its data (as for :func:`sharded`).
 
     Examples:
         >>> import functional_bfo as fb
         >>> opt = fb.bfo(population_size=8, evaluator=fb.distributed.data_parallel(weight=128))
     """
-    check_float("weight", weight, 0.0, low_open=True)
-    check_bool("grads", grads)
-    if chunk_size is not None:
-        check_int("chunk_size", chunk_size, 1)
+    return DataParallel(group, grads, chunk_size, inner,
+                        check_float("weight", weight, 0.0, low_open=True))
 
-    def evaluate(loss_fn: LossFn, population: Params, *args: Any):
+
+class Sharded:
+    """The evaluator :func:`sharded` makes; ``around(inner, grads)`` swaps its local one."""
+
+    def __init__(self, group: Any, grads: bool, chunk_size: int | None,
+                 inner: Evaluator | None) -> None:
+        check_bool("grads", grads)
+        if chunk_size is not None:
+            check_int("chunk_size", chunk_size, 1)
+        if inner is not None and not callable(inner):
+            raise TypeError(f"inner must be an evaluator (a callable); got {inner!r}.")
+        self.group, self.grads, self.chunk_size, self.inner = group, grads, chunk_size, inner
+
+    def around(self, inner: Evaluator, grads: bool) -> Sharded:
+        """The same evaluator, scoring this rank's candidates with ``inner``.
+
+        ``inner`` returns ``(losses, grads)`` if ``grads``, else the losses.
+        """
+        return type(self)(self.group, grads, self.chunk_size, inner)
+
+    def local(self, loss_fn: LossFn, population: Params, args: tuple) -> tuple[Tensor, Any]:
+        """This rank's losses (and gradients, or None) of ``population``, checked."""
+        count = optree.tree_leaves(population)[0].shape[0]
+        if count == 0:  # more ranks than candidates: nothing to score here
+            empty = optree.tree_map(lambda x: x[:0], population)
+            return optree.tree_leaves(population)[0].new_empty(0), empty if self.grads else None
+        if self.inner is not None:
+            out = self.inner(loss_fn, population, *args)
+            losses, grads = out if self.grads else (out, None)
+        elif self.grads:
+            grads, losses = batched(torch.func.grad_and_value(loss_fn), population, args,
+                                    self.chunk_size)
+        else:
+            grads, losses = None, batched(loss_fn, population, args, self.chunk_size)
+        return check_losses(losses, count), grads
+
+    def __call__(self, loss_fn: LossFn, population: Params, *args: Any):
+        """Every candidate's loss (and gradient), the same on every rank."""
+        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         size = optree.tree_leaves(population)[0].shape[0]
-        losses, local_grads = _score(loss_fn, population, args, size, grads, chunk_size,
-                                     population)
-        leaves, spec = optree.tree_flatten(local_grads) if grads else ([], None)
+        counts = [len(part) for part in torch.arange(size).tensor_split(world)]
+        start = sum(counts[:rank])
+        local = optree.tree_map(lambda x: x[start:start + counts[rank]], population)
+        losses, grads = self.local(loss_fn, local, args)
+        losses = _gather(losses.to(torch.float64), counts, self.group, "losses")
+        if not self.grads:
+            return losses
+        leaves, spec = optree.tree_flatten(grads)
+        return losses, spec.unflatten([_gather(g, counts, self.group, "gradients")
+                                       for g in leaves])
+
+
+class DataParallel(Sharded):
+    """The evaluator :func:`data_parallel` makes; ``around(inner)`` as for :class:`Sharded`."""
+
+    def __init__(self, group: Any, grads: bool, chunk_size: int | None,
+                 inner: Evaluator | None, weight: float) -> None:
+        super().__init__(group, grads, chunk_size, inner)
+        self.weight = weight
+
+    def around(self, inner: Evaluator, grads: bool) -> DataParallel:
+        """The same evaluator, scoring this rank's data with ``inner`` (as for Sharded)."""
+        return type(self)(self.group, grads, self.chunk_size, inner, self.weight)
+
+    def __call__(self, loss_fn: LossFn, population: Params, *args: Any):
+        """Every candidate's loss (and gradient) over all ranks' data, on every rank."""
+        size = optree.tree_leaves(population)[0].shape[0]
+        losses, grads = self.local(loss_fn, population, args)
+        leaves, spec = optree.tree_flatten(grads) if self.grads else ([], None)
         parts = [losses.to(torch.float64)] + [g.to(torch.float64).reshape(-1) for g in leaves]
-        flat = torch.cat(parts + [losses.new_ones(1, dtype=torch.float64)]) * weight
-        _collective(lambda: dist.all_reduce(flat, group=group), group, "losses")
+        flat = torch.cat(parts + [losses.new_ones(1, dtype=torch.float64)]) * self.weight
+        _collective(lambda: dist.all_reduce(flat, group=self.group), self.group, "losses")
         flat = flat[:-1] / flat[-1]
         losses, rest = flat[:size], flat[size:]
-        if not grads:
+        if not self.grads:
             return losses
         out, offset = [], 0
         for g in leaves:
             out.append(rest[offset:offset + g.numel()].reshape(g.shape).to(g.dtype))
             offset += g.numel()
         return losses, spec.unflatten(out)
-
-    return evaluate
-
-
-def _score(loss_fn: LossFn, local: Params, args: tuple, count: int, grads: bool,
-           chunk_size: int | None, like: Params) -> tuple[Tensor, Any]:
-    """This rank's losses (and gradients) of ``count`` candidates, checked."""
-    if count == 0:  # more ranks than candidates: nothing to score here
-        empty = optree.tree_map(lambda x: x[:0], like)
-        dtype = optree.tree_leaves(like)[0].dtype
-        return torch.empty(0, dtype=dtype, device=optree.tree_leaves(like)[0].device), empty
-    if grads:
-        local_grads, losses = batched(torch.func.grad_and_value(loss_fn), local, args,
-                                      chunk_size)
-    else:
-        local_grads, losses = None, batched(loss_fn, local, args, chunk_size)
-    return check_losses(losses, count), local_grads
 
 
 def _gather(local: Tensor, counts: list[int], group: Any, what: str) -> Tensor:

@@ -198,6 +198,60 @@ def scenario_guide_ddp(rank, world, folder):
             "best": optimizer.best_fitness}
 
 
+def scenario_adapters(rank, world, folder):
+    """The shell with evaluator=: sharded (same data everywhere) and data-parallel (a DDP
+    model, each rank its own batch, HybridBFO's backward averaged by DDP)."""
+    from torch.func import functional_call
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from functional_bfo.adapters import BFO, AdaptiveBFO, HybridBFO
+
+    out = {}
+    data = torch.randn(24, 4, generator=torch.Generator().manual_seed(5))
+    target = data.sum(dim=1, keepdim=True)
+    for cls in (BFO, AdaptiveBFO, HybridBFO):
+        for path in ("closure", "fast"):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
+                                        torch.nn.Linear(8, 1))
+            opt = cls(model.named_parameters(), population_size=5, swim_length=1, seed=1,
+                      evaluator=fb.distributed.sharded())
+
+            def closure(opt=opt, model=model):
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(data), target)
+                loss.backward()
+                return loss
+
+            def loss_fn(params, model=model):
+                return torch.nn.functional.mse_loss(functional_call(model, params, (data,)),
+                                                    target)
+
+            for _ in range(3):
+                opt.step(closure) if path == "closure" else opt.step(loss_fn=loss_fn)
+            out[f"sharded-{cls.__name__}-{path}"] = [p.detach().clone()
+                                                     for p in model.parameters()]
+    shard = data.tensor_split(world)[rank]
+    for cls in (BFO, HybridBFO):
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
+                                        torch.nn.Linear(8, 1)))
+        opt = cls(model.parameters(), population_size=5, swim_length=1, seed=1,
+                  evaluator=fb.distributed.data_parallel(weight=len(shard)))
+
+        def closure(opt=opt, model=model):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(shard), target.tensor_split(world)[rank])
+            loss.backward()
+            return loss
+
+        for _ in range(3):
+            opt.step(closure)
+        out[f"data_parallel-{cls.__name__}"] = [p.detach().clone() for p in model.parameters()]
+        out[f"data_parallel-{cls.__name__}-best"] = opt.best_fitness
+    return out
+
+
 def scenario_under_vmap(rank, world, folder):
     opt = fb.bfo(population_size=4, evaluator=sharded(False))
     keys = torch.stack([fb.random.key(0), fb.random.key(1)])

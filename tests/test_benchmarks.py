@@ -14,7 +14,8 @@ BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
                                          ("update_overhead.py", "update_overhead_quick"),
                                          ("speed.py", "speed_quick"),
                                          ("scaling.py", "scaling_quick"),
-                                         ("swim_batch.py", "swim_batch_quick")])
+                                         ("swim_batch.py", "swim_batch_quick"),
+                                         ("distributed.py", "distributed_quick")])
 def test_quick_run_writes_results(script, stem, tmp_path):
     subprocess.run([sys.executable, script, "--quick", "--out", str(tmp_path)],
                    cwd=BENCHMARKS, check=True, capture_output=True, timeout=600)

@@ -128,3 +128,18 @@ def test_vmap_over_runs_is_refused_clearly(tmp_path):
     codes, outputs, results = launch("under_vmap", 2, tmp_path / "run")
     assert results[0]["error"] is not None, outputs
     assert "vmap" in results[0]["message"]
+
+
+def test_the_shell_takes_the_distributed_evaluators(tmp_path):
+    runs = {}
+    for world in (1, 2):
+        codes, outputs, results = launch("adapters", world, tmp_path / f"run{world}")
+        assert codes == [0] * world, outputs
+        runs[world] = results
+    for name, params in runs[2][0].items():
+        if isinstance(params, list):
+            assert_bitwise(params, runs[2][1][name])  # every rank ends identical
+        else:
+            assert params == runs[2][1][name]
+        if name.startswith("sharded"):  # and sharding changes nothing
+            assert_bitwise(params, runs[1][0][name])

@@ -2,7 +2,10 @@
 
 import importlib.util
 import math
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -21,3 +24,22 @@ def test_adapter_example_runs(name, capsys):
     loss = load(name).main(steps=3)
     assert math.isfinite(loss)
     assert "step" in capsys.readouterr().out
+
+
+def test_the_distributed_example_prints_the_one_process_run_on_two(tmp_path):
+    """torchrun with 2 CPU processes (gloo) gives the numbers one process gives."""
+    script = str(EXAMPLES / "distributed.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, script], capture_output=True, text=True,
+                         timeout=120, env=env)
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node=2", script], capture_output=True, text=True,
+                         timeout=180, env=env)
+    assert one.returncode == 0 and two.returncode == 0, two.stdout + two.stderr
+
+    def lines(out):
+        return [line.split("(")[0] for line in out.splitlines()
+                if line.startswith(("step", "training"))]
+
+    assert lines(one.stdout) and lines(one.stdout) == lines(two.stdout)
+    assert "(2 processes)" in two.stdout

@@ -1,0 +1,189 @@
+"""Sharding the population across processes: time per update against the process count.
+
+An MLP 64-128-10 on the whole digits data set (1797 samples, a few ms per candidate on one
+CPU thread), ``fb.adaptive_bfo`` with 32 bacteria and swim length 4 (160 evaluations per
+update). For each process count N the script launches N ranks with torchrun (gloo, or NCCL
+with ``--device cuda``), each with ``fb.distributed.sharded()``, one thread each, and times
+updates on rank 0. It also times, in the same ranks, the two constants of a model of an
+update,
+
+    t(N) = a / N + b + calls * t_gather(N),
+
+with t_gather one all-gather of the losses (timed in the ranks), a (the work that splits:
+evaluations) and b (what every rank repeats: the update's own work) fitted to the measured
+times, and reports the model next to the measurement, its extrapolation to more processes,
+and the bytes each rank contributes per update. One process with N threads is
+the baseline a CPU user would try first: it is timed too.
+
+    python benchmarks/distributed.py [--quick] [--device cuda] [--processes 1,2]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from common import machine, parser, write
+
+PROBLEM = "MLP 64-128-10 on digits (1797 samples), fb.adaptive_bfo(32, swim_length=4)"
+
+
+def setup(device: torch.device):
+    from sklearn.datasets import load_digits
+    from torch import nn
+
+    import functional_bfo as fb
+
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32, device=device) / 16.0
+    y = torch.tensor(digits.target, device=device)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 10)).to(device)
+    params, loss_fn = fb.module_loss(model, nn.functional.cross_entropy)
+    return params, loss_fn, x, y
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, repeats: int, device: torch.device) -> float:
+    """Median seconds of ``fn`` over ``repeats`` calls (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def rank_main(out: str, repeats: int) -> None:
+    """One rank: time updates with the sharded evaluator, and the model's constants."""
+    import datetime
+
+    import torch.distributed as dist
+
+    import functional_bfo as fb
+
+    cuda = torch.cuda.is_available() and os.environ.get("BENCH_DEVICE") == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=5))
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    params, loss_fn, x, y = setup(device)
+    population, swims = 32, 4
+    opt = fb.adaptive_bfo(population, swim_length=swims, evaluator=fb.distributed.sharded())
+    state = [opt.init(params, key=fb.random.key(0).to(device))]
+
+    def update():
+        state[0] = opt.update(state[0], loss_fn, x, y)
+
+    t_update = timed(update, repeats, device)
+    losses = torch.zeros(population, dtype=torch.float64, device=device)
+    parts = [torch.empty(-(-population // world), dtype=torch.float64, device=device)
+             for _ in range(world)]
+    t_gather = timed(lambda: dist.all_gather(parts, losses[:parts[0].numel()]),
+                     repeats * 10, device)
+    pop = opt.init(params, key=fb.random.key(1).to(device)).population
+    t_eval = timed(lambda: fb.evaluate.vmap()(loss_fn, pop, x, y), repeats, device) * (
+        swims + 1)  # the swim's swims + 1 calls of P candidates
+    if rank == 0:
+        Path(out).write_text(json.dumps({
+            "processes": world, "update_s": t_update, "gather_s": t_gather,
+            "eval_one_process_s": t_eval, "calls": swims + 1,
+            "bytes_sent": (swims + 1) * parts[0].numel() * 8}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def single_process(threads: int, repeats: int, device: torch.device) -> float:
+    """Seconds per update in one process with ``threads`` threads and no evaluator."""
+    import functional_bfo as fb
+
+    torch.set_num_threads(threads)
+    params, loss_fn, x, y = setup(device)
+    opt = fb.adaptive_bfo(32, swim_length=4)
+    state = [opt.init(params, key=fb.random.key(0).to(device))]
+
+    def update():
+        state[0] = opt.update(state[0], loss_fn, x, y)
+
+    return timed(update, repeats, device)
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--processes", default="1,2")
+    args = p.parse_args()
+    repeats = 3 if args.quick else 15
+    counts = [int(n) for n in args.processes.split(",")]
+    device = torch.device("cuda" if args.device == "cuda" else "cpu")
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for n in counts:
+            out = os.path.join(folder, f"rank0_{n}.json")
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "BENCH_DEVICE": device.type}
+            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                            f"--nproc-per-node={n}", __file__, "--rank-main", out,
+                            str(repeats)], check=True, env=env, capture_output=True,
+                           timeout=900)
+            rows.append(json.loads(Path(out).read_text()))
+    # The model t(N) = a / N + b + calls * t_gather(N), a and b fitted to the measurements
+    # by least squares (exact with two process counts).
+    points = [(1 / r["processes"], r["update_s"] - r["calls"] * r["gather_s"]) for r in rows]
+    if len(points) > 1:
+        mean_u = sum(u for u, _ in points) / len(points)
+        mean_t = sum(t for _, t in points) / len(points)
+        a = sum((u - mean_u) * (t - mean_t) for u, t in points) / sum(
+            (u - mean_u) ** 2 for u, _ in points)
+        b = mean_t - a * mean_u
+    else:
+        a, b = points[0][1], 0.0
+    base = rows[0]
+    for r in rows:
+        r["model_s"] = a / r["processes"] + b + r["calls"] * r["gather_s"]
+        r["speedup"] = base["update_s"] / r["update_s"]
+    gather = rows[-1]["gather_s"]  # the largest group's, for the extrapolation
+    predicted = {n: a / n + b + base["calls"] * gather for n in (4, 8, 16)}
+    threads = {n: single_process(n, repeats, device) for n in counts} if device.type == "cpu" \
+        else {}
+    result = dict(quick=args.quick, machine=machine(args.device), problem=PROBLEM, rows=rows,
+                  shared_s=a, fixed_s=b, predicted_s=predicted, one_process_threads_s=threads)
+    md = [f"# Sharded population across processes ({'quick' if args.quick else 'full'} run, "
+          f"{args.device})", "", f"{PROBLEM}. Machine: {result['machine']}", "",
+          "Each rank: one thread, `fb.distributed.sharded()`; the median time per update on "
+          "rank 0, and of one all-gather of the losses (5 per update). Model: t(N) = a / N + "
+          f"b + 5 t_gather(N), fitted: a = {a * 1e3:.1f} ms (the work that splits: "
+          f"evaluations), b = {b * 1e3:.1f} ms (what every rank repeats: the update's own "
+          f"work). One process scores the 160 candidates of an update in "
+          f"{base['eval_one_process_s'] * 1e3:.1f} ms.", "",
+          "| processes | ms per update | speedup | model ms | all-gather ms "
+          "| bytes each rank contributes per update |", "|---|---|---|---|---|---|"]
+    md += [f"| {r['processes']} | {r['update_s'] * 1e3:.1f} | {r['speedup']:.2f}x | "
+           f"{r['model_s'] * 1e3:.1f} | {r['gather_s'] * 1e3:.3f} | {r['bytes_sent']} |"
+           for r in rows]
+    md += ["", "The model's extrapolation (all-gather as measured at the largest N): " + ", ".join(
+        f"N = {n}: {t * 1e3:.1f} ms" for n, t in predicted.items()) + "."]
+    if threads:
+        md += ["", "One process, no evaluator, N intra-op threads (torch.set_num_threads):", "",
+               "| threads | ms per update |", "|---|---|"]
+        md += [f"| {n} | {s * 1e3:.1f} |" for n, s in threads.items()]
+    write(args, "distributed", result, md)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--rank-main":
+        rank_main(sys.argv[2], int(sys.argv[3]))
+    else:
+        main()
