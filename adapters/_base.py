@@ -116,6 +116,9 @@ class SwarmOptimizer(torch.optim.Optimizer):
             ``fb.distributed.data_parallel(weight=...)`` (each rank scores every candidate on
             its own batch; the losses are averaged across ranks), so every rank holds the
             same swarm.
+        check_replicas: after every step, check that every rank of the process group
+            holds the same swarms (``fb.distributed.check_replicas``; it raises naming the
+            ranks that drifted, after the step has committed).
         reevaluate: start each step by scoring the parameters as they stand (one extra
             evaluation), so minibatch noise or outside edits cannot freeze a stale best; the
             first step's score gives HybridBFO the gradient where it starts.
@@ -141,6 +144,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
         device: torch.device | str | None = None,
         module: torch.nn.Module | None = None,
         evaluator: Any = None,
+        check_replicas: bool = False,
         reevaluate: bool = True,
         max_fe: int | None = None,
         target_loss: float | None = None,
@@ -164,6 +168,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
                             f"fb.distributed.data_parallel(...); got {evaluator!r}. The "
                             "shell scores candidates itself (closure or loss_fn).")
         self._distributed = evaluator
+        self._check_replicas = check_bool("check_replicas", check_replicas)
         signature = self._signature()
         unknown = sorted(set(hyperparams) - set(signature) - set(self.aliases))
         if unknown:
@@ -355,6 +360,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
         self._best = best[-1]
         self._stopping.maximize = bool([d for d in new if d is not None][-1][0]["maximize"])
         self._stopping.record(self.num_evals, self._best, self._per_update())
+        if self._check_replicas:
+            fb.distributed.check_replicas([s.state for s in self._swarms])
         return True
 
     def _step_group(self, g: int, swarm: _Swarm, settings: dict[str, Any], closure: Any,

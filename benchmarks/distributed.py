@@ -126,7 +126,7 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--processes", default="1,2")
     args = p.parse_args()
-    repeats = 3 if args.quick else 15
+    repeats = 1 if args.quick else 15
     counts = [int(n) for n in args.processes.split(",")]
     device = torch.device("cuda" if args.device == "cuda" else "cpu")
     rows = []

@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc-per-node=2 examples/distributed.py   # 2 processes
     python examples/distributed.py                                     # 1: the same run
+    (--steps N: updates, default 60)
 
 Every rank holds the same swarm (the same key), scores its share of the 16 bacteria with
 ``fb.distributed.sharded`` and receives the others' losses and gradients, so any number of
@@ -60,4 +61,8 @@ def main(steps: int = 60) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_argument("--steps", type=int, default=60)
+    main(cli.parse_args().steps)

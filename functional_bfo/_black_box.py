@@ -45,6 +45,7 @@ from ._metric import (
     shape_directions,
     widths,
 )
+from ._stopping import Stopping
 from ._tree import numel, rows, take, unflatten_like
 from .evaluate import check_evaluator
 
@@ -201,7 +202,8 @@ def black_box(
     evals, handed, after, converging_after = 0, False, 0, 0
     history: list[tuple[int, float]] = []
     main_budget = budget - per_update * int(polish_share * budget / per_update)
-    while evals + per_update <= budget:
+    rules = Stopping(maximize=sign < 0, budget=budget)  # fb.run's rules; one update fits
+    while rules.reason is None:
         polishing = evals + per_update > main_budget
         if polishing and not converging.holds(_best(converging, explorer)[1]):
             break  # the polisher takes the rest of the budget
@@ -215,12 +217,14 @@ def black_box(
             converging_after += handed
         after += handed
         history.append((evals, sign * _best(converging, explorer)[1]))
+        rules.record(evals, history[-1][1], per_update)
     best_params, best_cost = _best(converging, explorer)
-    if evals + per_update <= budget and math.isfinite(best_cost):
+    if rules.reason is None and math.isfinite(best_cost):
         polisher = _Polisher(opt, step, best_params, best_cost, key, kick, sign)
-        while evals + per_update <= budget:
+        while rules.reason is None:
             evals += polisher.update()
             history.append((evals, sign * min(best_cost, polisher.best_cost)))
+            rules.record(evals, history[-1][1], per_update)
         if polisher.best_cost < best_cost:
             best_params, best_cost = polisher.best_params, polisher.best_cost
     losses = converging.state.losses

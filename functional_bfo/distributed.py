@@ -17,6 +17,7 @@ so ``torch.compile(update, fullgraph=True)`` captures them (as functional collec
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import optree
@@ -28,7 +29,7 @@ from ._base import LossFn, Params
 from ._checks import check_bool, check_float, check_int, check_losses
 from .evaluate import Evaluator, batched
 
-__all__ = ["DataParallel", "Sharded", "data_parallel", "sharded"]
+__all__ = ["DataParallel", "Sharded", "check_replicas", "data_parallel", "sharded"]
 
 FAILED = ("functional_bfo.distributed: rank {rank} of {world} could not get the other ranks' "
           "{what}: the collective failed, or waited the process group's whole timeout "
@@ -168,6 +169,45 @@ class DataParallel(Sharded):
             out.append(rest[offset:offset + g.numel()].reshape(g.shape).to(g.dtype))
             offset += g.numel()
         return losses, spec.unflatten(out)
+
+
+def check_replicas(state: Any, group: Any = None) -> None:
+    """Raise if ``state`` (any pytree) is not the same on every rank.
+
+    Each rank hashes every leaf's bytes (SHA-256, on the host) and the digests are
+    all-gathered: one collective of 8 bytes per rank, plus copying the state to the host.
+    Replicas drift apart silently when ranks use different keys, or a loss reads rank-local
+    data outside :func:`data_parallel`; call this every few updates to catch it.
+
+    Raises:
+        RuntimeError: on every rank, naming the ranks that disagree with rank 0.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("check_replicas compares the state across the ranks of a process "
+                           "group; call torch.distributed.init_process_group first.")
+    digest = hashlib.sha256()
+    for leaf in optree.tree_leaves(state, none_is_leaf=True):
+        if isinstance(leaf, Tensor):
+            data = leaf.detach().cpu().contiguous().reshape(-1)
+            digest.update(f"{data.dtype}{tuple(leaf.shape)}".encode())
+            digest.update(data.view(torch.uint8).numpy().tobytes())
+        else:
+            digest.update(repr(leaf).encode())
+    nccl = dist.get_backend(group) == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    mine = torch.tensor([int.from_bytes(digest.digest()[:8], "little", signed=True)],
+                        dtype=torch.int64, device=device)
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    _collective(lambda: dist.all_gather(parts, mine, group=group), group, "state checksums")
+    values = [int(p.item()) for p in parts]
+    differ = [rank for rank, value in enumerate(values) if value != values[0]]
+    if differ:
+        raise RuntimeError(
+            f"functional_bfo.distributed: the state differs across ranks (ranks {differ} "
+            "disagree with rank 0). Every rank must run the same key and see the same "
+            "losses: build the key from one seed on every rank, evaluate with sharded() or "
+            "data_parallel(), and keep rank-local data out of the loss unless it goes "
+            "through data_parallel().")
 
 
 def _gather(local: Tensor, counts: list[int], group: Any, what: str) -> Tensor:

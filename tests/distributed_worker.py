@@ -252,6 +252,29 @@ def scenario_adapters(rank, world, folder):
     return out
 
 
+def scenario_replicas(rank, world, folder):
+    """Same key: the replicas agree. A key per rank: every rank says they drifted."""
+    from functional_bfo.adapters import BFO
+
+    out = {}
+    opt = fb.bfo(population_size=6, evaluator=sharded(False))
+    for name, key in (("same", fb.random.key(0)), ("own", fb.random.key(rank))):
+        state = opt.update(opt.init({"w": torch.zeros(5)}, key=key), loss, X)
+        try:
+            fb.distributed.check_replicas(state)
+            out[name] = None
+        except RuntimeError as e:
+            out[name] = str(e)
+    w = torch.nn.Parameter(torch.zeros(5))
+    shell = BFO([w], population_size=6, seed=rank, check_replicas=True)
+    try:
+        shell.step(lambda: float(loss({"w": w.detach()}, X)))
+        out["shell"] = None
+    except RuntimeError as e:
+        out["shell"] = str(e)
+    return out
+
+
 def scenario_under_vmap(rank, world, folder):
     opt = fb.bfo(population_size=4, evaluator=sharded(False))
     keys = torch.stack([fb.random.key(0), fb.random.key(1)])

@@ -143,3 +143,17 @@ def test_the_shell_takes_the_distributed_evaluators(tmp_path):
             assert params == runs[2][1][name]
         if name.startswith("sharded"):  # and sharding changes nothing
             assert_bitwise(params, runs[1][0][name])
+
+
+def test_drifting_replicas_are_caught_on_every_rank(tmp_path):
+    codes, outputs, results = launch("replicas", 2, tmp_path / "run")
+    assert codes == [0, 0], outputs
+    for rank in (0, 1):
+        assert results[rank]["same"] is None
+        assert "ranks [1] disagree with rank 0" in results[rank]["own"]
+        assert "ranks [1] disagree with rank 0" in results[rank]["shell"]
+
+
+def test_check_replicas_needs_a_process_group():
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        fb.distributed.check_replicas({"w": torch.zeros(2)})

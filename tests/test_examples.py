@@ -30,11 +30,11 @@ def test_the_distributed_example_prints_the_one_process_run_on_two(tmp_path):
     """torchrun with 2 CPU processes (gloo) gives the numbers one process gives."""
     script = str(EXAMPLES / "distributed.py")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, script], capture_output=True, text=True,
-                         timeout=120, env=env)
+    one = subprocess.run([sys.executable, script, "--steps", "12"], capture_output=True,
+                         text=True, timeout=120, env=env)
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc-per-node=2", script], capture_output=True, text=True,
-                         timeout=180, env=env)
+                          "--nproc-per-node=2", script, "--steps", "12"], capture_output=True,
+                         text=True, timeout=180, env=env)
     assert one.returncode == 0 and two.returncode == 0, two.stdout + two.stderr
 
     def lines(out):
