@@ -67,3 +67,22 @@ def test_the_library_decides_nothing_by_execution_mode_or_private_torch_api():
             if needle in text:
                 offenders.append(f"{path.name}: {needle}")
     assert not offenders, offenders
+
+
+def test_the_variants_states_share_their_leading_fields():
+    """The shared fields are declared in each NamedTuple (they have no field inheritance);
+    this keeps the three declarations and the one place that fills them in step."""
+    import torch
+
+    import functional_bfo as fb
+    from functional_bfo._dispersal import initial_population
+
+    shared = fb.BFOState._fields[:-1]
+    assert fb.AdaptiveBFOState._fields[:len(shared)] == shared
+    adaptive = fb.AdaptiveBFOState._fields[:-1]
+    assert fb.HybridBFOState._fields[:len(adaptive)] == adaptive
+    assert {c._fields[-1] for c in (fb.BFOState, fb.AdaptiveBFOState, fb.HybridBFOState)} == {
+        "hyperparams"}
+    start = initial_population({"x": torch.zeros(2)}, fb.random.key(0), 3, None, 1.0)
+    filled = start.state_fields(1.0, {}, lambda: None)
+    assert tuple(k for k in filled if k != "hyperparams") == shared
