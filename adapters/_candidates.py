@@ -72,8 +72,11 @@ class Buffers:
 
     @property
     def settle(self) -> bool:
-        """Whether a step ends with one forward pass at the best params (train mode, buffers)."""
-        return bool(self.tensors) and self.module.training
+        """Whether a step ends with one forward pass at the best params (train mode).
+
+        The model's buffers, and what its code logs, are then the best's.
+        """
+        return self.module is not None and self.module.training
 
     def save(self) -> None:
         """Keep the buffers as they are (read now: ``module.to()`` replaces them)."""

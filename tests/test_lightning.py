@@ -1,0 +1,119 @@
+"""The adapters inside Lightning's ordinary code, on the CPU, with tiny local models."""
+
+from __future__ import annotations
+
+import csv
+import math
+import warnings
+
+import pytest
+import torch
+
+L = pytest.importorskip("lightning")
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+from lightning.pytorch.plugins import MixedPrecision  # noqa: E402
+
+from functional_bfo.adapters import BFO, HybridBFO  # noqa: E402
+from functional_bfo.adapters.lightning import BFOCallback  # noqa: E402
+
+
+class Regression(L.LightningModule):
+    def __init__(self, cls=HybridBFO, automatic=True, on_epoch=False):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(),
+                                       torch.nn.Linear(4, 1))
+        self.cls, self.on_epoch, self.best = cls, on_epoch, []
+        self.automatic_optimization = automatic
+
+    def loss(self, batch):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def training_step(self, batch, batch_idx):
+        if self.automatic_optimization:
+            loss = self.loss(batch)
+            self.log("train_loss", loss, on_step=not self.on_epoch, on_epoch=self.on_epoch)
+            return loss
+        opt = self.optimizers()
+
+        def closure():
+            opt.zero_grad()
+            loss = self.loss(batch)
+            self.manual_backward(loss)
+            return loss
+
+        opt.step(closure=closure)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.best.append(self.optimizers().optimizer.best_fitness)
+
+    def configure_optimizers(self):
+        return self.cls(self.parameters(), population_size=4, swim_length=1, seed=0,
+                        module=self)
+
+
+def loader(batches=3):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8 * batches, 3, generator=g)
+    data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
+    return torch.utils.data.DataLoader(data, batch_size=8)
+
+
+def fit(model, tmp_path, callbacks=(), **trainer):
+    logger = CSVLogger(tmp_path, name="run")
+    t = L.Trainer(accelerator="cpu", max_epochs=1, logger=logger, callbacks=list(callbacks),
+                  enable_progress_bar=False, enable_model_summary=False,
+                  enable_checkpointing=False, log_every_n_steps=1, **trainer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's advice on workers and log intervals
+        t.fit(model, loader())
+    with open(logger.log_dir + "/metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def column(rows, name):
+    return [float(r[name]) for r in rows if r.get(name)]
+
+
+@pytest.mark.parametrize("cls", [BFO, HybridBFO])
+def test_automatic_optimization_logs_the_best_loss(cls, tmp_path):
+    model = Regression(cls)
+    rows = fit(model, tmp_path, [BFOCallback()])
+    assert column(rows, "train_loss") == pytest.approx(model.best, rel=1e-6)
+    assert column(rows, "bfo/best_loss") == pytest.approx(model.best, rel=1e-6)
+    assert len(column(rows, "bfo/diversity")) == 3
+    assert column(rows, "bfo/step_length_mean") and column(rows, "bfo/num_evals")
+
+
+def test_the_epoch_mean_averages_the_best_not_the_candidates(tmp_path):
+    model = Regression(on_epoch=True)
+    with_callback = column(fit(model, tmp_path / "a", [BFOCallback()]), "train_loss")
+    assert with_callback == pytest.approx([sum(model.best) / len(model.best)], rel=1e-6)
+    model = Regression(on_epoch=True)
+    without = column(fit(model, tmp_path / "b"), "train_loss")
+    assert without[0] > with_callback[0] * 1.01  # the candidates' losses, mostly worse
+
+
+def test_manual_optimization(tmp_path):
+    model = Regression(automatic=False)
+    fit(model, tmp_path, [BFOCallback()])
+    assert len(model.best) == 3 and all(math.isfinite(b) for b in model.best)
+    assert model.best[-1] <= model.best[0] * 1.5
+
+
+def test_bf16_mixed_precision_works(tmp_path):
+    model = Regression()
+    rows = fit(model, tmp_path, [BFOCallback()], precision="bf16-mixed")
+    assert all(math.isfinite(v) for v in column(rows, "train_loss"))
+
+
+def test_a_grad_scaler_precision_is_refused_with_the_alternative(tmp_path):
+    plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+    with pytest.raises(ValueError, match="bf16-mixed"):
+        fit(Regression(), tmp_path, [BFOCallback()], plugins=[plugin])
+
+
+def test_the_callback_gives_the_module_its_log_back(tmp_path):
+    model = Regression()
+    fit(model, tmp_path, [BFOCallback()])
+    assert "log" not in model.__dict__ and "log_dict" not in model.__dict__
