@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import csv
 import math
+import os
+import pathlib
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -117,3 +121,17 @@ def test_the_callback_gives_the_module_its_log_back(tmp_path):
     model = Regression()
     fit(model, tmp_path, [BFOCallback()])
     assert "log" not in model.__dict__ and "log_dict" not in model.__dict__
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_ddp_strategies_end_with_identical_parameters(strategy, tmp_path):
+    script = pathlib.Path(__file__).with_name("lightning_ddp.py")
+    out = tmp_path / "params"
+    run = subprocess.run([sys.executable, str(script), strategy, str(out)], timeout=240,
+                         capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    ranks = [torch.load(f"{out}.rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert all(torch.equal(a, b) for a, b in zip(*ranks))
+    start = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    assert not all(torch.equal(a, b) for a, b in zip(ranks[0], start.parameters()))
