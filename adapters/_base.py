@@ -181,6 +181,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
         self._best: float | None = None
         self._settle_evals = 0  # the forward passes that settle buffers, in num_evals
         self._warned_pause = False
+        self._pending: Callable[[], Any] | None = None  # set_closure's, for the next step()
         super().__init__(params, defaults)
 
     # ----- settings -----------------------------------------------------------------------
@@ -288,11 +289,16 @@ class SwarmOptimizer(torch.optim.Optimizer):
             The best loss of the last group stepped, as a float; the parameters hold the
             best values found.
         """
+        pending = closure is None and loss_fn is None and self._pending is not None
+        if pending:  # a framework's closure-less step, with the closure set beforehand
+            closure = self._pending
         if (closure is None) == (loss_fn is None):
             raise TypeError(f"{type(self).__name__}.step needs exactly one of a closure "
                             "(opt.step(closure), the closure returning the loss) or "
                             "loss_fn=... (the vmapped fast path); BFO cannot step without "
-                            "evaluating candidates.")
+                            "evaluating candidates. A framework that calls step() itself "
+                            "needs the closure set first: opt.set_closure(closure), which "
+                            "the glue in functional_bfo.adapters does (docs/integrations.md).")
         if not callable(closure if closure is not None else loss_fn):
             raise TypeError(f"Invalid {'closure' if closure is not None else 'loss_fn'}: "
                             f"{(closure if closure is not None else loss_fn)!r}; expected a "
@@ -315,7 +321,25 @@ class SwarmOptimizer(torch.optim.Optimizer):
             spent, done = spent + self.num_evals - before, done + 1
             if not stepped:
                 break
+        if pending:
+            self._pending = None  # used: the next closure-less step needs a new one
         return math.nan if self._best is None else self._best
+
+    def set_closure(self, closure: Callable[[], Any] | None) -> None:
+        """The closure the next ``step()`` called without arguments evaluates with.
+
+        For frameworks that call ``optimizer.step()`` themselves (Transformers, fastai, a
+        ``GradScaler``): their glue sets the closure before that call. A step that succeeds
+        uses it up; one that fails keeps it, as it keeps everything else. None clears it.
+        """
+        if closure is not None and not callable(closure):
+            raise TypeError(f"Invalid closure: {closure!r}; expected a callable or None.")
+        self._pending = closure
+
+    @property
+    def closure_pending(self) -> bool:
+        """Whether a closure set by :meth:`set_closure` waits for the next ``step()``."""
+        return self._pending is not None
 
     def _step_all(self, closure: Any, loss_fn: Any, done: int = 0) -> bool:
         """Step every group; commit all of it, or restore everything and raise.

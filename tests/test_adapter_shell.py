@@ -597,3 +597,43 @@ def test_one_call_runs_as_many_steps_as_asked():
     assert_same(snapshot(opt, [w, b]), snapshot(clean, [w2, b2]))
     with pytest.raises(ValueError, match="steps"):
         opt.step(closure_for(opt, w, b), steps=0)
+
+
+def test_a_closure_set_beforehand_serves_the_next_closureless_step():
+    w, b = two_params()
+    opt = make(BFO, w, b, 1)
+    with pytest.raises(TypeError, match="set_closure"):
+        opt.step()
+    opt.set_closure(closure_for(opt, w, b, fail_at=3))
+    with pytest.raises(KeyError):
+        opt.step()
+    assert opt.closure_pending  # a failed step keeps it, as it keeps everything
+    opt.set_closure(closure_for(opt, w, b))
+    opt.step()
+    assert not opt.closure_pending
+    w2, b2 = two_params()
+    clean = make(BFO, w2, b2, 1)
+    clean.step(closure_for(clean, w2, b2))
+    assert_same(snapshot(opt, [w, b]), snapshot(clean, [w2, b2]))
+
+
+def test_a_grad_scaler_steps_through_a_set_closure():
+    """AMP's recipe: the scaler calls step() without a closure after unscale_."""
+    w, b = two_params()
+    opt = make(HybridBFO, w, b, 1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+
+    def closure():
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = loss_of(w, b)
+        scaler.scale(loss).backward()
+        return loss
+
+    start = float(loss_of(w, b).detach())
+    for _ in range(3):
+        closure()  # the loop's ordinary forward and scaled backward
+        opt.set_closure(closure)  # then the scaler's step() scores candidates with it
+        scaler.step(opt)
+        scaler.update()
+    assert float(loss_of(w, b).detach()) < start
