@@ -35,6 +35,7 @@ logger = logging.getLogger("functional_bfo.adapters")
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 SHELL_SETTINGS = {"chunk_size": None}  # group settings the shell gives its evaluator
+UNAPPLIED = object()  # a setting whose value the state may not hold: applied at the next step
 
 
 class Settings(dict):
@@ -656,6 +657,10 @@ class SwarmOptimizer(torch.optim.Optimizer):
                 like = swarm.core.init([p.detach() for p in group["params"]],
                                        key=key.to(group["params"][0].device))
                 swarm.state = entries(like)
+                # The saved group may hold edits (a scheduler's lr) its state has not taken
+                # yet: the next step applies every dynamic setting from the group.
+                swarm.settings = {k: UNAPPLIED if k in self.core_hyperparams._fields else v
+                                  for k, v in swarm.settings.items()}
                 swarm.fast_update = (swarm.core.update if self._mode is None
                                      else self._compiled(g, swarm.core))
                 if self.uses_grads:

@@ -637,3 +637,22 @@ def test_a_grad_scaler_steps_through_a_set_closure():
         scaler.step(opt)
         scaler.update()
     assert float(loss_of(w, b).detach()) < start
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_a_state_dict_saved_between_a_schedule_and_a_step_resumes_exactly(cls):
+    """The saved groups hold the scheduler's new lr, the saved swarm not yet."""
+    w, b = two_params()
+    opt = make(cls, w, b, 1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    opt.step(closure_for(opt, w, b))
+    sched.step()
+    saved = opt.state_dict()
+    w2, b2 = two_params()
+    other = make(cls, w2, b2, 1)
+    other.load_state_dict(saved)
+    with torch.no_grad():
+        w2.copy_(w), b2.copy_(b)
+    opt.step(closure_for(opt, w, b))
+    other.step(closure_for(other, w2, b2))
+    assert_same(snapshot(opt, [w, b])[:5], snapshot(other, [w2, b2])[:5])
