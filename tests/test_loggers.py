@@ -1,0 +1,92 @@
+"""Logging hooks through register_step_post_hook, read back from what each logger wrote."""
+
+from __future__ import annotations
+
+import csv as csv_module
+import warnings
+
+import pytest
+import torch
+
+from functional_bfo.adapters import BFO, HybridBFO, loggers
+
+PATHS = ["closure", "fast"]
+
+
+def problem(cls):
+    w = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 4))
+    opt = cls([w], population_size=4, swim_length=1, seed=0)
+
+    def closure():
+        opt.zero_grad()
+        loss = (w - 0.5).square().sum()
+        if w.requires_grad:
+            loss.backward()
+        return loss
+
+    def step(path):
+        if path == "closure":
+            return opt.step(closure)
+        return opt.step(loss_fn=lambda p: (p[0] - 0.5).square().sum())
+
+    return opt, step
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_csv_rows_follow_every_step(path, tmp_path):
+    opt, step = problem(HybridBFO)
+    out = tmp_path / "bfo.csv"
+    opt.register_step_post_hook(loggers.csv(out))
+    best = [step(path) for _ in range(3)]
+    with open(out) as f:
+        rows = list(csv_module.DictReader(f))
+    assert [float(r["BFO/best_fitness"]) for r in rows] == pytest.approx(best)
+    assert [int(r["step"]) for r in rows] == [0, 1, 2]
+    assert all(float(r["BFO/num_evals"]) > 0 and float(r["BFO/diversity"]) > 0 for r in rows)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_tensorboard_scalars_and_population_histogram(path, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    opt, step = problem(BFO)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tensorboard's own deprecations
+        writer = SummaryWriter(str(tmp_path))
+        opt.register_step_post_hook(loggers.tensorboard(writer, histogram_every=2))
+        best = [step(path) for _ in range(3)]
+        writer.close()
+        events = EventAccumulator(str(tmp_path), size_guidance={"histograms": 0}).Reload()
+    scalars = [e.value for e in events.Scalars("BFO/best_fitness")]
+    assert scalars == pytest.approx(best)
+    assert [e.step for e in events.Histograms("BFO/population")] == [0, 2]
+    assert events.Histograms("BFO/population")[0].histogram_value.num == 4 * 4
+    assert "BFO/step_length_mean" in events.Tags()["scalars"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_wandb_offline(path, tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    opt, step = problem(HybridBFO)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = wandb.init(mode="offline", dir=str(tmp_path), project="bfo")
+        try:
+            opt.register_step_post_hook(loggers.wandb())
+            best = [step(path) for _ in range(3)]
+            assert run.summary["BFO/best_fitness"] == pytest.approx(best[-1])
+            assert run.summary["BFO/num_evals"] == opt.num_evals
+        finally:
+            run.finish()
+
+
+def test_wandb_without_a_run_says_what_to_do():
+    wandb = pytest.importorskip("wandb")
+    assert wandb.run is None
+    opt, step = problem(BFO)
+    opt.register_step_post_hook(loggers.wandb())
+    with pytest.raises(RuntimeError, match="wandb.init"):
+        step("closure")
