@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import numbers
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -194,3 +194,48 @@ def _grad_of(p: Tensor, backward: bool) -> Tensor:
         return p.grad.detach().to(p.dtype).clone()
     return torch.full_like(p, torch.nan) if p.requires_grad and not backward else (
         torch.zeros_like(p))
+
+
+def closure_over(batches: Iterable[Any], loss_of: Callable[[Any], Tensor], *,
+                 backward: bool = False,
+                 optimizer: torch.optim.Optimizer | None = None) -> Callable[[], Tensor]:
+    """A closure that scores the model on every batch of a window: their mean loss.
+
+    Gradient accumulation with a population optimizer: every candidate of a step must be
+    scored on the same batches. A closure that draws its batches from a loader (as the
+    integration guide's does) ranks each candidate on different data; here the batches are
+    read once, when the closure is made.
+
+    Args:
+        batches: the window's batches (read into a list now).
+        loss_of: ``loss_of(batch) -> loss`` for the model as it stands.
+        backward: call ``backward`` on each batch's share of the mean (HybridBFO reads the
+            accumulated gradient).
+        optimizer: zero its gradients at the start of each call.
+
+    Examples:
+        >>> import torch
+        >>> from functional_bfo.adapters import closure_over
+        >>> w = torch.zeros(2, requires_grad=True)
+        >>> closure = closure_over([torch.ones(2), 3 * torch.ones(2)], lambda b: (w - b).sum())
+        >>> float(closure())
+        -4.0
+    """
+    window = list(batches)
+    if not window:
+        raise ValueError("closure_over needs at least one batch.")
+    if not callable(loss_of):
+        raise TypeError(f"loss_of must be a callable batch -> loss; got {loss_of!r}.")
+
+    def closure() -> Tensor:
+        if optimizer is not None:
+            optimizer.zero_grad()
+        total = None
+        for batch in window:
+            loss = loss_of(batch)
+            if backward:
+                (loss / len(window)).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        return total / len(window)
+
+    return closure

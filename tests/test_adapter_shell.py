@@ -656,3 +656,31 @@ def test_a_state_dict_saved_between_a_schedule_and_a_step_resumes_exactly(cls):
     opt.step(closure_for(opt, w, b))
     other.step(closure_for(other, w2, b2))
     assert_same(snapshot(opt, [w, b])[:5], snapshot(other, [w2, b2])[:5])
+
+
+def test_closure_over_scores_every_candidate_on_the_same_window():
+    """The guide's accumulation closure draws new batches per call; closure_over does not."""
+    from functional_bfo.adapters import closure_over
+
+    model = torch.nn.Linear(3, 1)
+    batches = [torch.full((4, 3), float(i)) for i in range(20)]
+    seen = []
+
+    def loss_of(x):
+        if evaluating_candidates():
+            seen.append(float(x[0, 0]))
+        return model(x).square().mean()
+
+    opt = HybridBFO(model.parameters(), **TINY, seed=0)
+    loader = iter(batches)
+
+    def guide_closure():  # the integration guide's pattern
+        return sum(loss_of(next(loader)) for _ in range(2)) / 2
+
+    opt.step(guide_closure)
+    assert len(set(seen)) > 2  # candidates ranked on different data
+    seen.clear()
+    opt.step(closure_over(batches[:2], loss_of, backward=True, optimizer=opt))
+    assert set(seen) == {0.0, 1.0} and len(seen) == 2 * 7
+    with pytest.raises(ValueError, match="at least one batch"):
+        closure_over([], loss_of)
