@@ -43,3 +43,15 @@ def test_the_distributed_example_prints_the_one_process_run_on_two(tmp_path):
 
     assert lines(one.stdout) and lines(one.stdout) == lines(two.stdout)
     assert "(2 processes)" in two.stdout
+
+
+@pytest.mark.parametrize("name,framework,size", [("lightning_digits", "lightning", 1),
+                                                 ("transformers_digits", "transformers", 4),
+                                                 ("fastai_digits", "fastai.basics", 1)])
+def test_integration_examples_run(name, framework, size, capsys):
+    pytest.importorskip(framework)
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / "integrations" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert math.isfinite(module.main(size))
+    assert "accuracy" in capsys.readouterr().out
