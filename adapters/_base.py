@@ -170,6 +170,9 @@ class SwarmOptimizer(torch.optim.Optimizer):
                             "shell scores candidates itself (closure or loss_fn).")
         self._distributed = evaluator
         self._check_replicas = check_bool("check_replicas", check_replicas)
+        if check_replicas and not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("check_replicas=True compares the swarms across the ranks of a "
+                             "process group; call torch.distributed.init_process_group first.")
         signature = self._signature()
         unknown = sorted(set(hyperparams) - set(signature) - set(self.aliases))
         if unknown:
@@ -386,7 +389,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
         self._stopping.maximize = bool([d for d in new if d is not None][-1][0]["maximize"])
         self._stopping.record(self.num_evals, self._best, self._per_update())
         if self._check_replicas:
-            fb.distributed.check_replicas([s.state for s in self._swarms])
+            fb.distributed.check_replicas([s.state for s in self._swarms],
+                                          getattr(self._distributed, "group", None))
         return True
 
     def _step_group(self, g: int, swarm: _Swarm, settings: dict[str, Any], closure: Any,

@@ -38,7 +38,8 @@ class BFOOptimWrapper(OptimWrapper):
     """fastai's wrapper of a torch optimizer, for hyperparameters ours do not have.
 
     ``fit_one_cycle`` schedules a momentum (``mom``) that BFO and AdaptiveBFO do not have:
-    its values are kept for fastai's records (``hypers``) and drive nothing.
+    its values are kept for fastai's records (``hypers``) and drive nothing. Any other
+    hyperparameter ours lack (``wd``: weight decay means nothing to BFO) is refused.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -48,8 +49,12 @@ class BFOOptimWrapper(OptimWrapper):
     def _set_hyper(self, k: str, v: Any) -> None:
         if k in self.bwd_map:
             super()._set_hyper(k, v)
-        else:
+        elif k == "mom":
             self.undriven[k] = list(v)
+        else:
+            raise ValueError(f"fastai set {k}={list(v)}, which {type(self.opt).__name__} does "
+                             f"not have (its settings: {sorted(self.bwd_map)}); leave it "
+                             "unset (wd=None) for functional_bfo's optimizers.")
 
     @property
     def hypers(self) -> list[dict[str, Any]]:

@@ -81,6 +81,12 @@ class BFOCallback(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Refuse a precision plugin that would step the optimizer without a closure."""
         optimizers = _swarm_optimizers(trainer)
+        for opt in optimizers:
+            if opt._buffers.module is None:  # no last pass at the best: nothing would log
+                raise ValueError(f"BFOCallback drops self.log calls made while candidates "
+                                 f"are scored, so the step must end with a pass at the best "
+                                 f"params: build the optimizer with module=self "
+                                 f"({type(opt).__name__}(self.parameters(), module=self)).")
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if optimizers and scaler is not None:
             raise ValueError(PRECISION_MSG.format(precision=trainer.precision,

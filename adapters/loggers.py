@@ -9,14 +9,17 @@ needs no subclass and runs after every ``step``, closure or fast path:
     opt.register_step_post_hook(loggers.wandb())          # the active wandb run
     opt.register_step_post_hook(loggers.csv("bfo.csv"))
 
-Each logs, per step, ``best_fitness``, ``diversity``, ``num_evals`` and each param group's
-``step_length_mean`` (its mean step size in use), under ``prefix``; TensorBoard also gets a
-histogram of the population every ``histogram_every`` steps.
+After every ``step()`` call that stepped (not one where every group was paused), each
+logs ``best_fitness``, ``num_evals`` and each param group's ``diversity`` and
+``step_length_mean`` (its mean step size in use; NaN before the group's first step), under
+``prefix``; TensorBoard also gets a histogram of the population every ``histogram_every``
+of them.
 """
 
 from __future__ import annotations
 
 import csv as _csv
+import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -29,14 +32,16 @@ Hook = Callable[[Any, tuple, dict], None]
 
 
 def telemetry(opt: SwarmOptimizer, prefix: str = "BFO") -> dict[str, float]:
-    """What the hooks log after a step, as ``{prefix/name: float}`` (one host read each)."""
+    """What the hooks log after a step, as ``{prefix/name: float}`` (empty before one)."""
+    if opt.best_fitness is None:
+        return {}
     out = {f"{prefix}/best_fitness": float(opt.best_fitness),
-           f"{prefix}/diversity": opt.diversity(),
            f"{prefix}/num_evals": float(opt.num_evals)}
     for g, swarm in enumerate(opt._swarms):
-        if swarm.state is not None:
-            suffix = f"_group{g}" if g else ""
-            out[f"{prefix}/step_length_mean{suffix}"] = opt.metrics(g)["step_length_mean"]
+        m = opt.metrics(g) if swarm.state is not None else {}
+        suffix = f"_group{g}" if g else ""
+        for name in ("diversity", "step_length_mean"):
+            out[f"{prefix}/{name}{suffix}"] = m.get(name, math.nan)
     return out
 
 
@@ -51,7 +56,10 @@ def tensorboard(writer: Any, *, prefix: str = "BFO", histogram_every: int = 100)
     steps = [0]
 
     def hook(opt: SwarmOptimizer, args: tuple, kwargs: dict) -> None:
-        for name, value in telemetry(opt, prefix).items():
+        values = telemetry(opt, prefix)
+        if not values:
+            return
+        for name, value in values.items():
             writer.add_scalar(name, value, steps[0])
         if steps[0] % histogram_every == 0:
             writer.add_histogram(f"{prefix}/population", opt.population.flatten(), steps[0])
@@ -72,7 +80,9 @@ def wandb(run: Any = None, *, prefix: str = "BFO") -> Hook:
             if target is None:
                 raise RuntimeError("loggers.wandb() logs to the active run: call wandb.init() "
                                    "first, or pass run=.")
-        target.log(telemetry(opt, prefix))
+        values = telemetry(opt, prefix)
+        if values:
+            target.log(values)
 
     return hook
 
@@ -82,7 +92,10 @@ def csv(path: str | os.PathLike, *, prefix: str = "BFO") -> Hook:
     steps = [0]
 
     def hook(opt: SwarmOptimizer, args: tuple, kwargs: dict) -> None:
-        row = {"step": steps[0], **telemetry(opt, prefix)}
+        values = telemetry(opt, prefix)
+        if not values:
+            return
+        row = {"step": steps[0], **values}
         new = not os.path.exists(path) or os.path.getsize(path) == 0
         with open(path, "a", newline="") as f:
             writer = _csv.DictWriter(f, fieldnames=list(row))

@@ -9,10 +9,11 @@
     trainer.train()
 
 The Trainer calls ``optimizer.step()`` without a closure once per
-``gradient_accumulation_steps`` batches. ``BFOTrainer.training_step`` hands the optimizer a
-closure that scores a candidate on every batch of that window (their mean loss), so all
-candidates of a step see the same data; it returns the loss of the parameters as they
-stand, for the Trainer's logs.
+``gradient_accumulation_steps`` batches. ``BFOTrainer.training_step`` does what the
+Trainer's does (the loss and its backward at the parameters as they stand: the logs, the
+gradient clipping and norm, and a ``GradScaler``'s bookkeeping see them) and hands the
+optimizer a closure that scores a candidate on every batch of that window (their mean
+loss), so all candidates of a step see the same data.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ except ImportError as e:  # pragma: no cover - the extra is not installed
                       "'functional-bfo[transformers]'.") from e
 
 import torch
+import torch.distributed as dist
+
+import functional_bfo as fb
 
 from ._base import SwarmOptimizer
 from .optimizers import HybridBFO
@@ -39,16 +43,26 @@ logger = logging.getLogger("functional_bfo.adapters")
 class BFOTrainer(transformers.Trainer):
     """A ``transformers.Trainer`` whose optimizer is HybridBFO, or any functional_bfo one.
 
-    Everything else is the Trainer's: the data loaders, ``gradient_accumulation_steps``
-    (a step's candidates are all scored on the window's batches), the learning-rate
-    scheduler (it drives ``lr``, the optimizer's largest step: ``learning_rate`` is that
-    step, so set it to a step size such as 0.05, not an Adam rate), ``bf16``, logging,
-    checkpoints and ``resume_from_checkpoint`` (the optimizer's ``state_dict``).
+    The rest is the Trainer's: the data loaders, ``gradient_accumulation_steps`` (a step's
+    candidates are all scored on the window's batches), the learning-rate scheduler (it
+    drives ``lr``, the optimizer's largest step: ``learning_rate`` is that step, so set it
+    to a step size such as 0.05, not an Adam rate), ``bf16``, logging, checkpoints and
+    ``resume_from_checkpoint`` (the optimizer's ``state_dict``).
 
     The default optimizer is ``HybridBFO(model.parameters(), lr=args.learning_rate,
     seed=args.seed, module=model)``: parameters that take gradients follow them, the others
-    move by BFO. Pass ``optimizers=(opt, None)`` for another.
+    move by BFO. Launched on several processes (torchrun), it takes
+    ``evaluator=fb.distributed.data_parallel(weight=per_device_train_batch_size)``, so the
+    ranks, each with its own batches, rank the candidates alike and stay identical. Pass
+    ``optimizers=(opt, None)`` for another.
     """
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """The Trainer's ``train``, each run starting from an empty window."""
+        self._window: list[dict[str, Any]] = []
+        if self.optimizer is not None:
+            _swarm(self.optimizer).set_closure(None)  # a failed run's leftover
+        return super().train(*args, **kwargs)
 
     def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
         """HybridBFO over the model, unless ``optimizers=`` gave one of ours."""
@@ -58,8 +72,12 @@ class BFOTrainer(transformers.Trainer):
                 logger.warning("BFOTrainer: learning_rate=%g is the optimizer's largest step; "
                                "a value an Adam run would use makes BFO crawl. Set it to a "
                                "step size such as 0.05.", self.args.learning_rate)
+            evaluator = None
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                evaluator = fb.distributed.data_parallel(
+                    weight=self.args.per_device_train_batch_size)
             self.optimizer = HybridBFO(model.parameters(), lr=self.args.learning_rate,
-                                       seed=self.args.seed, module=model)
+                                       seed=self.args.seed, module=model, evaluator=evaluator)
         _swarm(self.optimizer)
         return self.optimizer
 
@@ -70,8 +88,8 @@ class BFOTrainer(transformers.Trainer):
         model.train()
         inputs = self._prepare_inputs(inputs)
         if not opt.closure_pending:  # the previous step used the last window up
-            self._window: list[dict[str, Any]] = []
-        self._window.append(inputs)
+            self._window = []
+        self._window.append(dict(inputs))  # compute_loss may pop the labels from its dict
         window = list(self._window)
 
         def closure() -> torch.Tensor:
@@ -79,16 +97,20 @@ class BFOTrainer(transformers.Trainer):
             total = torch.zeros((), dtype=torch.float64)
             for batch in window:
                 with self.compute_loss_context_manager():
-                    loss = self.compute_loss(model, batch)
+                    loss = self.compute_loss(model, dict(batch))
                 if opt.uses_grads:
                     self.accelerator.backward(loss)
                 total = total + loss.detach().to(total)
             return total / len(window)
 
         opt.set_closure(closure)
-        with torch.no_grad(), self.compute_loss_context_manager():
-            loss = self.compute_loss(model, inputs)
-        return loss.detach() / self.args.gradient_accumulation_steps
+        with self.compute_loss_context_manager():
+            loss = self.compute_loss(model, dict(inputs))
+        if loss.requires_grad:  # as the Trainer's own step: clipping, norms, a GradScaler
+            self.accelerator.backward(loss)
+        steps = getattr(self, "current_gradient_accumulation_steps",
+                        self.args.gradient_accumulation_steps)
+        return loss.detach() / steps
 
 
 def _swarm(optimizer: Any) -> SwarmOptimizer:

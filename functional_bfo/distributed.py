@@ -18,6 +18,7 @@ so ``torch.compile(update, fullgraph=True)`` captures them (as functional collec
 from __future__ import annotations
 
 import hashlib
+import pickle
 from typing import Any
 
 import optree
@@ -191,8 +192,8 @@ def check_replicas(state: Any, group: Any = None) -> None:
             data = leaf.detach().cpu().contiguous().reshape(-1)
             digest.update(f"{data.dtype}{tuple(leaf.shape)}".encode())
             digest.update(data.view(torch.uint8).numpy().tobytes())
-        else:
-            digest.update(repr(leaf).encode())
+        else:  # None, numbers: their pickled bytes (repr abbreviates big arrays)
+            digest.update(pickle.dumps(leaf))
     nccl = dist.get_backend(group) == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
     mine = torch.tensor([int.from_bytes(digest.digest()[:8], "little", signed=True)],

@@ -108,3 +108,9 @@ def test_a_learner_without_our_optimizer_is_refused():
     learn = Learner(data(), model, loss_func=nn.functional.mse_loss, cbs=BFOCallback())
     with pytest.raises(TypeError, match="bfo_opt"):
         fit(learn, "fit", 1, 0.1)
+
+
+def test_weight_decay_is_refused_not_ignored():
+    learn, model = learner(BFO)
+    with pytest.raises(ValueError, match="wd"):
+        fit(learn, "fit", 1, 0.1, wd=0.1)

@@ -135,3 +135,12 @@ def test_ddp_strategies_end_with_identical_parameters(strategy, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(*ranks))
     start = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
     assert not all(torch.equal(a, b) for a, b in zip(ranks[0], start.parameters()))
+
+
+def test_the_callback_needs_the_module_to_log_the_best(tmp_path):
+    class NoModule(Regression):
+        def configure_optimizers(self):
+            return BFO(self.parameters(), population_size=4, swim_length=1, seed=0)
+
+    with pytest.raises(ValueError, match="module=self"):
+        fit(NoModule(), tmp_path, [BFOCallback()])

@@ -90,3 +90,29 @@ def test_wandb_without_a_run_says_what_to_do():
     opt.register_step_post_hook(loggers.wandb())
     with pytest.raises(RuntimeError, match="wandb.init"):
         step("closure")
+
+
+def test_paused_steps_groups_of_other_sizes_and_late_groups_log_cleanly(tmp_path):
+    a = torch.nn.Parameter(torch.zeros(3))
+    b = torch.nn.Parameter(torch.zeros(2))
+    opt = BFO([{"params": [a], "lr": 0.0}, {"params": [b], "population_size": 6}],
+              population_size=4, swim_length=1, seed=0)
+    out = tmp_path / "bfo.csv"
+    opt.register_step_post_hook(loggers.csv(out))
+
+    def closure():
+        return float((a.detach() - 1).square().sum() + (b.detach() + 1).square().sum())
+
+    first = BFO([torch.nn.Parameter(torch.zeros(2))], lr=0.0, population_size=4, seed=0)
+    first.register_step_post_hook(loggers.csv(tmp_path / "paused.csv"))
+    with pytest.warns(RuntimeWarning, match="paused"):
+        first.step(lambda: 1.0)  # every group paused: nothing to log, no crash
+        opt.step(closure)
+    assert not (tmp_path / "paused.csv").exists()
+    opt.param_groups[0]["lr"] = 0.1  # group 0 starts late
+    opt.step(closure)
+    with open(out) as f:
+        rows = list(csv_module.DictReader(f))
+    assert len(rows) == 2 and all(None not in r for r in rows)  # columns stay aligned
+    assert rows[0]["BFO/diversity"] == "nan" and float(rows[1]["BFO/diversity"]) > 0
+    assert float(rows[1]["BFO/diversity_group1"]) > 0

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -25,7 +29,8 @@ class Tiny(nn.Module):
     def forward(self, x, labels=None):
         self.seen.append((evaluating_candidates(), float(x[0, 0])))
         out = self.net(x)
-        return {"loss": nn.functional.mse_loss(out, labels), "logits": out}
+        loss = None if labels is None else nn.functional.mse_loss(out, labels)
+        return {"loss": loss, "logits": out}
 
 
 class Data(torch.utils.data.Dataset):
@@ -133,3 +138,51 @@ def test_resume_from_a_checkpoint_equals_never_stopping(tmp_path):
           resume=str(tmp_path / "b" / "checkpoint-2"))
     for a, b in zip(straight.parameters(), resumed.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_custom_loss_that_pops_the_labels(tmp_path):
+    def loss_func(outputs, labels, num_items_in_batch=None):
+        return nn.functional.l1_loss(outputs["logits"], labels)
+
+    model = Tiny()
+    trainer = train(model, arguments(tmp_path), compute_loss_func=loss_func)
+    assert trainer.optimizer.optimizer.num_evals > 0
+
+
+def test_a_retried_run_starts_from_an_empty_window(tmp_path):
+    model = Tiny()
+    calls = [0]
+    forward = model.forward
+
+    def failing(*args, **kwargs):
+        if evaluating_candidates() and not calls[0]:  # the first step's first candidate
+            calls[0] += 1
+            raise KeyError("a flaky data source")
+        return forward(*args, **kwargs)
+
+    model.forward = failing
+    args = arguments(tmp_path, gradient_accumulation_steps=2, max_steps=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = BFO(model.parameters(), population_size=2, swim_length=1, lr=0.05, seed=0)
+        trainer = BFOTrainer(model=model, args=args, train_dataset=Data(),
+                             optimizers=(opt, None))
+        with pytest.raises(KeyError):
+            trainer.train()
+        model.seen.clear()
+        trainer.train()
+    candidates = [first for candidate, first in model.seen if candidate]
+    # The retried step: 1 + 2 * 2 closure calls, each over a window of 2 batches (not 4).
+    assert len(candidates) == 5 * 2 and len(set(candidates)) == 2
+
+
+def test_ranks_of_a_torchrun_launch_stay_identical(tmp_path):
+    """Each rank trains on its own batches; the default data-parallel evaluator averages."""
+    script = pathlib.Path(__file__).with_name("transformers_ddp.py")
+    out = str(tmp_path / "params")
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node=2", str(script), out], capture_output=True,
+                         text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    ranks = [torch.load(f"{out}.rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert all(torch.equal(a, b) for a, b in zip(*ranks))
