@@ -156,8 +156,8 @@ def main() -> None:
         r["speedup"] = base["update_s"] / r["update_s"]
     gather = rows[-1]["gather_s"]  # the largest group's, for the extrapolation
     predicted = {n: a / n + b + base["calls"] * gather for n in (4, 8, 16)}
-    threads = {n: single_process(n, repeats, device) for n in counts} if device.type == "cpu" \
-        else {}
+    threads = {n: single_process(n, repeats, device) for n in counts} if (
+        device.type == "cpu" and not args.quick) else {}
     result = dict(quick=args.quick, machine=machine(args.device), problem=PROBLEM, rows=rows,
                   shared_s=a, fixed_s=b, predicted_s=predicted, one_process_threads_s=threads)
     md = [f"# Sharded population across processes ({'quick' if args.quick else 'full'} run, "

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import functional_bfo as fb
 
 STEPS = 8
-TIMEOUTS = {"stuck": 4}  # seconds the process group waits (else 20)
+TIMEOUTS = {"stuck": 2}  # seconds the process group waits (else 20)
 X = torch.linspace(-1.0, 1.0, 5)
 
 
