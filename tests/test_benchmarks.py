@@ -1,6 +1,7 @@
 """The benchmark scripts' --quick smoke runs work and write JSON + Markdown (timings unchecked)."""
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -10,24 +11,50 @@ import pytest
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
 
 
-@pytest.mark.parametrize("script,stem", [("adapter_paths.py", "adapter_paths_quick"),
-                                         ("update_overhead.py", "update_overhead_quick"),
-                                         ("speed.py", "speed_quick"),
-                                         ("scaling.py", "scaling_quick"),
-                                         ("swim_batch.py", "swim_batch_quick"),
-                                         ("distributed.py", "distributed_quick")])
-def test_quick_run_writes_results(script, stem, tmp_path):
-    subprocess.run([sys.executable, script, "--quick", "--out", str(tmp_path)],
-                   cwd=BENCHMARKS, check=True, capture_output=True, timeout=600)
-    result = json.loads((tmp_path / f"{stem}.json").read_text())
+QUICK = {"adapter_paths.py": "adapter_paths_quick",
+         "update_overhead.py": "update_overhead_quick",
+         "speed.py": "speed_quick",
+         "scaling.py": "scaling_quick",
+         "swim_batch.py": "swim_batch_quick",
+         "distributed.py": "distributed_quick",
+         "quality.py": "quality_quick"}
+
+
+@pytest.fixture(scope="module")
+def quick_runs(tmp_path_factory):
+    """Every script's --quick run, all started at once (one thread each: timings unchecked),
+    so the smoke runs share the machine's cores instead of queueing."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    runs = {}
+    for script in QUICK:
+        out = tmp_path_factory.mktemp(script.removesuffix(".py"))
+        runs[script] = (out, subprocess.Popen(
+            [sys.executable, script, "--quick", "--out", str(out)], cwd=BENCHMARKS, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    yield runs
+    for _, proc in runs.values():
+        proc.kill()
+
+
+def finished(runs, script):
+    out, proc = runs[script]
+    output = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, output[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("script", [s for s in QUICK if s != "quality.py"])
+def test_quick_run_writes_results(script, quick_runs):
+    out = finished(quick_runs, script)
+    stem = QUICK[script]
+    result = json.loads((out / f"{stem}.json").read_text())
     assert result["quick"] is True and result["machine"]["torch"]
-    assert (tmp_path / f"{stem}.md").read_text().startswith("# ")
+    assert (out / f"{stem}.md").read_text().startswith("# ")
 
 
-def test_quality_quick_run_writes_results(tmp_path):
+def test_quality_quick_run_writes_results(quick_runs):
     """Ours only where no peer is installed; the tables are built from the run log."""
-    subprocess.run([sys.executable, "quality.py", "--quick", "--out", str(tmp_path)],
-                   cwd=BENCHMARKS, check=True, capture_output=True, timeout=900)
+    tmp_path = finished(quick_runs, "quality.py")
     result = json.loads((tmp_path / "quality_quick.json").read_text())
     assert result["quick"] is True
     cell = result["cells"]["sphere|2"]
