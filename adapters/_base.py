@@ -433,6 +433,11 @@ class SwarmOptimizer(torch.optim.Optimizer):
             with self._buffers.batch_statistics(), scoring_candidates():
                 state = update(state, loss)
         except Exception as e:  # its type kept; notes say what ran and what to do
+            if closure is None and "Batch norm" in str(e) and self._buffers.module is None:
+                e.add_note(f"step(loss_fn=...) with a train-mode BatchNorm: build the "
+                           f"optimizer with module=model ({type(self).__name__}(..., "
+                           "module=model)); it then normalizes candidates by batch "
+                           "statistics and updates the running ones once, at the best.")
             if closure is None and "DataParallel" in str(e):
                 e.add_note("step(loss_fn=...): torch.func.functional_call cannot call a "
                            "DataParallel / DistributedDataParallel wrapper; call it on the "

@@ -684,3 +684,12 @@ def test_closure_over_scores_every_candidate_on_the_same_window():
     assert set(seen) == {0.0, 1.0} and len(seen) == 2 * 7
     with pytest.raises(ValueError, match="at least one batch"):
         closure_over([], loss_of)
+
+
+def test_a_train_mode_batchnorm_on_the_fast_path_without_module_names_the_fix():
+    model = bn_model(counter=False).train()
+    x = torch.randn(8, 3)
+    opt = BFO(model.named_parameters(), **TINY, seed=0)
+    with pytest.raises(RuntimeError) as info:
+        opt.step(loss_fn=lambda p: functional_call(model, p, (x,)).square().mean())
+    assert "module=model" in "".join(info.value.__notes__)
