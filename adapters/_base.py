@@ -567,6 +567,16 @@ class SwarmOptimizer(torch.optim.Optimizer):
                 total += s["population_size"] * (s["swim_length"] + 1) + self._reevaluate
         return total
 
+    @property
+    def module(self) -> torch.nn.Module | None:
+        """The model given as ``module=`` (unwrapped from DataParallel / DDP), or None."""
+        return self._buffers.module
+
+    @property
+    def stepped_groups(self) -> list[int]:
+        """The param groups whose swarm has started (``metrics(g)`` works for them)."""
+        return [g for g, swarm in enumerate(self._swarms) if swarm.state is not None]
+
     # ----- what the seeds' loops read -----------------------------------------------------
 
     @property

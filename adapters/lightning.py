@@ -82,7 +82,7 @@ class BFOCallback(L.Callback):
         """Refuse a precision plugin that would step the optimizer without a closure."""
         optimizers = _swarm_optimizers(trainer)
         for opt in optimizers:
-            if opt._buffers.module is None:  # no last pass at the best: nothing would log
+            if opt.module is None:  # no last pass at the best: nothing would be logged
                 raise ValueError(f"BFOCallback drops self.log calls made while candidates "
                                  f"are scored, so the step must end with a pass at the best "
                                  f"params: build the optimizer with module=self "
@@ -99,9 +99,7 @@ class BFOCallback(L.Callback):
         if trainer.global_step % every:
             return
         for opt in _swarm_optimizers(trainer):
-            for g, swarm in enumerate(opt._swarms):
-                if swarm.state is None:
-                    continue
+            for g in opt.stepped_groups:
                 m = opt.metrics(g)
                 suffix = f"_g{g}" if g else ""
                 pl_module.log_dict({f"bfo/best_loss{suffix}": m["best_loss"],

@@ -37,8 +37,9 @@ def telemetry(opt: SwarmOptimizer, prefix: str = "BFO") -> dict[str, float]:
         return {}
     out = {f"{prefix}/best_fitness": float(opt.best_fitness),
            f"{prefix}/num_evals": float(opt.num_evals)}
-    for g, swarm in enumerate(opt._swarms):
-        m = opt.metrics(g) if swarm.state is not None else {}
+    stepped = opt.stepped_groups
+    for g in range(len(opt.param_groups)):
+        m = opt.metrics(g) if g in stepped else {}
         suffix = f"_group{g}" if g else ""
         for name in ("diversity", "step_length_mean"):
             out[f"{prefix}/{name}{suffix}"] = m.get(name, math.nan)

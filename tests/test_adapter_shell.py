@@ -693,3 +693,15 @@ def test_a_train_mode_batchnorm_on_the_fast_path_without_module_names_the_fix():
     with pytest.raises(RuntimeError) as info:
         opt.step(loss_fn=lambda p: functional_call(model, p, (x,)).square().mean())
     assert "module=model" in "".join(info.value.__notes__)
+
+
+def test_the_glue_reads_module_and_stepped_groups_publicly():
+    model = bn_model(counter=False)
+    net = torch.nn.DataParallel(model)
+    opt = BFO([{"params": [model[0].weight]}, {"params": [model[3].weight]}], **TINY, seed=0,
+              module=net)
+    assert opt.module is model and opt.stepped_groups == []
+    opt.param_groups[1]["lr"] = 0.0
+    with pytest.warns(RuntimeWarning, match="paused"):
+        opt.step(lambda: model(torch.randn(8, 3)).square().mean())
+    assert opt.stepped_groups == [0]
