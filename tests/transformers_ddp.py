@@ -11,6 +11,7 @@ import sys
 import warnings
 
 import torch
+import torch.distributed as dist
 from test_transformers import Data, Tiny, arguments
 
 from functional_bfo.adapters.transformers import BFOTrainer
@@ -27,3 +28,11 @@ if __name__ == "__main__":
         trainer.train()
     torch.save([p.detach().clone() for p in model.parameters()],
                f"{out}.rank{os.environ['RANK']}.pt")
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    # Skip the interpreter's teardown: gloo's threads can abort there ("terminate called
+    # without an active exception") after the work is done and saved.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
