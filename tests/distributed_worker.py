@@ -86,13 +86,14 @@ def scenario_data_parallel(rank, world, folder):
     return {"losses": losses, "grads": grads["w"], "state": optree.tree_leaves(state)}
 
 
-def scenario_failing(rank, world, folder):
+def rank_1_fault(rank, fault):
+    """Updates whose loss calls ``fault()`` on rank 1's third call; what each rank saw."""
     calls = [0]
 
-    def fails_on_rank_1(params, x):
+    def faulty(params, x):
         calls[0] += 1
         if rank == 1 and calls[0] == 3:
-            raise KeyError("rank 1's data loader ran dry")
+            fault()
         return loss(params, x)
 
     opt = fb.bfo(population_size=6, evaluator=fb.distributed.sharded())
@@ -100,54 +101,26 @@ def scenario_failing(rank, world, folder):
     began = time.monotonic()
     try:
         for _ in range(STEPS):
-            state = opt.update(state, fails_on_rank_1, X)
+            state = opt.update(state, faulty, X)
     except BaseException as e:
         return {"error": type(e).__name__, "message": str(e) + "".join(
             getattr(e, "__notes__", [])), "seconds": time.monotonic() - began}
     return {"error": None}
+
+
+def scenario_failing(rank, world, folder):
+    def raises():
+        raise KeyError("rank 1's data loader ran dry")
+    return rank_1_fault(rank, raises)
 
 
 def scenario_killed(rank, world, folder):
-    calls = [0]
-
-    def dies_on_rank_1(params, x):
-        calls[0] += 1
-        if rank == 1 and calls[0] == 3:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return loss(params, x)
-
-    opt = fb.bfo(population_size=6, evaluator=fb.distributed.sharded())
-    state = opt.init({"w": torch.zeros(5)}, key=fb.random.key(0))
-    began = time.monotonic()
-    try:
-        for _ in range(STEPS):
-            state = opt.update(state, dies_on_rank_1, X)
-    except BaseException as e:
-        return {"error": type(e).__name__, "message": str(e) + "".join(
-            getattr(e, "__notes__", [])), "seconds": time.monotonic() - began}
-    return {"error": None}
+    return rank_1_fault(rank, lambda: os.kill(os.getpid(), signal.SIGKILL))
 
 
 def scenario_stuck(rank, world, folder):
     """Rank 1 hangs in its loss longer than the process group's timeout."""
-    calls = [0]
-
-    def hangs_on_rank_1(params, x):
-        calls[0] += 1
-        if rank == 1 and calls[0] == 3:
-            time.sleep(3 * TIMEOUTS["stuck"])
-        return loss(params, x)
-
-    opt = fb.bfo(population_size=6, evaluator=fb.distributed.sharded())
-    state = opt.init({"w": torch.zeros(5)}, key=fb.random.key(0))
-    began = time.monotonic()
-    try:
-        for _ in range(STEPS):
-            state = opt.update(state, hangs_on_rank_1, X)
-    except BaseException as e:
-        return {"error": type(e).__name__, "message": str(e) + "".join(
-            getattr(e, "__notes__", [])), "seconds": time.monotonic() - began}
-    return {"error": None}
+    return rank_1_fault(rank, lambda: time.sleep(3 * TIMEOUTS["stuck"]))
 
 
 def scenario_compiled(rank, world, folder):

@@ -61,6 +61,16 @@ def assert_same(a, b):
     assert a[1:] == b[1:]
 
 
+def fresh_copy(cls, groups, state_dict, w, b):
+    """A new optimizer over new params equal to ``w, b``, loaded from ``state_dict``."""
+    w2, b2 = two_params()
+    other = make(cls, w2, b2, groups)
+    other.load_state_dict(state_dict)
+    with torch.no_grad():
+        w2.copy_(w), b2.copy_(b)
+    return other, w2, b2
+
+
 # ----- a step commits fully or changes nothing ----------------------------------------------
 
 @pytest.mark.parametrize("cls", CLASSES)
@@ -417,12 +427,7 @@ def test_state_dict_has_torch_layout_and_loads_with_weights_only(cls):
     buf = io.BytesIO()
     torch.save(sd, buf)
     buf.seek(0)
-    loaded = torch.load(buf, weights_only=True)
-    w2, b2 = two_params()
-    other = make(cls, w2, b2, 2)
-    other.load_state_dict(loaded)
-    with torch.no_grad():
-        w2.copy_(w), b2.copy_(b)
+    other, w2, b2 = fresh_copy(cls, 2, torch.load(buf, weights_only=True), w, b)
     opt.step(closure_for(opt, w, b))
     other.step(closure_for(other, w2, b2))
     assert_same(snapshot(opt, [w, b]), snapshot(other, [w2, b2]))
@@ -647,12 +652,7 @@ def test_a_state_dict_saved_between_a_schedule_and_a_step_resumes_exactly(cls):
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     opt.step(closure_for(opt, w, b))
     sched.step()
-    saved = opt.state_dict()
-    w2, b2 = two_params()
-    other = make(cls, w2, b2, 1)
-    other.load_state_dict(saved)
-    with torch.no_grad():
-        w2.copy_(w), b2.copy_(b)
+    other, w2, b2 = fresh_copy(cls, 1, opt.state_dict(), w, b)
     opt.step(closure_for(opt, w, b))
     other.step(closure_for(other, w2, b2))
     assert_same(snapshot(opt, [w, b])[:5], snapshot(other, [w2, b2])[:5])
