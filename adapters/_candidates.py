@@ -197,7 +197,7 @@ def _grad_of(p: Tensor, backward: bool) -> Tensor:
 
 
 def closure_over(batches: Iterable[Any], loss_of: Callable[[Any], Tensor], *,
-                 backward: bool = False,
+                 backward: bool | Callable[[Tensor], Any] = False,
                  optimizer: torch.optim.Optimizer | None = None) -> Callable[[], Tensor]:
     """A closure that scores the model on every batch of a window: their mean loss.
 
@@ -210,7 +210,7 @@ def closure_over(batches: Iterable[Any], loss_of: Callable[[Any], Tensor], *,
         batches: the window's batches (read into a list now).
         loss_of: ``loss_of(batch) -> loss`` for the model as it stands.
         backward: call ``backward`` on each batch's share of the mean (HybridBFO reads the
-            accumulated gradient).
+            accumulated gradient); a callable (``accelerator.backward``) is called instead.
         optimizer: zero its gradients at the start of each call.
 
     Examples:
@@ -230,12 +230,15 @@ def closure_over(batches: Iterable[Any], loss_of: Callable[[Any], Tensor], *,
     def closure() -> Tensor:
         if optimizer is not None:
             optimizer.zero_grad()
-        total = None
+        total = None  # in float64, on the loss's device
         for batch in window:
             loss = loss_of(batch)
-            if backward:
+            if callable(backward):
+                backward(loss / len(window))
+            elif backward:
                 (loss / len(window)).backward()
-            total = loss.detach() if total is None else total + loss.detach()
+            value = loss.detach().to(torch.float64)
+            total = value if total is None else total + value
         return total / len(window)
 
     return closure

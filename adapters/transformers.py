@@ -33,6 +33,7 @@ import torch.distributed as dist
 import functional_bfo as fb
 
 from ._base import SwarmOptimizer
+from ._candidates import closure_over
 from .optimizers import HybridBFO
 
 __all__ = ["BFOTrainer"]
@@ -90,20 +91,13 @@ class BFOTrainer(transformers.Trainer):
         if not opt.closure_pending:  # the previous step used the last window up
             self._window = []
         self._window.append(dict(inputs))  # compute_loss may pop the labels from its dict
-        window = list(self._window)
 
-        def closure() -> torch.Tensor:
-            opt.zero_grad()
-            total = torch.zeros((), dtype=torch.float64)
-            for batch in window:
-                with self.compute_loss_context_manager():
-                    loss = self.compute_loss(model, dict(batch))
-                if opt.uses_grads:
-                    self.accelerator.backward(loss)
-                total = total + loss.detach().to(total)
-            return total / len(window)
+        def loss_of(batch: dict[str, Any]) -> torch.Tensor:
+            with self.compute_loss_context_manager():
+                return self.compute_loss(model, dict(batch))
 
-        opt.set_closure(closure)
+        opt.set_closure(closure_over(self._window, loss_of, optimizer=opt,
+                                     backward=opt.uses_grads and self.accelerator.backward))
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, dict(inputs))
         if loss.requires_grad:  # as the Trainer's own step: clipping, norms, a GradScaler
