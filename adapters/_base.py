@@ -374,19 +374,20 @@ class SwarmOptimizer(torch.optim.Optimizer):
                        "parameters, buffers, swarms, settings and counters were restored to "
                        f"where they were before this step{kept})")
             raise
-        for group, swarm, done in zip(self.param_groups, self._swarms, new):
+        for group, swarm, step in zip(self.param_groups, self._swarms, new):
             group.update(edited)
-            if done is not None:
-                swarm.settings, swarm.state, swarm.fast_update, swarm.core = done
+            if step is not None:
+                swarm.settings, swarm.state, swarm.fast_update, swarm.core = step
                 if self.uses_grads:
                     swarm.mask = [bool(p.requires_grad) for p in group["params"]]
         self._defaults_applied = dict(self.defaults)
         self._settle_evals += settled
-        best = [float(d[1].best_loss) for d in new if d is not None]
-        if not best:
+        stepped = [step for step in new if step is not None]
+        if not stepped:
             return False
-        self._best = best[-1]
-        self._stopping.maximize = bool([d for d in new if d is not None][-1][0]["maximize"])
+        last_settings, last_state = stepped[-1][:2]  # step returns the last group's best
+        self._best = float(last_state.best_loss)
+        self._stopping.maximize = bool(last_settings["maximize"])
         self._stopping.record(self.num_evals, self._best, self._per_update())
         if self._check_replicas:
             fb.distributed.check_replicas([s.state for s in self._swarms],
@@ -433,7 +434,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
             with self._buffers.batch_statistics(), scoring_candidates():
                 state = update(state, loss)
         except Exception as e:  # its type kept; notes say what ran and what to do
-            if closure is None and "Batch norm" in str(e) and self._buffers.module is None:
+            if closure is None and "Batch norm" in str(e) and self.module is None:
                 e.add_note(f"step(loss_fn=...) with a train-mode BatchNorm: build the "
                            f"optimizer with module=model ({type(self).__name__}(..., "
                            "module=model)); it then normalizes candidates by batch "
