@@ -102,3 +102,33 @@ def optimum(name: str, dim: int, seed: int) -> torch.Tensor:
     if name == "styblinski_tang":
         return shift + signs * STYBLINSKI_TANG_ARGMIN
     return shift
+
+
+# COCO's 24 noiseless BBOB functions (Hansen et al. 2009), by function number. The suite's
+# problems live in the box [-5, 5]^D; instance ``seed + 1`` places each seed's optimum.
+BBOB = {1: "sphere", 2: "ellipsoid-separable", 3: "rastrigin-separable",
+        4: "bueche-rastrigin", 5: "linear-slope", 6: "attractive-sector", 7: "step-ellipsoid",
+        8: "rosenbrock", 9: "rosenbrock-rotated", 10: "ellipsoid", 11: "discus",
+        12: "bent-cigar", 13: "sharp-ridge", 14: "different-powers", 15: "rastrigin",
+        16: "weierstrass", 17: "schaffer-f7", 18: "schaffer-f7-ill", 19: "griewank-rosenbrock",
+        20: "schwefel", 21: "gallagher-101", 22: "gallagher-21", 23: "katsuura",
+        24: "lunacek-bi-rastrigin"}
+BBOB_NAMES = [f"f{number:02d} {name}" for number, name in BBOB.items()]
+BBOB_BOX = 5.0
+
+
+def make_bbob(name: str, dim: int, seed: int):
+    """BBOB problem ``name`` (one of ``BBOB_NAMES``) as ``(error, box)``: ``error(x)`` takes a
+    float64 numpy vector and returns ``f(x) - f(x*)``, 0 at the optimum (``cocoex``, from the
+    ``coco-experiment`` package)."""
+    import cocoex
+
+    if name not in BBOB_NAMES:
+        raise ValueError(f"unknown BBOB problem {name!r}; expected one of {BBOB_NAMES}")
+    problem = cocoex.BareProblem("bbob", int(name[1:3]), dim, seed + 1)
+    best = problem.best_value()
+
+    def error(x) -> float:
+        return problem(x) - best
+
+    return error, (-BBOB_BOX, BBOB_BOX)

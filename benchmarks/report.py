@@ -32,6 +32,11 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "restarts stop finding better basins, and the last tenth of the budget spent "
      "refining the best point (docs/variants.md). Rastrigin at D = 2 and D = 30 is even "
      "against pymetaheuristic's BFO on ten more seeds (benchmarks/NOTES.md)."),
+    ("quality_bbob", "Quality vs peers on COCO's BBOB suite",
+     "`python benchmarks/quality.py --suite bbob`: the 24 noiseless BBOB functions of COCO "
+     "(`pip install coco-experiment`; `cocoex.BareProblem`, instance seed + 1, box [-5, 5]) "
+     "with the same optimizers, budgets, seeds and rules as the table above; the run takes "
+     "about 40 minutes on two cores. It is the suite the black-box setup was not tuned on."),
     ("speed", "Speed vs peers",
      "`python benchmarks/speed.py`: every optimizer on the same shifted Rastrigin in one run; "
      "ratios are to the fastest BFO peer of that run."),
@@ -101,11 +106,12 @@ def plot_convergence(speed: dict, filename: str) -> str:
     return filename
 
 
-def plot_quality(quality: dict, dim: int = 10) -> str:
+def plot_quality(quality: dict, dim: int = 10, filename: str | None = None) -> str:
     names = list(dict.fromkeys(key.split("|")[1] for key in quality["curves"]))
     labels = list(dict.fromkeys(key.split("|")[0] for key in quality["curves"]))
     cols = 4
-    fig, axes = plt.subplots(-(-len(names) // cols), cols, figsize=(14, 6.5), squeeze=False)
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(14, 3.25 * rows), squeeze=False)
     budget = quality["budget_per_dim"] * dim
     evals = [f * budget for f in quality["fractions"]]
     for ax, name in zip(axes.flat, names):
@@ -120,8 +126,42 @@ def plot_quality(quality: dict, dim: int = 10) -> str:
     axes.flat[0].legend(fontsize=6)
     fig.suptitle(f"Median best-so-far error, D = {dim}, {quality['seeds']} seeds")
     fig.tight_layout()
-    name = f"bench_quality_d{dim}.png"
-    fig.savefig(FIGURES / name, dpi=100)
+    filename = filename or f"bench_quality_d{dim}.png"
+    fig.savefig(FIGURES / filename, dpi=100)
+    plt.close(fig)
+    return filename
+
+
+def plot_wins(quality: dict, name: str) -> str:
+    """Which optimizer has the best median in each (function, D) cell of a quality run."""
+    cells = quality["cells"]
+    functions = list(dict.fromkeys(key.split("|")[0] for key in cells))
+    dims = quality["dims"]
+    labels = [label for label in dict.fromkeys(
+        label for cell in cells.values() for label in cell) if "black-box" not in label]
+    colours = {label: plt.cm.tab10(i) for i, label in enumerate(labels)}
+    fig, ax = plt.subplots(figsize=(2.2 + 1.3 * len(dims), 0.9 + 0.3 * len(functions)))
+    for row, function in enumerate(functions):
+        for col, dim in enumerate(dims):
+            cell = {k: v["median"] for k, v in cells[f"{function}|{dim}"].items()
+                    if k in colours}
+            if not cell:
+                continue
+            best = min(cell.values())
+            winners = [k for k, v in cell.items() if v == best]  # ties share the cell
+            for i, winner in enumerate(winners):
+                ax.add_patch(plt.Rectangle((col + i / len(winners), row), 1 / len(winners), 1,
+                                           color=colours[winner]))
+            ax.text(col + 0.5, row + 0.5, f"{best:.0e}", ha="center", va="center", fontsize=6)
+    ax.set(xlim=(0, len(dims)), ylim=(len(functions), 0), xticks=[c + 0.5 for c in
+           range(len(dims))], xticklabels=[f"D = {d}" for d in dims],
+           yticks=[r + 0.5 for r in range(len(functions))], yticklabels=functions)
+    ax.tick_params(labelsize=7)
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()],
+              labels=list(colours), fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set_title("Best median error per cell (colour: who has it)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(FIGURES / name, dpi=110)
     plt.close(fig)
     return name
 
@@ -206,7 +246,10 @@ def main() -> None:
     if (speed := load("speed_cuda")) is not None:
         figures["speed_cuda"] = plot_convergence(speed, "bench_convergence_rastrigin_cuda.png")
     if (quality := load("quality")) is not None:
-        figures["quality"] = plot_quality(quality)
+        figures["quality"] = [plot_quality(quality), plot_wins(quality, "bench_wins.png")]
+    if (quality := load("quality_bbob")) is not None:
+        figures["quality_bbob"] = [plot_quality(quality, filename="bench_quality_bbob_d10.png"),
+                                   plot_wins(quality, "bench_wins_bbob.png")]
     if (scaling := load("scaling")) is not None:
         figures["scaling"] = plot_scaling(scaling)
     overhead = {s: d for s in OVERHEAD_STEMS if (d := load(s)) is not None}
@@ -222,8 +265,9 @@ def main() -> None:
         if not (RESULTS / f"{stem}.md").exists():
             continue
         out += [f"## {heading}", "", text, ""]
-        if stem in figures:
-            out += [f"![{heading}](figures/{figures[stem]})", ""]
+        drawn = figures.get(stem, [])
+        for figure in drawn if isinstance(drawn, list) else [drawn]:
+            out += [f"![{heading}](figures/{figure})", ""]
         out += table(stem) + [""]
     if overhead:
         out += ["## Compile trade-off", "",

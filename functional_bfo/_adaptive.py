@@ -102,17 +102,20 @@ def adaptive_bfo(
     .. math::
 
         \begin{aligned}
-        &\theta_i \leftarrow \text{the last improving point of the swim ray
-            } \theta_i + k C_i \phi_i \text{ (or stay)} \\
-        &C_i \leftarrow \operatorname{clip}\big(C_i\, e^{a}\big) \text{ if } J_i
-            \text{ improved, else } \operatorname{clip}\big(C_i\, e^{-a/4}\big) \\
+        &\theta_i \leftarrow \text{the last point of the swim ray } \theta_i + k C_i
+            \phi_i \text{ no worse than the one before (or stay)} \\
+        &C_i \leftarrow \operatorname{clip}\big(C_i\, e^{a}\big) \text{ if } \theta_i
+            \text{ moved, else } \operatorname{clip}\big(C_i\, e^{-a/4}\big) \\
         &P_{ed} = P_{ed}^{0} + (P_{ed}^{max} - P_{ed}^{0})\,\min\!\Big(1, \max\big(
             \tfrac{\text{stall}}{N_{stag}},\ 1 - \tfrac{\text{diversity}}{\text{diversity}_0}
             \big)\Big)
         \end{aligned}
 
     The success rule settles where one step in five succeeds (Rechenberg's 1/5th rule),
-    so each bacterium's step shrinks near an optimum and grows on a slope. At every
+    so each bacterium's step shrinks near an optimum and grows on a slope. A point as good
+    as the one before counts as a success, as in a (1+1)-ES that accepts ties: on a plateau
+    (a step function, or a loss flat to its precision) the bacteria drift and their steps
+    grow until they see past it, where counting ties as failures would freeze them. At every
     reproduction (every ``chemotaxis_steps`` updates; copies inherit their parent's step
     size) bacteria are dispersed with probability :math:`P_{ed}`, which rises as the best
     loss stalls or the swarm collapses; the bacterium holding the best cost is never
@@ -347,10 +350,11 @@ def adaptive_step(
                   boundary=static.boundary, swims=static.swims,
                   best_params=state.best_params, best_cost=sign * state.best_loss,
                   stay=(last, stay_aux),
-                  per_call=static.swim_batch)
+                  per_call=static.swim_batch, ties=True)
 
-    # The 1/5th success rule, only where the bacterium knew where it stood.
-    grow = torch.where(result.cost < last, hp.adaptation_rate, -hp.adaptation_rate / 4)
+    # The 1/5th success rule (a tie moves, and counts as a success), only where the
+    # bacterium knew where it stood.
+    grow = torch.where(result.moved & known, hp.adaptation_rate, -hp.adaptation_rate / 4)
     adapted = (step_sizes * torch.exp(grow)).clamp(hp.step_size_min, hp.step_size_max)
     improved = result.best_cost < sign * state.best_loss
     fields = dict(

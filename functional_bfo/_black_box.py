@@ -16,7 +16,9 @@ of swarm share the budget:
   between their basins one at a time (Styblinski-Tang, Schwefel).
 
 The last ``polish`` share of the budget refines the best point found, so that the explorer's
-kicks and a converging swarm ended before it fitted its basin do not cost the precision.
+kicks and a converging swarm ended before it fitted its basin do not cost the precision. It
+starts by trying the best point with its coordinates near a face of the box moved onto the
+face, so that an optimum on the boundary is found exactly.
 
 Each choice was measured against the peers in ``benchmarks/quality.py`` (benchmarks/NOTES.md).
 """
@@ -53,6 +55,11 @@ JITTER_PERIOD = 10  # updates between the exploring swarm's kicks
 CONVERGING_SHARE = 0.1  # of the updates after the hand-over, kept by the converging swarms
 EXPLORER_STREAM = 2**31 - 1  # fold_in data of the exploring swarm's key (restarts use 0, 1, ...)
 POLISHER_STREAM = 2**31 - 2  # and of the polishing swarm's
+# Distances to a face (in box widths) within which the last evaluations move the best point's
+# coordinates onto the face: one candidate each, from a third of the box down to 1e-8.5.
+SNAP_WIDTHS = tuple(10 ** (-k / 2) for k in range(1, 18))
+FACE_SCAN_SIZE = 2000  # most coordinates moved onto their faces one at a time (2n rows of n)
+FACE_SHARE = 0.1  # of the polish evaluations, the most the face moves may spend
 
 
 class BlackBoxResult(NamedTuple):
@@ -64,6 +71,7 @@ class BlackBoxResult(NamedTuple):
     restarts: int  # converging swarms started after the first
     explorer_updates: int  # updates given to the exploring swarm (0: it never started)
     history: list[tuple[int, float]]  # (evaluations so far, best loss) after every update
+    # and after the face snaps
 
 
 def black_box(
@@ -107,10 +115,13 @@ def black_box(
     normal per coordinate, the other half by one coordinate redrawn uniformly in the box
     (a separable function's basins are switched one coordinate at a time).
 
-    The last ``polish`` of the budget refines the best point: the swarm that found it goes
-    on if it still runs, else a swarm started there (key ``fold_in(key, 2**31 - 2)``, all
-    bacteria at the best point, steps of ``jitter`` box widths) takes it. The best point
-    over all swarms is returned.
+    The last ``polish`` of the budget refines the best point. It first evaluates, in one
+    call, the best point with every coordinate within ``w`` box widths of a face moved onto
+    that face, for ``w`` from 10^-0.5 down to 10^-8.5 in half decades (at most 17
+    evaluations; an optimum on the boundary is then found exactly). Then the swarm that
+    found the best goes on if it still runs and holds it, else a swarm started there (key
+    ``fold_in(key, 2**31 - 2)``, all bacteria at the best point, steps of ``jitter`` box
+    widths) takes the rest. The best point over all swarms is returned.
 
     Args:
         loss_fn: ``loss_fn(params, *args) -> 0-d tensor``, as for every optimizer here.
@@ -134,9 +145,10 @@ def black_box(
         explore_after: converging swarms in a row that end without beating the best before
             the exploring swarm takes over; None never explores.
         jitter: the exploring swarm's kick, in box widths.
-        polish: the share of the budget kept for the end, spent on the swarm that holds the
-            best point if it still runs, else on a last swarm whose bacteria all start at
-            the best point with steps of ``jitter`` box widths; 0 keeps none.
+        polish: the share of the budget kept for the end: the face snaps, then the swarm
+            that holds the best point if it still runs, else a last swarm whose bacteria
+            all start at the best point with steps of ``jitter`` box widths; 0 keeps none
+            (and tries no face snaps).
         **adaptive_kwargs: further :func:`functional_bfo.adaptive_bfo` settings
             (``maximize``, ``evaluator``, ``adaptation_rate``, ...).
 
@@ -203,9 +215,18 @@ def black_box(
     history: list[tuple[int, float]] = []
     main_budget = budget - per_update * int(polish_share * budget / per_update)
     rules = Stopping(maximize=sign < 0, budget=budget)  # fb.run's rules; one update fits
+    snapped = None  # the best point with coordinates moved onto faces, once polishing starts
     while rules.reason is None:
         polishing = evals + per_update > main_budget
-        if polishing and not converging.holds(_best(converging, explorer)[1]):
+        if polishing and snapped is None:
+            room = min(budget - evals, int(FACE_SHARE * (budget - main_budget)))
+            snapped = _Snapped(*_best(converging, explorer), box, evaluate, room)
+            if snapped.evals:
+                evals += snapped.evals
+                history.append((evals, sign * _best(converging, explorer, snapped)[1]))
+                if rules.record(evals, history[-1][1], per_update) is not None:
+                    break
+        if polishing and not converging.holds(_best(converging, explorer, snapped)[1]):
             break  # the polisher takes the rest of the budget
         handed = handed or (hand_over is not None and converging.failed >= hand_over)
         if handed and explorer is None:
@@ -216,9 +237,9 @@ def black_box(
             evals += converging.update()
             converging_after += handed
         after += handed
-        history.append((evals, sign * _best(converging, explorer)[1]))
+        history.append((evals, sign * _best(converging, explorer, snapped)[1]))
         rules.record(evals, history[-1][1], per_update)
-    best_params, best_cost = _best(converging, explorer)
+    best_params, best_cost = _best(converging, explorer, snapped)
     if rules.reason is None and math.isfinite(best_cost):
         polisher = _Polisher(opt, step, best_params, best_cost, key, kick, sign)
         while rules.reason is None:
@@ -349,6 +370,70 @@ class _Explorer(_Swarm):
                               step_sizes=state.step_sizes.clamp_min(3 * self.jitter))
 
 
+class _Snapped:
+    """The best point moved onto faces of the box, tried when the polish phase starts.
+
+    Tumbles that are reflected (or clipped) at a face only hover near an optimum on the
+    boundary (an active constraint), and a coordinate on the far side of the box stays
+    there while the others hold it back. Three evaluator calls, within ``room``
+    evaluations (``FACE_SHARE`` of the polish budget; rows past it are left out): every
+    coordinate within ``SNAP_WIDTHS[j]`` box widths of its nearest face moved onto it (a
+    row per width that moves a new set); then, from the best so far, each coordinate alone
+    moved onto each of its two faces (for at most ``FACE_SCAN_SIZE`` coordinates: 2n rows
+    of n); then every single move that helped, together.
+    """
+
+    def __init__(self, best_params, best_cost, box, evaluate, room):
+        self.best_params, self.best_cost, self.evals = best_params, math.inf, 0
+        self.params, self.evaluate, self.room = best_params, evaluate, room
+        if not math.isfinite(best_cost):
+            return
+        low, high = _flat_box(best_params, box)
+        x = flat_rows(optree.tree_map(lambda v: v.unsqueeze(0), best_params))[0]
+        finite = torch.isfinite(high - low)
+        face = torch.where(x - low <= high - x, low, high)
+        gap = torch.where(finite, (x - face).abs() / (high - low), torch.inf)
+        masks = []
+        for width in SNAP_WIDTHS:
+            mask = (gap <= width) & (gap > 0)
+            if bool(mask.any()) and not any(torch.equal(mask, m) for m in masks):
+                masks.append(mask)
+        if masks:
+            self._try(torch.where(torch.stack(masks), face, x))
+        base = x if self.best_cost >= best_cost else self._flat_best
+        base_cost = min(best_cost, self.best_cost)
+        n = x.shape[0]
+        if n > FACE_SCAN_SIZE or not bool(finite.any()):
+            return
+        faces = torch.stack([low, high])  # (2, n)
+        singles = base.expand(2, n, n).clone()  # [f, j] = base with coordinate j on face f
+        singles.diagonal(dim1=1, dim2=2).copy_(torch.where(finite, faces, base))
+        moves = finite & (faces != base)  # (2, n): rows that change something
+        costs = torch.full((2, n), torch.inf, dtype=x.dtype, device=x.device)
+        costs[moves] = self._try(singles[moves])
+        better, side = costs.min(dim=0)
+        helped = better < base_cost
+        if int(helped.sum()) >= 2:
+            self._try(torch.where(helped, faces.gather(0, side.unsqueeze(0))[0], base)[None])
+
+    def _try(self, candidates: Tensor) -> Tensor:
+        """Costs of the flat ``candidates`` rows (inf past the room left); keeps the best."""
+        count = min(candidates.shape[0], self.room - self.evals)
+        costs = torch.full((candidates.shape[0],), torch.inf, dtype=candidates.dtype,
+                           device=candidates.device)
+        if count <= 0:
+            return costs
+        tried = candidates[:count]
+        costs[:count] = self.evaluate(_as_params(tried, self.params))[0].to(costs.dtype)
+        self.evals += count
+        cost, row = costs.min(dim=0)
+        if float(cost) < self.best_cost:
+            self.best_cost, self._flat_best = float(cost), tried[int(row)]
+            self.best_params = optree.tree_map(lambda v: v[0],
+                                               _as_params(tried[int(row)][None], self.params))
+        return costs
+
+
 class _Polisher(_Swarm):
     """A last swarm whose bacteria all start at the best point, with steps of ``jitter``."""
 
@@ -365,6 +450,28 @@ class _Polisher(_Swarm):
 
     def update(self) -> int:
         return self._advance(None)[0]
+
+
+def _flat_box(params: Params, box: list[LeafBounds | None]) -> tuple[Tensor, Tensor]:
+    """Each flattened coordinate's low and high (float64, -inf/inf where open), shape (n,)."""
+    lows, highs = [], []
+    for x, b in zip(optree.tree_leaves(params), box):
+        if b is None:
+            b_low = b_high = torch.full(x.shape, torch.inf, dtype=torch.float64,
+                                        device=x.device)
+            b_low = -b_low
+        else:
+            b_low, b_high = (torch.broadcast_to(v.to(torch.float64), x.shape)
+                             for v in (b.low, b.high))
+        lows.append(b_low.reshape(-1))
+        highs.append(b_high.reshape(-1))
+    return torch.cat(lows), torch.cat(highs)
+
+
+def _as_params(flat: Tensor, template: Params) -> Params:
+    """Rows of flat coordinates (float64) as a population shaped and typed like ``template``."""
+    return optree.tree_map(lambda v, t: v.to(t.dtype), unflatten_like(flat, template),
+                           template)
 
 
 def _uniform_point(params: Params, box: list[LeafBounds | None], key: Key) -> Params:

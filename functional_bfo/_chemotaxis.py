@@ -88,6 +88,7 @@ class SwimResult(NamedTuple):
     aux: Any  # the evaluation's auxiliary output there (e.g. gradients), or None
     best_params: Params  # the elitist best over every evaluated point
     best_cost: Tensor
+    moved: Tensor  # (P,) bool: the bacterium left where it stood
 
 
 def swim(
@@ -106,6 +107,7 @@ def swim(
     best_cost: Tensor,
     stay: tuple[Tensor, Any] | None = None,
     per_call: int = 1,
+    ties: bool = False,
 ) -> SwimResult:
     """Tumble and swim: evaluate ``theta + (start + k) C phi`` for ``k = 0 .. swims``.
 
@@ -113,9 +115,11 @@ def swim(
     before (``last`` is the cost where it stands, +inf when unknown). Passino's bacterium
     ends at the last point it reached, improving or not. With ``stay`` (the cost and aux
     where each bacterium stands) the swim is greedy: a bacterium ends at the last point
-    that improved, or stays. ``evaluate`` maps stacked candidates (``G * P`` rows, ``G <=
-    per_call`` points of every bacterium) to ``(sign-adjusted cost, aux)``; ``aux`` is kept
-    at each final point without storing the whole ray.
+    that improved, or stays. With ``ties`` a point as good as the one before counts as
+    improved, so a greedy swim drifts across a plateau. ``evaluate`` maps stacked
+    candidates (``G * P`` rows, ``G <= per_call`` points of every bacterium) to
+    ``(sign-adjusted cost, aux)``; ``aux`` is kept at each final point without storing the
+    whole ray.
     """
     size = last.shape[0]
     ks = torch.arange(swims + 1, dtype=last.dtype, device=last.device).unsqueeze(1)
@@ -140,7 +144,8 @@ def swim(
             if swarm_cost is not None:  # J_cc per point: the same sums whatever the batch
                 cost = point_raw + swarm_cost(point_rows(candidates, g, size))
             here = (along[g], point_raw, None if swarm_cost is None else cost, point_aux)
-            improved = cost < previous if running is None else running & (cost < previous)
+            better = cost <= previous if ties else cost < previous
+            improved = better if running is None else running & better
             if end is None:  # Passino: every bacterium arrives at its first point
                 end = here
             else:
@@ -151,10 +156,11 @@ def swim(
                                        torch.cat(costs))
     distance, final_raw, final_cost, final_aux = end
     final = ray_point(population, direction, distance, bounds, boundary)
+    moved = ~torch.isnan(distance)
     if stay is not None:  # NaN rows (those that stay) are replaced whole
-        final = where(~torch.isnan(distance), final, population)
+        final = where(moved, final, population)
     return SwimResult(final, final_raw, final_raw if final_cost is None else final_cost,
-                      final_aux, best_params, best_cost)
+                      final_aux, best_params, best_cost, moved)
 
 
 def after(x: Tensor, *events: Tensor) -> Tensor:

@@ -26,6 +26,29 @@ def test_step_sizes_follow_the_one_fifth_rule():
     assert improved.any() and (~improved).any()
 
 
+def test_on_a_plateau_bacteria_drift_and_their_steps_grow():
+    """An equal loss is a move and a success (a (1+1)-ES accepting ties): on a flat region
+    the steps grow until the bacteria see past it, instead of shrinking to the floor."""
+    opt = fb.adaptive_bfo(population_size=6, adaptation_rate=0.4, step_size=0.01,
+                          chemotaxis_steps=100)
+    flat = lambda p: p["x"].sum() * 0.0  # noqa: E731
+    state = opt.update(opt.init({"x": torch.zeros(3)}, key=fb.random.key(0)), flat)
+    new = opt.update(state, flat)
+    torch.testing.assert_close(new.step_sizes, state.step_sizes * torch.exp(torch.tensor(0.4)))
+    assert bool((new.population["x"] != state.population["x"]).any(dim=1).all())
+
+
+def test_a_step_function_is_crossed_from_a_plateau_wider_than_the_step():
+    """floor() is flat on unit cells; a swarm started inside one, with steps of 1e-3,
+    reaches the lowest cell of the box only by drifting on the plateaus it crosses."""
+    opt = fb.adaptive_bfo(population_size=4, step_size=1e-3, bounds=(-3.5, 3.5),
+                          chemotaxis_steps=1000, elimination_prob=0.0,
+                          elimination_prob_max=0.0)
+    state = opt.init({"x": torch.full((2,), 2.5, dtype=torch.float64)}, key=fb.random.key(3))
+    state = fb.run(opt, state, lambda p: p["x"].floor().sum(), max_steps=300)
+    assert float(state.best_loss) == -8.0  # floor(-3.5) * 2
+
+
 def test_first_update_keeps_initial_step_sizes():
     """Nothing was known before the first evaluation, so no success or failure is counted."""
     opt = fb.adaptive_bfo(population_size=4, step_size=0.05)

@@ -17,7 +17,8 @@ QUICK = {"adapter_paths.py": "adapter_paths_quick",
          "scaling.py": "scaling_quick",
          "swim_batch.py": "swim_batch_quick",
          "distributed.py": "distributed_quick",
-         "quality.py": "quality_quick"}
+         "quality.py": "quality_quick",
+         "quality.py --suite bbob": "quality_bbob_quick"}
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,8 @@ def quick_runs(tmp_path_factory):
     for script in QUICK:
         out = tmp_path_factory.mktemp(script.removesuffix(".py"))
         runs[script] = (out, subprocess.Popen(
-            [sys.executable, script, "--quick", "--out", str(out)], cwd=BENCHMARKS, env=env,
+            [sys.executable, *script.split(), "--quick", "--out", str(out)], cwd=BENCHMARKS,
+            env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     yield runs
     for _, proc in runs.values():
@@ -43,7 +45,7 @@ def finished(runs, script):
     return out
 
 
-@pytest.mark.parametrize("script", [s for s in QUICK if s != "quality.py"])
+@pytest.mark.parametrize("script", [s for s in QUICK if not s.startswith("quality.py")])
 def test_quick_run_writes_results(script, quick_runs):
     out = finished(quick_runs, script)
     stem = QUICK[script]
@@ -109,3 +111,18 @@ def test_quality_summary_counts_cells_beaten_against_bfo_peers_only(benchmarks_o
     assert verdict["cells_where_cma_es_is_better"] == 1
     assert verdict["mean_log10_error_d10"] == pytest.approx((-3 + -8) / 2)
     assert summary["verdict"]["mealpy.ABFO"]["mean_log10_error_d10"] == pytest.approx(-5)
+
+
+def test_quality_bbob_quick_run_scores_coco_problems(quick_runs):
+    """The BBOB suite runs through cocoex; errors are f - f_opt, so never below 0."""
+    tmp_path = finished(quick_runs, "quality.py --suite bbob")
+    result = json.loads((tmp_path / "quality_bbob_quick.json").read_text())
+    assert result["suite"] == "bbob"
+    assert set(result["cells"]) == {f"{name}|{dim}" for name in ("f01 sphere",
+                                                                   "f02 ellipsoid-separable")
+                                    for dim in (2, 5)}
+    runs = [json.loads(line) for line in
+            (tmp_path / "quality_bbob_quick_runs.jsonl").read_text().splitlines()]
+    assert runs and all(0 <= r["error"] and r["evals"] <= 2000 * r["dim"] for r in runs)
+    sphere = result["cells"]["f01 sphere|2"]["fb.black_box"]["median"]
+    assert sphere < 1e-6, sphere

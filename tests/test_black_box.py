@@ -1,5 +1,7 @@
 """fb.black_box: the black-box setup with restarts, driven to an evaluation budget."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given
@@ -45,7 +47,10 @@ def test_never_exceeds_the_budget_and_counts_what_it_spent(budget, population, s
         return
     out = fb.black_box(shifted_sphere, start(2), (-1.0, 1.0), **settings)
     assert out.num_evals <= budget < out.num_evals + per_update  # stops when no update fits
-    assert [e for e, _ in out.history] == list(range(per_update, out.num_evals + 1, per_update))
+    evals = [0] + [e for e, _ in out.history]
+    spent = [b - a for a, b in zip(evals, evals[1:])]
+    # One entry per update, and at most one for the face moves when polishing starts.
+    assert sum(n != per_update for n in spent) <= 1 and all(n > 0 for n in spent)
     losses = [loss for _, loss in out.history]
     assert losses == sorted(losses, reverse=True)  # the best never gets worse
     assert float(out.loss) == losses[-1] == float(shifted_sphere(out.params))
@@ -54,7 +59,7 @@ def test_never_exceeds_the_budget_and_counts_what_it_spent(budget, population, s
 def test_without_restarts_it_is_fb_run_of_the_black_box_adaptive_bfo():
     key = fb.random.key(3)
     out = fb.black_box(shifted_sphere, start(), (-2.0, 2.0), max_evals=500, key=key,
-                       restart_after=None, metric_rate=0.0)
+                       restart_after=None, metric_rate=0.0, polish=0.0)
     opt = fb.adaptive_bfo(8, bounds=(-2.0, 2.0), relative_steps=True, swim_length=1,
                           step_size_min=1e-12)
     state = fb.run(opt, opt.init(start(), key=fb.random.fold_in(key, 0)), shifted_sphere,
@@ -191,7 +196,7 @@ def test_even_swarms_learn_the_metric_and_odd_ones_tumble_isotropically():
     def points(metric_rate):
         recorded, seen = recording(ellipsoid)
         fb.black_box(recorded, start(2), (-1.0, 1.0), max_evals=16 * 15, key=fb.random.key(2),
-                     restart_after=4, restart_rtol=1e9, explore_after=None,
+                     restart_after=4, restart_rtol=1e9, explore_after=None, polish=0.0,
                      metric_rate=metric_rate, evaluator=fb.evaluate.loop())
         return torch.stack(seen).reshape(3, 5 * 16, 2)  # swarm, evaluation, coordinate
 
@@ -229,8 +234,10 @@ def test_the_polish_share_goes_to_a_swarm_started_at_the_best():
     out = fb.black_box(drifting, start(2), (-1.0, 1.0), max_evals=16 * 40, key=fb.random.key(0),
                        restart_after=4, explore_after=None, polish=0.25,
                        evaluator=fb.evaluate.loop())
-    assert out.num_evals == 16 * 40 and len(out.history) == 40
-    first_polish = torch.stack(calls[16 * 30:16 * 31])
+    # 30 updates, 4 face moves (2 coordinates, 2 faces; none helps), 9 polishing updates.
+    assert out.num_evals == 16 * 39 + 4 and len(out.history) == 40
+    assert all(x.abs().max() == 1.0 for x in calls[16 * 30:16 * 30 + 4])
+    first_polish = torch.stack(calls[16 * 30 + 4:16 * 31 + 4])
     # All 8 bacteria start at the best; one tumble of 0.01 box widths (width 2), swim of 1.
     reach = (first_polish - out.params["x"]).norm(dim=1)
     assert bool((reach <= 2 * 0.01 * 2 + 1e-12).all()) and bool((reach > 0).all())
@@ -267,3 +274,81 @@ def test_an_explorer_kick_moves_even_bacteria_a_little_and_odd_ones_along_one_co
         assert torch.isnan(kicked.losses).all()
     assert seen_open_redraw  # the open coordinates were picked sometimes
     assert odd_moves >= 0.9 * 39 * 4
+
+
+def corner_slope(p):
+    """A linear slope whose minimum, 0, is the corner (1, -1, 1, -1) of the box [-1, 1]^4."""
+    slope = torch.tensor([1.0, -3.0, 10.0, -30.0], dtype=p["x"].dtype)
+    return (slope * (slope.sign() - p["x"])).sum()
+
+
+@pytest.mark.parametrize("boundary", ["reflect", "clip"])
+def test_an_optimum_on_the_boundary_is_found_exactly(boundary):
+    """Tumbles only hover near a face; when polishing starts, the best point's coordinates
+    near a face are tried on it, so the corner's loss is exactly 0."""
+    out = fb.black_box(corner_slope, start(4), (-1.0, 1.0), max_evals=16 * 200,
+                       key=fb.random.key(0), boundary=boundary)
+    assert float(out.loss) == 0.0
+    assert out.params["x"].tolist() == [1.0, -1.0, 1.0, -1.0]
+
+
+def test_the_face_moves_are_evaluated_once_within_the_budget():
+    """Three calls when polishing starts (the snaps, the single-coordinate face moves, their
+    combination), counted in num_evals and recorded as one history entry."""
+    loss, seen = recording(corner_slope)
+    budget = 16 * 50 + 7
+    out = fb.black_box(loss, start(4), (-1.0, 1.0), max_evals=budget, key=fb.random.key(0),
+                       evaluator=fb.evaluate.loop())
+    assert len(seen) == out.num_evals <= budget
+    evals = [0] + [e for e, _ in out.history]
+    spent = [b - a for a, b in zip(evals, evals[1:])]
+    moves = [k for k, n in enumerate(spent) if n != 16]
+    assert len(moves) == 1 and spent[moves[0]] <= len(fb._black_box.SNAP_WIDTHS) + 2 * 4 + 1
+    k = moves[0]
+    assert evals[k] + 16 > budget - 16 * int(0.1 * budget / 16)  # when polishing starts
+    moved = torch.stack(seen[evals[k]:evals[k + 1]])
+    # Every candidate puts at least one coordinate exactly on a face.
+    assert bool((moved.abs() == 1.0).any(dim=1).all())
+
+
+def evaluate_rows(loss, calls):
+    """A black-box ``evaluate``: (costs, None) of a population, recording each call's size."""
+    def evaluate(population):
+        calls.append(len(population["x"]))
+        rows = [{k: v[i] for k, v in population.items()} for i in range(len(population["x"]))]
+        return torch.stack([loss(p) for p in rows]), None
+    return evaluate
+
+
+def test_a_coordinate_on_the_far_face_is_moved_over_and_helping_moves_are_combined():
+    """From (1, 1, 1, -0.2) the corner (1, -1, 1, -1) needs coordinate 1 moved across the
+    box and coordinate 3 to a face: no snap does it, two single moves and their union do."""
+    box = fb._bounds.resolve((-1.0, 1.0), start(4), torch.float64)
+    best = {"x": torch.tensor([1.0, 1.0, 1.0, -0.2], dtype=torch.float64)}
+    calls = []
+    moved = fb._black_box._Snapped(best, float(corner_slope(best)), box,
+                                   evaluate_rows(corner_slope, calls), room=100)
+    assert calls == [5, 1]  # no snap (x[3] is 0.4 widths away), 5 single moves, their union
+    assert moved.evals == 6 and moved.best_cost == 0.0
+    assert moved.best_params["x"].tolist() == [1.0, -1.0, 1.0, -1.0]
+    short = fb._black_box._Snapped(best, float(corner_slope(best)), box,
+                                   evaluate_rows(corner_slope, calls), room=3)
+    assert short.evals == 3  # the room is never exceeded
+
+
+def test_no_face_moves_on_open_sides_or_at_an_infinite_best():
+    """Open coordinates never move; a best that is not finite is not moved at all."""
+    box = {"x": (-float("inf"), float("inf")), "y": (-1.0, 1.0)}
+    params = {"x": torch.zeros(2, dtype=torch.float64), "y": torch.zeros(2, dtype=torch.float64)}
+    resolved = fb._bounds.resolve(box, params, torch.float64)
+    calls, seen = [], []
+
+    def loss(p):
+        seen.append(p["x"].clone())
+        return p["y"].sum()
+
+    evaluate = evaluate_rows(loss, calls)
+    fb._black_box._Snapped(params, math.inf, resolved, evaluate, room=100)
+    assert calls == []
+    fb._black_box._Snapped(params, 0.0, resolved, evaluate, room=100)
+    assert calls == [4, 1] and all(x.tolist() == [0.0, 0.0] for x in seen)
