@@ -1,19 +1,26 @@
 """Quality vs peers: final error at equal evaluation budgets (2000 x D), median over seeds.
 
-Eight functions (``problems.py``: shifted, rotated where a rotation is defined), D in
-{2, 10, 30}, 5 seeds, for our optimizers and every installed peer (``peers.py``). Every run
+Two suites: eight textbook functions (``problems.py``: shifted, rotated where a rotation is
+defined), and with ``--suite bbob`` COCO's 24 noiseless BBOB functions (``cocoex`` from the
+``coco-experiment`` package; instance seed + 1, box [-5, 5]; numpy functions, so our
+optimizers evaluate them through a row-by-row evaluator). D in {2, 10, 30}, 5 seeds, for
+our optimizers and every installed peer (``peers.py``). Every run
 starts from the same kind of point: our bacterium 0 and CMA-ES's mean are uniform in the box
 (seeded), the peers' populations as their libraries draw them. Errors below 1e-8 count as
 1e-8 (COCO's final precision), so no cell is decided by rounding noise.
 
-Each run appends one line to ``results/quality_runs.jsonl`` (error, evaluations, seconds and
-the best-so-far curve at fixed fractions of the budget); the tables are built from that file,
-the last line per (optimizer, function, D, seed) winning. Runs already in the file are
-skipped unless ``--rerun`` is given (rerun our optimizers after changing them), so an
-interrupted run resumes and the optimizers can run in separate processes (``--optimizers``).
+Each run appends one line to ``results/quality[_bbob]_runs.jsonl`` (error, evaluations,
+seconds and the best-so-far curve at fixed fractions of the budget); the tables are built
+from that file, the last line per (optimizer, function, D, seed) winning. Runs already in
+the file are skipped unless ``--rerun`` is given (rerun our optimizers after changing
+them), so an interrupted run resumes and the optimizers can run in separate processes
+(``--optimizers``).
 Runs are deterministic per seed.
 
-    python benchmarks/quality.py [--quick] [--optimizers NAME ...] [--rerun] [--report-only]
+    python benchmarks/quality.py [--suite bbob] [--quick] [--optimizers NAME ...] [--rerun]
+                                 [--report-only]
+
+The BBOB suite takes about 40 minutes on two cores (two processes, ``--optimizers``).
 """
 
 from __future__ import annotations

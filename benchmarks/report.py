@@ -30,8 +30,8 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "step_size_min=1e-12)`; `fb.black_box` is that swarm restarted when it stalls, every "
      "other swarm with a learned tumble metric, an exploring swarm of kicked bacteria once "
      "restarts stop finding better basins, and the last tenth of the budget spent "
-     "refining the best point (docs/variants.md). Rastrigin at D = 2 and D = 30 is even "
-     "against pymetaheuristic's BFO on ten more seeds (benchmarks/NOTES.md)."),
+     "refining the best point, first tried on the box's faces (docs/variants.md). Rastrigin "
+     "at D = 2 and D = 30 is even against pymetaheuristic's BFO on ten more seeds."),
     ("quality_bbob", "Quality vs peers on COCO's BBOB suite",
      "`python benchmarks/quality.py --suite bbob`: the 24 noiseless BBOB functions of COCO "
      "(`pip install coco-experiment`; `cocoex.BareProblem`, instance seed + 1, box [-5, 5]) "
@@ -125,7 +125,7 @@ def plot_quality(quality: dict, dim: int = 10, filename: str | None = None) -> s
     axes.flat[0].set_ylabel("median best error")
     axes.flat[0].legend(fontsize=6)
     fig.suptitle(f"Median best-so-far error, D = {dim}, {quality['seeds']} seeds")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     filename = filename or f"bench_quality_d{dim}.png"
     fig.savefig(FIGURES / filename, dpi=100)
     plt.close(fig)
