@@ -215,18 +215,18 @@ def black_box(
     history: list[tuple[int, float]] = []
     main_budget = budget - per_update * int(polish_share * budget / per_update)
     rules = Stopping(maximize=sign < 0, budget=budget)  # fb.run's rules; one update fits
-    snapped = None  # the best point with coordinates moved onto faces, once polishing starts
+    face_moves = None  # the best point tried on the box's faces, once polishing starts
     while rules.reason is None:
         polishing = evals + per_update > main_budget
-        if polishing and snapped is None:
+        if polishing and face_moves is None:
             room = min(budget - evals, int(FACE_SHARE * (budget - main_budget)))
-            snapped = _Snapped(*_best(converging, explorer), box, evaluate, room)
-            if snapped.evals:
-                evals += snapped.evals
-                history.append((evals, sign * _best(converging, explorer, snapped)[1]))
+            face_moves = _FaceMoves(*_best(converging, explorer), box, evaluate, room)
+            if face_moves.evals:
+                evals += face_moves.evals
+                history.append((evals, sign * _best(converging, explorer, face_moves)[1]))
                 if rules.record(evals, history[-1][1], per_update) is not None:
                     break
-        if polishing and not converging.holds(_best(converging, explorer, snapped)[1]):
+        if polishing and not converging.holds(_best(converging, explorer, face_moves)[1]):
             break  # the polisher takes the rest of the budget
         handed = handed or (hand_over is not None and converging.failed >= hand_over)
         if handed and explorer is None:
@@ -237,9 +237,9 @@ def black_box(
             evals += converging.update()
             converging_after += handed
         after += handed
-        history.append((evals, sign * _best(converging, explorer, snapped)[1]))
+        history.append((evals, sign * _best(converging, explorer, face_moves)[1]))
         rules.record(evals, history[-1][1], per_update)
-    best_params, best_cost = _best(converging, explorer, snapped)
+    best_params, best_cost = _best(converging, explorer, face_moves)
     if rules.reason is None and math.isfinite(best_cost):
         polisher = _Polisher(opt, step, best_params, best_cost, key, kick, sign)
         while rules.reason is None:
@@ -370,7 +370,7 @@ class _Explorer(_Swarm):
                               step_sizes=state.step_sizes.clamp_min(3 * self.jitter))
 
 
-class _Snapped:
+class _FaceMoves:
     """The best point moved onto faces of the box, tried when the polish phase starts.
 
     Tumbles that are reflected (or clipped) at a face only hover near an optimum on the
@@ -380,7 +380,8 @@ class _Snapped:
     coordinate within ``SNAP_WIDTHS[j]`` box widths of its nearest face moved onto it (a
     row per width that moves a new set); then, from the best so far, each coordinate alone
     moved onto each of its two faces (for at most ``FACE_SCAN_SIZE`` coordinates: 2n rows
-    of n); then every single move that helped, together.
+    of n); then every single move that helped, together. It keeps the best of them
+    (``best_cost`` inf if none beat the start) and the evaluations spent.
     """
 
     def __init__(self, best_params, best_cost, box, evaluate, room):
@@ -457,9 +458,8 @@ def _flat_box(params: Params, box: list[LeafBounds | None]) -> tuple[Tensor, Ten
     lows, highs = [], []
     for x, b in zip(optree.tree_leaves(params), box):
         if b is None:
-            b_low = b_high = torch.full(x.shape, torch.inf, dtype=torch.float64,
-                                        device=x.device)
-            b_low = -b_low
+            b_high = torch.full(x.shape, torch.inf, dtype=torch.float64, device=x.device)
+            b_low = -b_high
         else:
             b_low, b_high = (torch.broadcast_to(v.to(torch.float64), x.shape)
                              for v in (b.low, b.high))

@@ -326,12 +326,12 @@ def test_a_coordinate_on_the_far_face_is_moved_over_and_helping_moves_are_combin
     box = fb._bounds.resolve((-1.0, 1.0), start(4), torch.float64)
     best = {"x": torch.tensor([1.0, 1.0, 1.0, -0.2], dtype=torch.float64)}
     calls = []
-    moved = fb._black_box._Snapped(best, float(corner_slope(best)), box,
+    moved = fb._black_box._FaceMoves(best, float(corner_slope(best)), box,
                                    evaluate_rows(corner_slope, calls), room=100)
     assert calls == [5, 1]  # no snap (x[3] is 0.4 widths away), 5 single moves, their union
     assert moved.evals == 6 and moved.best_cost == 0.0
     assert moved.best_params["x"].tolist() == [1.0, -1.0, 1.0, -1.0]
-    short = fb._black_box._Snapped(best, float(corner_slope(best)), box,
+    short = fb._black_box._FaceMoves(best, float(corner_slope(best)), box,
                                    evaluate_rows(corner_slope, calls), room=3)
     assert short.evals == 3  # the room is never exceeded
 
@@ -348,7 +348,7 @@ def test_no_face_moves_on_open_sides_or_at_an_infinite_best():
         return p["y"].sum()
 
     evaluate = evaluate_rows(loss, calls)
-    fb._black_box._Snapped(params, math.inf, resolved, evaluate, room=100)
+    fb._black_box._FaceMoves(params, math.inf, resolved, evaluate, room=100)
     assert calls == []
-    fb._black_box._Snapped(params, 0.0, resolved, evaluate, room=100)
+    fb._black_box._FaceMoves(params, 0.0, resolved, evaluate, room=100)
     assert calls == [4, 1] and all(x.tolist() == [0.0, 0.0] for x in seen)
