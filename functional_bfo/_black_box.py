@@ -71,7 +71,7 @@ class BlackBoxResult(NamedTuple):
     restarts: int  # converging swarms started after the first
     explorer_updates: int  # updates given to the exploring swarm (0: it never started)
     history: list[tuple[int, float]]  # (evaluations so far, best loss) after every update
-    # and after the face snaps
+    # and after the face moves
 
 
 def black_box(
@@ -115,10 +115,12 @@ def black_box(
     normal per coordinate, the other half by one coordinate redrawn uniformly in the box
     (a separable function's basins are switched one coordinate at a time).
 
-    The last ``polish`` of the budget refines the best point. It first evaluates, in one
-    call, the best point with every coordinate within ``w`` box widths of a face moved onto
-    that face, for ``w`` from 10^-0.5 down to 10^-8.5 in half decades (at most 17
-    evaluations; an optimum on the boundary is then found exactly). Then the swarm that
+    The last ``polish`` of the budget refines the best point. It first tries the best
+    point on the box's faces, in three evaluator calls within a tenth of the polish
+    budget: every coordinate within ``w`` box widths of a face moved onto that face, for
+    ``w`` from 10^-0.5 down to 10^-8.5 in half decades; then each coordinate alone on each
+    of its two faces (up to 2000 coordinates); then every single move that helped,
+    together (an optimum on the boundary is then found exactly). Then the swarm that
     found the best goes on if it still runs and holds it, else a swarm started there (key
     ``fold_in(key, 2**31 - 2)``, all bacteria at the best point, steps of ``jitter`` box
     widths) takes the rest. The best point over all swarms is returned.
@@ -145,10 +147,10 @@ def black_box(
         explore_after: converging swarms in a row that end without beating the best before
             the exploring swarm takes over; None never explores.
         jitter: the exploring swarm's kick, in box widths.
-        polish: the share of the budget kept for the end: the face snaps, then the swarm
+        polish: the share of the budget kept for the end: the face moves, then the swarm
             that holds the best point if it still runs, else a last swarm whose bacteria
             all start at the best point with steps of ``jitter`` box widths; 0 keeps none
-            (and tries no face snaps).
+            (and tries no face moves).
         **adaptive_kwargs: further :func:`functional_bfo.adaptive_bfo` settings
             (``maximize``, ``evaluator``, ``adaptation_rate``, ...).
 
