@@ -140,7 +140,9 @@ def black_box(
         restart_after: updates without progress that end a converging swarm; None never
             restarts (and so never explores).
         restart_rtol: the relative improvement an update needs to count as progress; 0
-            counts every improvement.
+            counts every improvement. Relative to ``|best|``, so it suits losses whose
+            minimum is near 0: subtract a known offset from the loss (with 100 added, a
+            sphere ends at 1e-4 instead of 1e-8), or pass 0, which does not depend on it.
         metric_rate: how fast the tumble metric learns (``rate * successes / (n^2 + 12)``
             per update for ``n`` parameters); 0 tumbles isotropically. The metric costs
             ``n^2`` memory and ``n^3`` time per update, so it needs ``n <= 2000``.
