@@ -117,18 +117,21 @@ BBOB_NAMES = [f"f{number:02d} {name}" for number, name in BBOB.items()]
 BBOB_BOX = 5.0
 
 
-def make_bbob(name: str, dim: int, seed: int):
-    """BBOB problem ``name`` (one of ``BBOB_NAMES``) as ``(error, box)``: ``error(x)`` takes a
-    float64 numpy vector and returns ``f(x) - f(x*)``, 0 at the optimum (``cocoex``, from the
-    ``coco-experiment`` package)."""
+def make_bbob(name: str, dim: int, seed: int, offset: bool = False):
+    """BBOB problem ``name`` (one of ``BBOB_NAMES``) as ``(f, box, optimum)``: ``f`` takes a
+    float64 numpy vector and returns ``f(x) - f(x*)``, 0 at the optimum, with ``optimum`` 0;
+    with ``offset`` it returns COCO's own value, as COCO hands it to an optimizer, and
+    ``optimum`` is ``f(x*)`` (``cocoex``, from the ``coco-experiment`` package)."""
     import cocoex
 
     if name not in BBOB_NAMES:
         raise ValueError(f"unknown BBOB problem {name!r}; expected one of {BBOB_NAMES}")
     problem = cocoex.BareProblem("bbob", int(name[1:3]), dim, seed + 1)
     best = problem.best_value()
+    if offset:
+        return (lambda x: float(problem(x))), (-BBOB_BOX, BBOB_BOX), best
 
     def error(x) -> float:
         return problem(x) - best
 
-    return error, (-BBOB_BOX, BBOB_BOX)
+    return error, (-BBOB_BOX, BBOB_BOX), 0.0

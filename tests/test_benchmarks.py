@@ -126,3 +126,18 @@ def test_quality_bbob_quick_run_scores_coco_problems(quick_runs):
     assert runs and all(0 <= r["error"] and r["evals"] <= 2000 * r["dim"] for r in runs)
     sphere = result["cells"]["f01 sphere|2"]["fb.black_box"]["median"]
     assert sphere < 1e-6, sphere
+
+
+def test_bbob_offsets_hand_over_coco_values_and_report_the_same_errors(benchmarks_on_path):
+    """With offsets the optimizers see COCO's f(x) (minimum f(x*) != 0); value - optimum is
+    the error the suite reports without them."""
+    import numpy as np
+    import torch
+    from quality import problem
+
+    x = np.linspace(-4, 4, 10)
+    for name in ("f01 sphere", "f15 rastrigin"):
+        plain, offset = problem("bbob", name, 10, 2), problem("bbob", name, 10, 2, offset=True)
+        assert plain.optimum == 0.0 and offset.optimum != 0.0
+        assert offset.f(x) - offset.optimum == pytest.approx(plain.f(x), rel=1e-12, abs=1e-9)
+        assert float(offset.loss({"x": torch.from_numpy(x)})) == pytest.approx(offset.f(x))
