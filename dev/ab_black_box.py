@@ -6,6 +6,7 @@ median error of each variant beside the best BFO peer's, IPOP-CMA-ES's and the d
 medians read from ``benchmarks/results/quality*_runs.jsonl``; then per variant the targets'
 numbers: cells beating every BFO peer, cells more than 2x behind the best one, cells beating
 CMA-ES, and the mean log10 error. Settings are keyword arguments of ``fb.black_box`` as JSON.
+``bbob-offsets`` hands over COCO's own values (``quality.py --offsets``; recorded at D = 10).
 
     python dev/ab_black_box.py --suites bbob eight --dims 10 --jobs 2 \\
         --variant 'floor={"step_size_min": 0.1}' --out dev/results/ab_floor.md
@@ -31,7 +32,8 @@ from quality import BFO_PEERS, DEFAULT_OURS, floored, problem  # noqa: E402
 
 import functional_bfo as fb  # noqa: E402
 
-LOGS = {"bbob": "quality_bbob_runs.jsonl", "eight": "quality_runs.jsonl"}
+LOGS = {"bbob": "quality_bbob_runs.jsonl", "eight": "quality_runs.jsonl",
+        "bbob-offsets": "quality_bbob_offsets_runs.jsonl"}  # quality.py --suite bbob --offsets
 CMA = "cma.CMAES"
 
 
@@ -39,12 +41,12 @@ def run(job: tuple[str, str, int, int, dict]) -> float:
     """The error of one fb.black_box run, set up as benchmarks/quality.py sets it up."""
     suite, name, dim, seed, settings = job
     torch.set_num_threads(1)
-    task = problem(suite, name, dim, seed)
+    task = problem(suite.removesuffix("-offsets"), name, dim, seed, suite.endswith("-offsets"))
     generator = torch.Generator().manual_seed(10_000 + seed)
     start = (torch.rand(dim, generator=generator, dtype=torch.float64) * 2 - 1) * task.box[1]
     out = fb.black_box(task.loss, {"x": start}, task.box, max_evals=2000 * dim,
                        key=fb.random.key(seed), evaluator=task.evaluator, **settings)
-    return float(out.loss)
+    return float(out.loss) - task.optimum
 
 
 def recorded(suite: str, seeds: int) -> dict:
@@ -78,7 +80,7 @@ def main() -> None:
     printed = 0
     with multiprocessing.Pool(a.jobs) as pool:
         for suite in a.suites:
-            names = BBOB_NAMES if suite == "bbob" else list(BOXES)
+            names = list(BOXES) if suite == "eight" else BBOB_NAMES
             names = [n for n in names if not a.functions
                      or any(n.startswith(f) for f in a.functions)]
             medians = recorded(suite, a.seeds)
