@@ -127,11 +127,9 @@ def make_bbob(name: str, dim: int, seed: int, offset: bool = False):
     if name not in BBOB_NAMES:
         raise ValueError(f"unknown BBOB problem {name!r}; expected one of {BBOB_NAMES}")
     problem = cocoex.BareProblem("bbob", int(name[1:3]), dim, seed + 1)
-    best = problem.best_value()
-    if offset:
-        return (lambda x: float(problem(x))), (-BBOB_BOX, BBOB_BOX), best
+    shift = 0.0 if offset else problem.best_value()
 
-    def error(x) -> float:
-        return problem(x) - best
+    def f(x) -> float:
+        return float(problem(x)) - shift
 
-    return error, (-BBOB_BOX, BBOB_BOX), 0.0
+    return f, (-BBOB_BOX, BBOB_BOX), problem.best_value() - shift

@@ -116,18 +116,23 @@ def problem(suite: str, name: str, dim: int, seed: int, offset: bool = False) ->
     return Problem(loss, f, box, None)
 
 
-def run_ours(label: str, task: Problem, dim: int, seed: int, budget: int) -> dict:
+def run_ours(label: str, task: Problem, dim: int, seed: int, budget: int,
+             **settings) -> dict:
+    """One run of our optimizer ``label``; ``settings`` go to ``fb.black_box`` (its
+    defaults here; ``dev/ab_black_box.py`` tries others)."""
     loss, box = task.loss, task.box
     generator = torch.Generator().manual_seed(10_000 + seed)
     start = (torch.rand(dim, generator=generator, dtype=torch.float64) * 2 - 1) * box[1]
     started = time.perf_counter()
     if OURS[label] is None:
         out = fb.black_box(loss, {"x": start}, box, max_evals=budget, key=fb.random.key(seed),
-                           evaluator=task.evaluator)
+                           evaluator=task.evaluator, **settings)
         return {"error": float(out.loss) - task.optimum, "evals": out.num_evals,
                 "restarts": out.restarts, "explorer_updates": out.explorer_updates,
                 "seconds": time.perf_counter() - started,
                 "curve": _curve(out.history, budget, task.optimum)}
+    if settings:
+        raise ValueError(f"settings are fb.black_box's; {label} takes none")
     opt = OURS[label](box, task.evaluator)
     state = opt.init({"x": start}, key=fb.random.key(seed))
     history, per_update = [], None
@@ -243,7 +248,8 @@ def markdown(summary: dict, labels: list[str], names: list[str], dims: list[int]
     return lines
 
 
-def _read(log) -> list[dict]:
+def read_runs(log) -> list[dict]:
+    """The runs logged in ``log`` (a jsonl file), oldest first; none if it does not exist."""
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
@@ -281,7 +287,7 @@ def main() -> None:
     log = args.out / f"{result_name}{'_quick' if args.quick else ''}_runs.jsonl"
     args.out.mkdir(parents=True, exist_ok=True)
     done = set() if args.rerun else {(r["optimizer"], r["function"], r["dim"], r["seed"])
-                                     for r in _read(log)}
+                                     for r in read_runs(log)}
     if not args.report_only:
         for name in args.functions or names:
             for dim in dims:
@@ -298,7 +304,7 @@ def main() -> None:
                             fh.write(json.dumps(line) + "\n")
                         print(f"{label:22s} {name:16s} D={dim:<3d} seed={seed} "
                               f"error={out['error']:.3g} ({out['seconds']:.1f} s)", flush=True)
-    runs = _read(log)
+    runs = read_runs(log)
     logged = {r["optimizer"] for r in runs}
     labels += [name for name in PEERS if name in logged and name not in labels]
     summary = summarize(runs, labels, names, dims, seeds)

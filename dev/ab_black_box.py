@@ -28,39 +28,27 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 from problems import BBOB_NAMES, BOXES  # noqa: E402
-from quality import BFO_PEERS, DEFAULT_OURS, floored, problem  # noqa: E402
-
-import functional_bfo as fb  # noqa: E402
+from quality import (  # noqa: E402
+    BFO_PEERS,
+    DEFAULT_OURS,
+    problem,
+    read_runs,
+    run_ours,
+    summarize,
+)
 
 LOGS = {"bbob": "quality_bbob_runs.jsonl", "eight": "quality_runs.jsonl",
         "bbob-offsets": "quality_bbob_offsets_runs.jsonl"}  # quality.py --suite bbob --offsets
 CMA = "cma.CMAES"
 
 
-def run(job: tuple[str, str, int, int, dict]) -> float:
-    """The error of one fb.black_box run, set up as benchmarks/quality.py sets it up."""
-    suite, name, dim, seed, settings = job
+def run(job: tuple[str, str, str, int, int, dict]) -> dict:
+    """One fb.black_box run with ``settings``, logged as benchmarks/quality.py logs runs."""
+    suite, label, name, dim, seed, settings = job
     torch.set_num_threads(1)
     task = problem(suite.removesuffix("-offsets"), name, dim, seed, suite.endswith("-offsets"))
-    generator = torch.Generator().manual_seed(10_000 + seed)
-    start = (torch.rand(dim, generator=generator, dtype=torch.float64) * 2 - 1) * task.box[1]
-    out = fb.black_box(task.loss, {"x": start}, task.box, max_evals=2000 * dim,
-                       key=fb.random.key(seed), evaluator=task.evaluator, **settings)
-    return float(out.loss) - task.optimum
-
-
-def recorded(suite: str, seeds: int) -> dict:
-    """Median floored error per (optimizer, function, D) over the recorded runs' seeds."""
-    path = ROOT / "benchmarks" / "results" / LOGS[suite]
-    latest = {}
-    for line in path.read_text().splitlines():
-        r = json.loads(line)
-        if r["seed"] < seeds:
-            latest[(r["optimizer"], r["function"], r["dim"], r["seed"])] = r["error"]
-    cells: dict = {}
-    for (label, name, dim, _), error in latest.items():
-        cells.setdefault((label, name, dim), []).append(floored(error))
-    return {cell: statistics.median(errors) for cell, errors in cells.items()}
+    out = run_ours(DEFAULT_OURS, task, dim, seed, 2000 * dim, **settings)
+    return {"optimizer": label, "function": name, "dim": dim, "seed": seed, **out}
 
 
 def main() -> None:
@@ -83,41 +71,39 @@ def main() -> None:
             names = list(BOXES) if suite == "eight" else BBOB_NAMES
             names = [n for n in names if not a.functions
                      or any(n.startswith(f) for f in a.functions)]
-            medians = recorded(suite, a.seeds)
-            jobs = [(suite, n, d, s, settings) for settings in variants.values()
+            jobs = [(suite, label, n, d, s, settings) for label, settings in variants.items()
                     for n in names for d in a.dims for s in range(a.seeds)]
-            errors = iter(pool.map(run, jobs, chunksize=1))
-            mine = {(label, n, d): statistics.median(floored(next(errors))
-                                                     for _ in range(a.seeds))
-                    for label in variants for n in names for d in a.dims}
+            runs = read_runs(ROOT / "benchmarks" / "results" / LOGS[suite])
+            runs += pool.map(run, jobs, chunksize=1)
+            labels = [*BFO_PEERS, CMA, DEFAULT_OURS, *variants]
             for d in a.dims:
+                summary = summarize(runs, labels, names, [d], a.seeds, ours=tuple(variants))
                 lines += [f"{suite}, D = {d} (median of {a.seeds} seeds; ! = not beating "
                           "every BFO peer):", "",
                           "| function | best BFO peer | CMA-ES | default | "
                           + " | ".join(variants) + " |",
                           "|---" * (4 + len(variants)) + "|"]
-                totals = {label: [0, [], 0, []] for label in variants}
                 for n in names:
-                    peer = min(medians[(q, n, d)] for q in BFO_PEERS if (q, n, d) in medians)
-                    cma = medians.get((CMA, n, d), math.nan)
-                    row = [n, f"{peer:.3g}", f"{cma:.3g}",
-                           f"{medians.get((DEFAULT_OURS, n, d), math.nan):.3g}"]
-                    for label in variants:
-                        m = mine[(label, n, d)]
-                        t = totals[label]
-                        t[0] += m < peer
-                        t[1].append(math.log10(m))
-                        t[2] += m < cma
-                        if m > 2 * peer:
-                            t[3].append(n.split()[0])
-                        row.append(f"{m:.3g}" + ("" if m < peer else "!"))
+                    cell = {label: v["median"] for label, v in
+                            summary["cells"][f"{n}|{d}"].items()}
+                    peer = min(cell[q] for q in BFO_PEERS if q in cell)
+                    row = [n, f"{peer:.3g}", f"{cell.get(CMA, math.nan):.3g}",
+                           f"{cell.get(DEFAULT_OURS, math.nan):.3g}"]
+                    row += [f"{cell[label]:.3g}" + ("" if cell[label] < peer else "!")
+                            for label in variants]
                     lines.append("| " + " | ".join(row) + " |")
                 lines.append("")
-                for label, (wins, logs, cma_wins, behind) in totals.items():
-                    lines.append(f"- {label}: beats every BFO peer in {wins}/{len(names)}, "
-                                 f"mean log10 {statistics.mean(logs):.3f}, beats CMA-ES in "
-                                 f"{cma_wins}, more than 2x behind the best peer: "
-                                 f"{', '.join(behind) or 'none'}")
+                for label in variants:
+                    v = summary["verdict"][label]
+                    logs = [math.log10(summary["cells"][f"{n}|{d}"][label]["median"])
+                            for n in names]
+                    lines.append(f"- {label}: beats every BFO peer in "
+                                 f"{v['cells_beating_every_bfo_peer']}/"
+                                 f"{v['cells_with_bfo_peers']}, mean log10 "
+                                 f"{statistics.mean(logs):.3f}, beats CMA-ES in "
+                                 f"{len(v['cells_beating_cma_es'])}, more than 2x behind the "
+                                 "best peer: "
+                                 f"{', '.join(v['cells_over_2x_best_bfo_peer']) or 'none'}")
                 lines.append("")
                 print("\n".join(lines[printed:]), flush=True)
                 printed = len(lines)
