@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import warnings
 
 import pytest
@@ -35,8 +36,9 @@ def data():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(48, 3, generator=g)
     pairs = list(zip(x, x.sum(dim=1, keepdim=True)))
-    return DataLoaders(DataLoader(pairs[:32], bs=8, shuffle=True),
-                       DataLoader(pairs[32:], bs=8), device="cpu")
+    train = DataLoader(pairs[:32], bs=8, shuffle=True)
+    train.rng = random.Random(0)  # fastai seeds its shuffle from Python's global random
+    return DataLoaders(train, DataLoader(pairs[32:], bs=8), device="cpu")
 
 
 def mae(pred, target):
