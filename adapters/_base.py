@@ -219,6 +219,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
     def _core(self, settings: dict[str, Any], evaluator: CandidateEvaluator) -> fb.Optimizer:
         """The pure core optimizer for one group's settings (validates them)."""
         kwargs = {k: v for k, v in settings.items() if k not in SHELL_SETTINGS}
+        if self.uses_grads:  # the mask follows requires_grad (fb.with_grad_mask in step)
+            kwargs["grad_mask"] = False
         return type(self).factory(**kwargs, evaluator=evaluator)
 
     def _paused(self, g: int, settings: dict[str, Any]) -> bool:

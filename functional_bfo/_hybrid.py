@@ -36,6 +36,19 @@ NOT_DIFFERENTIABLE_MSG = (
     "update(..., grad=...) computed by other means."
 )
 
+NO_GRAD_LEAF_MSG = (
+    "hybrid_bfo(grad_mask=None) takes gradients on the leaves of params that require grad, "
+    "and none does (tensors made with .detach() or torch.no_grad() do not), so it would be "
+    "adaptive_bfo at the cost of gradients. Set requires_grad on the leaves that take "
+    "gradients, or pass grad_mask=True (every leaf) or a pytree like params of bools "
+    "(grad_mask=False starts with none, for fb.with_grad_mask to change later)."
+)
+EVALUATOR_GRADS_MSG = (
+    " With an evaluator, the evaluator must differentiate loss_fn and return (losses, "
+    "grads): functional_bfo.evaluate's evaluators return losses only, and "
+    "fb.distributed.sharded needs grads=True."
+)
+
 GradEvaluator = Callable[..., tuple[Tensor, Params]]
 """``evaluator(loss_fn, population, *args) -> (losses, grads)``: see :func:`hybrid_bfo`."""
 
@@ -116,9 +129,10 @@ def hybrid_bfo(
         momentum: exponential average of each bacterium's gradient along its path, in
             [0, 0.999]; 0 uses the gradient where it stands.
         grad_mask: which leaves take gradients: None derives it from each leaf's
-            ``requires_grad`` at ``init``; a bool for all leaves; or a pytree like params of
-            bools. It lives in the state, so it may change between updates
-            (:func:`functional_bfo.with_grad_mask`).
+            ``requires_grad`` at ``init`` (at least one must require grad: detached
+            params, such as :func:`functional_bfo.module_loss`'s, need a mask); a bool for
+            all leaves; or a pytree like params of bools. It lives in the state, so it may
+            change between updates (:func:`functional_bfo.with_grad_mask`).
         vanishing_threshold: gradient norms below this count as vanishing in telemetry.
         exploding_threshold: gradient norms above this count as exploding in telemetry.
         chunk_size: evaluate at most this many bacteria at once.
@@ -138,8 +152,9 @@ def hybrid_bfo(
         it and no per-bacterium gradient is computed.
 
     Raises:
-        ValueError: a hyperparameter is invalid; at ``update``, a loss whose output carries no
-            gradient from the params.
+        ValueError: a hyperparameter is invalid; at ``init``, ``grad_mask=None`` and no leaf
+            that requires grad; at ``update``, a loss whose output carries no gradient from
+            the params.
 
     Examples:
         >>> import torch, functional_bfo as fb
@@ -192,7 +207,8 @@ def hybrid_bfo(
         check_state(state, size, HybridBFOState, "hybrid_bfo")
         hp, dtype, sign = state.hyperparams, state.losses.dtype, static.sign
         mask = state.grad_mask
-        differentiable = _differentiable(loss_fn, mask) if grad is None else None
+        differentiable = (None if grad is not None else
+                          _differentiable(loss_fn, mask, evaluator is not None))
         if grad is not None:
             grad = optree.tree_map(torch.Tensor.detach, grad)
 
@@ -270,6 +286,8 @@ def _mask_tree(params: Params, grad_mask: Any) -> Params:
     leaves, spec = optree.tree_flatten(params)
     if grad_mask is None:
         flags = [bool(x.requires_grad) for x in leaves]
+        if not any(flags):
+            raise ValueError(NO_GRAD_LEAF_MSG)
     elif isinstance(grad_mask, bool):
         flags = [grad_mask] * len(leaves)
     else:
@@ -282,12 +300,14 @@ def _mask_tree(params: Params, grad_mask: Any) -> Params:
     return spec.unflatten([torch.tensor(f, device=x.device) for f, x in zip(flags, leaves)])
 
 
-def _differentiable(loss_fn: LossFn, mask: Params) -> LossFn:
+def _differentiable(loss_fn: LossFn, mask: Params, by_evaluator: bool = False) -> LossFn:
     """``loss_fn`` differentiated through the marked leaves only (a ``where`` per leaf).
 
     Its output is checked where torch's own errors would be unclear: one floating scalar
-    per bacterium, carrying a gradient from the params.
+    per bacterium, carrying a gradient from the params (``by_evaluator``: a user's
+    evaluator calls it, which may be one that does not differentiate).
     """
+    not_differentiable = NOT_DIFFERENTIABLE_MSG + (EVALUATOR_GRADS_MSG if by_evaluator else "")
     masks, spec = optree.tree_flatten(mask)
 
     def loss(params: Params, *args: Any) -> Tensor:
@@ -300,7 +320,7 @@ def _differentiable(loss_fn: LossFn, mask: Params) -> LossFn:
             raise ValueError(LOSS_SHAPE_MSG.format(
                 what=f"a {out.dtype} tensor of shape {tuple(out.shape)}"))
         if not out.requires_grad:
-            raise ValueError(NOT_DIFFERENTIABLE_MSG)
+            raise ValueError(not_differentiable)
         return out
 
     return loss

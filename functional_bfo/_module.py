@@ -18,7 +18,10 @@ def module_loss(
     ``loss_fn`` runs the module with ``torch.func.functional_call`` on the given params (its
     buffers as they are), so it vmaps over a population of parameter sets. The params are
     detached copies: optimizing them never touches the module until you load the result
-    back with ``module.load_state_dict(best_params, strict=False)``.
+    back with ``module.load_state_dict(best_params, strict=False)``. Being detached, none
+    requires grad, so :func:`functional_bfo.hybrid_bfo` needs its ``grad_mask``: ``True``,
+    or ``{n: p.requires_grad for n, p in module.named_parameters()}`` to keep frozen
+    layers gradient-free.
 
     Examples:
         >>> import torch, functional_bfo as fb

@@ -120,7 +120,7 @@ def with_start_loss(state: State, loss: Any, grad: Any = None) -> State:
 
     Examples:
         >>> import torch, functional_bfo as fb
-        >>> opt = fb.hybrid_bfo(population_size=4, gradient_weight=1.0)
+        >>> opt = fb.hybrid_bfo(population_size=4, gradient_weight=1.0, grad_mask=True)
         >>> state = opt.init({"x": torch.ones(2)}, key=fb.random.key(0))
         >>> state = fb.with_start_loss(state, 2.0, grad={"x": torch.full((2,), 2.0)})
         >>> float(state.best_loss), int(state.num_evals)

@@ -212,7 +212,7 @@ def test_relative_steps_scale_each_leaf_and_coordinate_by_its_own_box():
 
 
 def test_hybrid_takes_relative_steps():
-    opt = fb.hybrid_bfo(4, bounds=(-1.0, 1.0), relative_steps=True)
+    opt = fb.hybrid_bfo(4, bounds=(-1.0, 1.0), relative_steps=True, grad_mask=True)
     state = opt.update(opt.init({"x": torch.zeros(2)}, key=fb.random.key(9)), sq)
     assert torch.isfinite(state.best_loss)
 

@@ -1,6 +1,7 @@
 """Behaviour of the canonical BFO beyond the contract: bounds, dtypes, non-finite losses,
 the run driver, evaluators, hyperparameters and the module helper."""
 
+import functools
 from typing import NamedTuple
 
 import optree
@@ -93,7 +94,9 @@ def test_per_leaf_bounds_pytree_and_uniform_initial_population():
     assert abs(state.population["a"][1:].mean().item()) < 0.1
 
 
-@pytest.mark.parametrize("factory", [fb.bfo, fb.adaptive_bfo, fb.hybrid_bfo])
+@pytest.mark.parametrize("factory", [fb.bfo, fb.adaptive_bfo,
+                                     functools.partial(fb.hybrid_bfo, grad_mask=True)],
+                         ids=["bfo", "adaptive_bfo", "hybrid_bfo"])
 def test_a_half_open_box_holds_the_initial_bacteria(factory):
     """On a coordinate with one finite side, new bacteria spread around the params by
     init_scale and are clipped to that side, like every later position (this held only

@@ -6,6 +6,7 @@ documented exceptions come out, with their types kept, and that retrying gives w
 that never saw the fault gives.
 """
 
+import functools
 import math
 import os
 
@@ -254,7 +255,9 @@ def test_non_finite_start_params_are_refused(variant):
         opt.init(bad, key=fb.random.key(0))
 
 
-@pytest.mark.parametrize("factory", [fb.bfo, fb.adaptive_bfo, fb.hybrid_bfo])
+@pytest.mark.parametrize("factory", [fb.bfo, fb.adaptive_bfo,
+                                     functools.partial(fb.hybrid_bfo, grad_mask=True)],
+                         ids=["bfo", "adaptive_bfo", "hybrid_bfo"])
 def test_a_hyperparameter_that_overflows_the_state_dtype_is_refused(factory):
     kwargs = {"step_size_max": 1e300} if factory is not fb.bfo else {"step_size": 1e300}
     opt = factory(population_size=4, **kwargs)
@@ -270,8 +273,10 @@ def test_a_none_leaf_is_named():
 
 @pytest.mark.parametrize("make, other", [
     (lambda: fb.bfo(population_size=4), lambda: fb.adaptive_bfo(population_size=4)),
-    (lambda: fb.adaptive_bfo(population_size=4), lambda: fb.hybrid_bfo(population_size=4)),
-    (lambda: fb.hybrid_bfo(population_size=4), lambda: fb.bfo(population_size=4)),
+    (lambda: fb.adaptive_bfo(population_size=4),
+     lambda: fb.hybrid_bfo(population_size=4, grad_mask=True)),
+    (lambda: fb.hybrid_bfo(population_size=4, grad_mask=True),
+     lambda: fb.bfo(population_size=4)),
 ], ids=["adaptive-state-to-bfo", "hybrid-state-to-adaptive", "bfo-state-to-hybrid"])
 def test_a_state_of_another_variant_is_named(make, other):
     state = other().init(params(), key=fb.random.key(0))

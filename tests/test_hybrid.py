@@ -20,7 +20,9 @@ def params(a_grad=False, b_grad=False):
 @pytest.mark.parametrize("a_grad,b_grad", [(True, True), (False, False), (True, False)],
                          ids=["all", "none", "mixed"])
 def test_mask_from_requires_grad_and_both_parts_improve(a_grad, b_grad):
-    opt = fb.hybrid_bfo(population_size=10, gradient_weight=0.8)
+    # No leaf requiring grad is refused with grad_mask=None; False says so on purpose.
+    opt = fb.hybrid_bfo(population_size=10, gradient_weight=0.8,
+                        grad_mask=None if a_grad or b_grad else False)
     state = opt.init(params(a_grad, b_grad), key=fb.random.key(0))
     assert bool(state.grad_mask["a"]) is a_grad and bool(state.grad_mask["b"]) is b_grad
     state = fb.run(opt, state, quad, max_steps=60)
@@ -162,6 +164,35 @@ def test_custom_evaluator_matches_the_vmapped_one():
     torch.testing.assert_close(a.population, b.population)
 
 
+def test_no_leaf_requiring_grad_is_refused_when_the_mask_comes_from_requires_grad():
+    """Detached params would silently make the hybrid adaptive_bfo paying for gradients."""
+    with pytest.raises(ValueError, match=r"none does .*grad_mask=True"):
+        fb.hybrid_bfo(population_size=4).init(params(), key=fb.random.key(0))
+
+
+def test_module_loss_params_need_a_mask_and_take_one_from_the_module():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    model[0].requires_grad_(False)  # a frozen layer: gradient-free
+    params, loss_fn = fb.module_loss(model, torch.nn.functional.mse_loss)
+    with pytest.raises(ValueError, match=r"grad_mask=None"):  # detached copies
+        fb.hybrid_bfo(population_size=4).init(params, key=fb.random.key(0))
+    mask = {n: p.requires_grad for n, p in model.named_parameters()}  # module_loss's advice
+    opt = fb.hybrid_bfo(population_size=4, grad_mask=mask)
+    state = opt.init(params, key=fb.random.key(0))
+    assert [bool(m) for m in state.grad_mask.values()] == [False, False, True, True]
+    x, y = torch.randn(8, 3), torch.randn(8, 1)
+    state = opt.update(state, loss_fn, x, y)
+    assert (state.grad_norms > 0).all()
+
+
+@pytest.mark.parametrize("evaluator", [fb.evaluate.vmap(), fb.evaluate.loop()],
+                         ids=["vmap", "loop"])
+def test_an_evaluator_that_does_not_differentiate_is_named(evaluator):
+    opt = fb.hybrid_bfo(population_size=4, grad_mask=True, evaluator=evaluator)
+    with pytest.raises(ValueError, match=r"evaluator must differentiate loss_fn"):
+        opt.update(opt.init(params(), key=fb.random.key(0)), quad)
+
+
 def test_an_evaluator_returning_losses_only_is_named():
     opt = fb.hybrid_bfo(population_size=4, grad_mask=True,
                         evaluator=lambda loss_fn, population: torch.zeros(4))
@@ -216,7 +247,7 @@ def test_a_scored_start_gives_bacterium_0_its_gradient_in_the_first_tumble(seed)
 
 
 def test_with_start_loss_is_for_the_start_only():
-    opt = fb.hybrid_bfo(population_size=4)
+    opt = fb.hybrid_bfo(population_size=4, grad_mask=True)
     state = opt.init({"x": torch.zeros(2)}, key=fb.random.key(0))
     nan = fb.with_start_loss(state, float("nan"))
     assert bool(torch.isnan(nan.losses[0])) and float(nan.best_loss) == float("inf")
