@@ -56,8 +56,9 @@ def run(
         loss_fn: ``loss_fn(params, *args) -> 0-d tensor``.
         *args: data passed to every ``loss_fn`` call.
         max_evals: stop before an update could take ``state.num_evals`` past this (the
-            first update always runs, to learn how many evaluations one update costs; with a
-            varying active population the next update is assumed to use every slot).
+            first update runs unless ``state.num_evals`` is already there, to learn how many
+            evaluations one update costs; with a varying active population the next update
+            is assumed to use every slot).
         max_steps: stop after this many updates.
         target_loss: stop once the best loss reaches it (``<=``, or ``>=`` when maximizing).
         patience: stop after this many updates without the best improving by ``min_delta``.
@@ -76,7 +77,8 @@ def run(
         The state after the last update.
 
     Raises:
-        ValueError: no budget (``max_evals`` or ``max_steps``) is given, or one is invalid.
+        ValueError: no budget (``max_evals`` or ``max_steps``) is given, or one is invalid; a
+            batched state; a checkpoint path whose folder does not exist.
         BaseException: whatever ``loss_fn`` (or Ctrl-C) raised, with its type kept; its
             attribute ``last_good_state`` is the state after the last finished update (the
             ``state`` given if none finished), and a note says so.
@@ -92,11 +94,26 @@ def run(
         raise ValueError(f"Invalid compile: {compile!r}; expected True or False.")
     check_int("log_every", log_every, 1)
     check_int("checkpoint_every", checkpoint_every, 1)
+    if checkpoint is not None:
+        folder = os.path.dirname(os.path.abspath(os.fspath(checkpoint)))
+        if not os.path.isdir(folder):
+            raise ValueError(f"Invalid checkpoint: {os.fspath(checkpoint)!r}; its folder "
+                             f"{folder!r} does not exist. Create it first.")
+    losses = getattr(state, "losses", None)
+    if not isinstance(losses, torch.Tensor):
+        raise TypeError(f"Expected the state returned by init/update, got {type(state).__name__}.")
+    if losses.dim() != 1:
+        raise ValueError(f"run drives one state, and this one is batched (losses of shape "
+                         f"{tuple(losses.shape)}): loop over "
+                         "torch.func.vmap(opt.update, in_dims=(0, None)) yourself, or run "
+                         "each state of the batch.")
     report = _reporter(progress)
     evals, best = _read(state)[:2]
     rules = Stopping(maximize=opt.maximize, budget=max_evals, max_steps=max_steps,
                      target_loss=target_loss, patience=patience, min_delta=min_delta)
     rules.best_cost = rules.cost(best)
+    if max_evals is not None and evals >= max_evals:  # a finished run, resumed: nothing left
+        rules.reason = "max_evals"
     update = torch.compile(opt.update, fullgraph=True) if compile else opt.update
     buffer = state.losses.shape[-1]
     started, steps, saved_at = time.perf_counter(), 0, None  # saved_at: steps on disk
@@ -124,12 +141,16 @@ def run(
     except BaseException as e:
         with contextlib.suppress(AttributeError):  # an exception type without a __dict__
             e.last_good_state = state
+        where = ""
+        if checkpoint is not None:
+            where = f" and is saved to {os.fspath(checkpoint)}"
+            try:
+                if saved_at != steps:
+                    save(state, checkpoint)
+            except Exception as failed:  # the user's exception is the one to raise
+                where = f"; saving it to {os.fspath(checkpoint)} failed ({failed!r})"
         e.add_note(f"functional_bfo.run: interrupted after {steps} finished update(s); the "
-                   "state after the last of them is this exception's .last_good_state"
-                   + ("" if checkpoint is None else f" and is saved to {os.fspath(checkpoint)}")
-                   + ".")
-        if checkpoint is not None and saved_at != steps:
-            save(state, checkpoint)
+                   f"state after the last of them is this exception's .last_good_state{where}.")
         raise
     if checkpoint is not None and saved_at != steps:
         save(state, checkpoint)

@@ -312,6 +312,11 @@ TABLE = [
     Case("run target_loss=nan",
          lambda: fb.run(opt(), state(), loss_fn, max_steps=0, target_loss=math.nan),
          ValueError, r"Invalid target_loss: nan"),
+    Case("run a batched state",
+         lambda: fb.run(opt(), batched_states(), loss_fn, max_steps=1), ValueError,
+         r"run drives one state, and this one is batched \(losses of shape \(3, 4\)\)"),
+    Case("run a state that is not one", lambda: fb.run(opt(), params(), loss_fn, max_steps=1),
+         TypeError, r"Expected the state returned by init/update, got dict"),
     # ---- with_hyperparams -------------------------------------------------------------------
     Case("with_hyperparams(stepsize=...)", lambda: fb.with_hyperparams(state(), stepsize=0.1),
          ValueError, r"Unknown hyperparameters \['stepsize'\]; this state has \['step_size', "),

@@ -174,6 +174,42 @@ def test_run_hands_back_the_last_good_state_when_interrupted(error, tmp_path):
     assert_trees_equal(resumed, run_updates(opt, start, 5))
 
 
+def test_a_checkpoint_that_cannot_be_written_keeps_the_users_exception(tmp_path):
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    calls = []
+
+    def loss(p):  # 2 calls per update: the folder vanishes in the second, then it raises
+        calls.append(1)
+        if len(calls) == 4:
+            folder.rmdir()
+        if len(calls) == 5:
+            raise Boom("the simulator crashed")
+        return loss_fn(p)
+    opt = fb.bfo(population_size=4, swim_length=1)
+    start = opt.init(params(), key=fb.random.key(2))
+    with pytest.raises(Boom) as info:
+        fb.run(opt, start, loss, max_steps=5, checkpoint=folder / "run.pt")
+    assert_trees_equal(info.value.last_good_state, run_updates(opt, start, 2))
+    assert any("failed" in note and "last_good_state" in note for note in info.value.__notes__)
+
+
+def test_run_checks_the_checkpoint_folder_before_the_first_update(tmp_path):
+    opt = fb.bfo(population_size=4, swim_length=1)
+    start = opt.init(params(), key=fb.random.key(2))
+    with pytest.raises(ValueError, match=r"does not exist\. Create it first"):
+        fb.run(opt, start, FailAt(1, Boom("never reached")), max_steps=5,
+               checkpoint=tmp_path / "missing" / "run.pt")
+
+
+def test_a_run_resumed_at_its_budget_makes_no_update():
+    opt = fb.bfo(population_size=4, swim_length=1)  # 8 evaluations per update
+    done = fb.run(opt, opt.init(params(), key=fb.random.key(2)), loss_fn, max_evals=40)
+    assert int(done.num_evals) == 40
+    again = fb.run(opt, done, loss_fn, max_evals=40)
+    assert_trees_equal(again, done)
+
+
 def test_run_checkpoints_periodically_and_at_the_end(tmp_path):
     opt = fb.adaptive_bfo(population_size=4)
     start = opt.init(params(), key=fb.random.key(3))
