@@ -25,7 +25,9 @@ Each choice was measured against the peers in ``benchmarks/quality.py`` (benchma
 
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 from typing import Any, NamedTuple
 
 import optree
@@ -36,7 +38,7 @@ from . import random
 from ._adaptive import AdaptiveBFOState, adaptive_bfo, adaptive_static, adaptive_step
 from ._base import Key, LossFn, Params
 from ._bounds import LeafBounds, box_relative, project, resolve, sample_domain
-from ._checks import check_float, check_int
+from ._checks import check_float, check_int, check_params
 from ._chemotaxis import costs_by
 from ._metric import (
     MAX_METRIC_SIZE,
@@ -162,6 +164,15 @@ def black_box(
     Raises:
         ValueError: no bounds, a bad budget, restart, metric or exploration setting, or a
             bad AdaptiveBFO setting.
+        TypeError: params that are not a pytree of floating tensors, or ``relative_steps``
+            (the setup's own) among ``adaptive_kwargs``.
+        BaseException: whatever ``loss_fn`` (or Ctrl-C) raised, with its type kept; its
+            attribute ``partial_result`` is a :class:`BlackBoxResult` of the best point
+            found before, and a note says so.
+
+    Warns:
+        RuntimeWarning: every loss evaluated was NaN or infinite (the returned loss is then
+            infinite).
 
     Examples:
         >>> import torch, functional_bfo as fb
@@ -175,6 +186,11 @@ def black_box(
         raise ValueError("black_box needs bounds=(low, high) (or a pytree of them): its steps "
                          "and restarts are relative to the box. Without a box use "
                          "fb.adaptive_bfo with fb.run.")
+    check_params(params)
+    if "relative_steps" in adaptive_kwargs:
+        raise TypeError("black_box got relative_steps=, which it sets itself: its steps are "
+                        "relative to the box it is given. For other steps use "
+                        "fb.adaptive_bfo with fb.run.")
     budget = check_int("max_evals", max_evals, 1)
     stall_limit = None if restart_after is None else check_int("restart_after", restart_after, 1)
     rtol = check_float("restart_rtol", restart_rtol, 0.0)
@@ -219,43 +235,58 @@ def black_box(
     history: list[tuple[int, float]] = []
     main_budget = budget - per_update * int(polish_share * budget / per_update)
     rules = Stopping(maximize=sign < 0, budget=budget)  # fb.run's rules; one update fits
-    face_moves = None  # the best point tried on the box's faces, once polishing starts
-    while rules.reason is None:
-        polishing = evals + per_update > main_budget
-        if polishing and face_moves is None:
-            room = min(budget - evals, int(FACE_SHARE * (budget - main_budget)))
-            face_moves = _FaceMoves(*_best(converging, explorer), box, evaluate, room)
-            if face_moves.evals:
-                evals += face_moves.evals
-                history.append((evals, sign * _best(converging, explorer, face_moves)[1]))
-                if rules.record(evals, history[-1][1], per_update) is not None:
-                    break
-        if polishing and not converging.holds(_best(converging, explorer, face_moves)[1]):
-            break  # the polisher takes the rest of the budget
-        handed = handed or (hand_over is not None and converging.failed >= hand_over)
-        if handed and explorer is None:
-            explorer = _Explorer(opt, step, params, box, key, kick, sign)
-        if handed and not polishing and converging_after >= CONVERGING_SHARE * (after + 1):
-            evals += explorer.update()
-        else:
-            evals += converging.update()
-            converging_after += handed
-        after += handed
-        history.append((evals, sign * _best(converging, explorer, face_moves)[1]))
-        rules.record(evals, history[-1][1], per_update)
-    best_params, best_cost = _best(converging, explorer, face_moves)
-    if rules.reason is None and math.isfinite(best_cost):
-        polisher = _Polisher(opt, step, best_params, best_cost, key, kick, sign)
+    face_moves = polisher = None  # the best point tried on the box's faces, then polished
+
+    def result() -> BlackBoxResult:
+        best_params, best_cost = _best(converging, explorer, face_moves, polisher)
+        losses = converging.state.losses
+        loss = torch.tensor(sign * best_cost, dtype=losses.dtype, device=losses.device)
+        return BlackBoxResult(best_params, loss, evals, converging.restarts,
+                              0 if explorer is None else explorer.updates, history)
+
+    try:
         while rules.reason is None:
-            evals += polisher.update()
-            history.append((evals, sign * min(best_cost, polisher.best_cost)))
+            polishing = evals + per_update > main_budget
+            if polishing and face_moves is None:
+                room = min(budget - evals, int(FACE_SHARE * (budget - main_budget)))
+                face_moves = _FaceMoves(*_best(converging, explorer), box, evaluate, room)
+                if face_moves.evals:
+                    evals += face_moves.evals
+                    history.append((evals, sign * _best(converging, explorer, face_moves)[1]))
+                    if rules.record(evals, history[-1][1], per_update) is not None:
+                        break
+            if polishing and not converging.holds(_best(converging, explorer, face_moves)[1]):
+                break  # the polisher takes the rest of the budget
+            handed = handed or (hand_over is not None and converging.failed >= hand_over)
+            if handed and explorer is None:
+                explorer = _Explorer(opt, step, params, box, key, kick, sign)
+            if handed and not polishing and converging_after >= CONVERGING_SHARE * (after + 1):
+                evals += explorer.update()
+            else:
+                evals += converging.update()
+                converging_after += handed
+            after += handed
+            history.append((evals, sign * _best(converging, explorer, face_moves)[1]))
             rules.record(evals, history[-1][1], per_update)
-        if polisher.best_cost < best_cost:
-            best_params, best_cost = polisher.best_params, polisher.best_cost
-    losses = converging.state.losses
-    loss = torch.tensor(sign * best_cost, dtype=losses.dtype, device=losses.device)
-    return BlackBoxResult(best_params, loss, evals, converging.restarts,
-                          0 if explorer is None else explorer.updates, history)
+        best_params, best_cost = _best(converging, explorer, face_moves)
+        if rules.reason is None and math.isfinite(best_cost):
+            polisher = _Polisher(opt, step, best_params, best_cost, key, kick, sign)
+            while rules.reason is None:
+                evals += polisher.update()
+                history.append((evals, sign * min(best_cost, polisher.best_cost)))
+                rules.record(evals, history[-1][1], per_update)
+    except BaseException as e:  # the user's exception (or Ctrl-C), with what was found
+        with contextlib.suppress(AttributeError):  # an exception type without a __dict__
+            e.partial_result = result()
+        e.add_note(f"functional_bfo.black_box: interrupted after {evals} evaluations; the best "
+                   "point found before is this exception's .partial_result.")
+        raise
+    found = result()
+    if not math.isfinite(float(found.loss)):
+        warnings.warn(f"functional_bfo.black_box: every loss evaluated ({evals}) is NaN or "
+                      "infinite, so the search had nothing to follow; check loss_fn and the "
+                      "bounds.", RuntimeWarning, stacklevel=2)
+    return found
 
 
 def _best(*swarms) -> tuple[Params, float]:

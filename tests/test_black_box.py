@@ -128,6 +128,50 @@ def test_bad_settings_raise_clear_errors(kwargs, match):
         fb.black_box(shifted_sphere, start(), bounds, **settings)
 
 
+@pytest.mark.parametrize("params,exc,match", [
+    ({}, ValueError, r"params is an empty pytree"),
+    ({"x": torch.zeros(2, dtype=torch.int64)}, TypeError, r"floating tensor leaf, got dtype"),
+    ({"x": [0.0, 0.0]}, TypeError, r"Expected a tensor leaf, got 0\.0 at params\['x'\]\[0\]"),
+], ids=["empty", "int64", "list"])
+def test_bad_params_get_the_optimizers_errors(params, exc, match):
+    with pytest.raises(exc, match=match):
+        fb.black_box(shifted_sphere, params, (-1.0, 1.0), max_evals=100, key=fb.random.key(0))
+
+
+def test_relative_steps_is_the_setups_own():
+    with pytest.raises(TypeError, match=r"black_box got relative_steps=, which it sets itself"):
+        fb.black_box(shifted_sphere, start(), (-1.0, 1.0), max_evals=100,
+                     key=fb.random.key(0), relative_steps=False)
+
+
+class Crash(Exception):
+    pass
+
+
+def test_a_failing_loss_keeps_its_type_and_hands_back_the_best_found():
+    calls = []
+
+    def crashing(p):  # vmapped: one call per batch of points
+        calls.append(1)
+        if len(calls) > 30:
+            raise Crash("the simulator crashed")
+        return shifted_sphere(p)
+    with pytest.raises(Crash) as info:
+        fb.black_box(crashing, start(), (-1.0, 1.0), max_evals=2000, key=fb.random.key(0))
+    partial = info.value.partial_result
+    assert 0 < partial.num_evals < 2000 and partial.history[-1][0] == partial.num_evals
+    assert float(partial.loss) == partial.history[-1][1] < float(shifted_sphere(start()))
+    assert float(shifted_sphere(partial.params)) == float(partial.loss)
+    assert any(".partial_result" in note for note in info.value.__notes__)
+
+
+def test_a_loss_that_is_never_finite_warns():
+    with pytest.warns(RuntimeWarning, match=r"every loss evaluated \(96\) is NaN or infinite"):
+        out = fb.black_box(lambda p: p["x"].sum() * math.nan, start(), (-1.0, 1.0),
+                           max_evals=96, key=fb.random.key(0))
+    assert math.isinf(float(out.loss))
+
+
 def test_a_big_problem_needs_isotropic_tumbles():
     big = {"x": torch.zeros(2001, dtype=torch.float64)}
     with pytest.raises(ValueError, match="limited to 2000 parameters.*metric_rate=0"):
