@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from typing import Any
 
 import numpy as np
 import optree
@@ -240,6 +241,12 @@ def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
     counter or a bacterium index turns into a stream of its own without a host sync.
     """
     check_key(key)
+    if isinstance(data, Tensor) and (data.dtype.is_floating_point or data.dtype.is_complex
+                                     or data.dtype == torch.bool):
+        raise TypeError(f"Invalid data: a {data.dtype} tensor; fold_in takes an int or an "
+                        "integer tensor (a float would be truncated: 1.5 and 1 alike).")
+    if not isinstance(data, Tensor) and (isinstance(data, bool) or not isinstance(data, int)):
+        raise TypeError(f"Invalid data: {data!r}; fold_in takes an int or an integer tensor.")
     data = torch.as_tensor(data, dtype=torch.int64, device=key.device)
     y0, y1 = threefry2x32(key, (data >> 32) & _MASK32, data & _MASK32)
     return torch.stack([y0, y1], dim=-1)
@@ -247,6 +254,15 @@ def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
 
 def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
+
+
+def _check_shape(shape: Any) -> tuple[int, ...]:
+    """``shape`` as a tuple of ints >= 0, or a clear error (an int is not a shape)."""
+    if isinstance(shape, int) or not isinstance(shape, (tuple, list, torch.Size)) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise ValueError(f"Invalid shape: {shape!r}; expected a tuple of ints >= 0, "
+                         "e.g. (5,) or ().")
+    return tuple(shape)
 
 
 def _unit_interval(words: Tensor, dtype: torch.dtype, *, open_low: bool) -> Tensor:
@@ -292,8 +308,17 @@ def uniform(
     low: float | Tensor = 0.0,
     high: float | Tensor = 1.0,
 ) -> Tensor:
-    """Uniform samples in ``[low, high)`` of the given shape and floating dtype."""
-    shape = tuple(shape)
+    """Uniform samples in ``[low, high)`` of the given shape and floating dtype.
+
+    Number bounds are checked (finite, ``low < high``); tensor bounds are not, since that
+    would read them on the host.
+    """
+    shape = _check_shape(shape)
+    numbers = [v for v in (low, high) if not isinstance(v, Tensor)]
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+           for v in numbers) or (len(numbers) == 2 and not low < high):
+        raise ValueError(f"Invalid low, high: {low!r}, {high!r}; expected finite numbers (or "
+                         "tensors) with low < high.")
     n = _numel(shape)
     u = _unit_interval(bits(key, n * _words_per_value(dtype)), dtype, open_low=False)
     out = low + (high - low) * u.reshape(shape)
@@ -306,7 +331,7 @@ def normal(key: Tensor, shape: tuple[int, ...] = (), dtype: torch.dtype = torch.
 
     Low-precision dtypes are drawn in float32 and rounded, so their tails match float32's.
     """
-    shape = tuple(shape)
+    shape = _check_shape(shape)
     n = _numel(shape)
     _words_per_value(dtype)  # rejects non-floating dtypes
     compute = torch.float64 if dtype == torch.float64 else torch.float32

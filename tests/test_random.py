@@ -856,3 +856,24 @@ def test_normal_rejects_non_float_dtype(dtype):
 def test_fold_in_uses_high_bits_of_data():
     k = R.key(0)
     assert not torch.equal(R.fold_in(k, 2**32 + 5), R.fold_in(k, 5))
+
+
+@pytest.mark.parametrize("data", [1.5, True, "1", torch.tensor(1.0), torch.tensor([True])],
+                         ids=["float", "bool", "str", "float-tensor", "bool-tensor"])
+def test_fold_in_rejects_data_that_is_not_an_integer(data):
+    with pytest.raises(TypeError, match="fold_in takes an int or an integer tensor"):
+        R.fold_in(R.key(0), data)
+
+
+@pytest.mark.parametrize("low, high", [(1.0, 0.0), (0.5, 0.5), (math.nan, 1.0), (0.0, math.inf)],
+                         ids=["reversed", "empty", "nan", "inf"])
+def test_uniform_rejects_bad_number_bounds(low, high):
+    with pytest.raises(ValueError, match=r"Invalid low, high: .*low < high"):
+        R.uniform(R.key(0), (3,), low=low, high=high)
+
+
+@pytest.mark.parametrize("shape", [5, (-1,), (2.0,), "3"], ids=["int", "negative", "float", "str"])
+@pytest.mark.parametrize("draw", [R.uniform, R.normal], ids=["uniform", "normal"])
+def test_a_bad_shape_is_named(draw, shape):
+    with pytest.raises(ValueError, match=r"Invalid shape: .*expected a tuple of ints >= 0"):
+        draw(R.key(0), shape)
