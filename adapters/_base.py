@@ -35,6 +35,9 @@ logger = logging.getLogger("functional_bfo.adapters")
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 SHELL_SETTINGS = {"chunk_size": None}  # group settings the shell gives its evaluator
+# What torch.optim and its schedulers (OneCycleLR, CyclicLR, SWALR) keep in a param group.
+TORCH_GROUP_KEYS = ("params", "param_names", "differentiable", "initial_lr", "max_lr", "min_lr",
+                    "base_momentum", "max_momentum", "swa_lr")
 UNAPPLIED = object()  # a setting whose value the state may not hold: applied at the next step
 
 
@@ -173,19 +176,16 @@ class SwarmOptimizer(torch.optim.Optimizer):
         if check_replicas and not (dist.is_available() and dist.is_initialized()):
             raise ValueError("check_replicas=True compares the swarms across the ranks of a "
                              "process group; call torch.distributed.init_process_group first.")
-        signature = self._signature()
-        unknown = sorted(set(hyperparams) - set(signature) - set(self.aliases))
-        if unknown:
-            raise TypeError(f"{name} got unexpected hyperparameters {unknown}; valid ones are "
-                            f"{sorted(signature) + sorted(self.aliases)}.")
+        self._check_known(hyperparams, name)
         self._check_aliases(hyperparams, name)
-        defaults = Settings(self.aliases, signature, hyperparams)
+        defaults = Settings(self.aliases, self._signature(), hyperparams)
         self._swarms: list[_Swarm] = []
         self._defaults_applied = dict(defaults)
         self._best: float | None = None
         self._settle_evals = 0  # the forward passes that settle buffers, in num_evals
         self._warned_pause = False
         self._pending: Callable[[], Any] | None = None  # set_closure's, for the next step()
+        self._last_step_evals = 0  # what the last step() call evaluated (step post-hooks)
         super().__init__(params, defaults)
 
     # ----- settings -----------------------------------------------------------------------
@@ -200,6 +200,13 @@ class SwarmOptimizer(torch.optim.Optimizer):
                 if p.kind is not p.VAR_KEYWORD and p.name not in ("evaluator", "grad_mask"):
                     out[p.name] = p.default
         return out | SHELL_SETTINGS
+
+    def _check_known(self, given: dict[str, Any], where: str, torch_keys: Any = ()) -> None:
+        signature = self._signature()
+        unknown = sorted(set(given) - set(signature) - set(self.aliases) - set(torch_keys))
+        if unknown:
+            raise TypeError(f"{where} got unexpected hyperparameters {unknown}; valid ones are "
+                            f"{sorted(signature) + sorted(self.aliases)}.")
 
     def _check_aliases(self, given: dict[str, Any], where: str) -> None:
         for alias, canonical in self.aliases.items():
@@ -238,6 +245,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
         """Add a group (its own swarm); nothing is added unless its settings are valid."""
         if not isinstance(param_group, dict):
             raise TypeError(f"A param group must be a dict; got {type(param_group).__name__}.")
+        self._check_known(param_group, f"{type(self).__name__}'s param group "
+                          f"{len(self.param_groups)}", TORCH_GROUP_KEYS)
         self._check_aliases(param_group, "A param group")
         super().add_param_group(Settings(self.aliases, param_group))  # torch's checks, append
         try:
@@ -329,6 +338,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
                 break
         if pending:
             self._pending = None  # used: the next closure-less step needs a new one
+        self._last_step_evals = spent
         return math.nan if self._best is None else self._best
 
     def set_closure(self, closure: Callable[[], Any] | None) -> None:
@@ -554,6 +564,14 @@ class SwarmOptimizer(torch.optim.Optimizer):
     def stop_reason(self) -> str | None:
         """Why ``should_stop`` became True: ``"max_fe"``, ``"target_loss"`` or ``"patience"``."""
         return self._stopping.reason
+
+    @property
+    def last_step_evals(self) -> int:
+        """Evaluations the last ``step()`` call made (0: it did nothing).
+
+        Every group paused at ``lr=0``, or ``should_stop`` set: a step post-hook can skip it.
+        """
+        return self._last_step_evals
 
     @property
     def num_evals(self) -> int:

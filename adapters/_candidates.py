@@ -21,7 +21,7 @@ from torch import Tensor
 from functional_bfo.evaluate import batched
 
 CLOSURE_RETURN_MSG = (
-    "The closure must return the loss as a float or a one-element floating tensor; it returned "
+    "{who} must return the loss as a float or a one-element floating tensor; it returned "
     "{what}. End it with `return loss` (or `return loss.item()`)."
 )
 
@@ -109,18 +109,19 @@ class Buffers:
                 m.track_running_stats = True
 
 
-def as_loss(value: Any) -> float | Tensor:
+def as_loss(value: Any, who: str = "The closure") -> float | Tensor:
     """One closure result as a Python float or a 0-d float64 tensor (no host sync)."""
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise ValueError(CLOSURE_RETURN_MSG.format(
-                what=f"a tensor of shape {tuple(value.shape)}"))
+                who=who, what=f"a tensor of shape {tuple(value.shape)}"))
         if value.dtype == torch.bool or value.is_complex():
-            raise TypeError(CLOSURE_RETURN_MSG.format(what=f"a {value.dtype} tensor"))
+            raise TypeError(CLOSURE_RETURN_MSG.format(who=who, what=f"a {value.dtype} tensor"))
         return value.detach().reshape(()).to(torch.float64)
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return float(value)
-    raise TypeError(CLOSURE_RETURN_MSG.format(what=f"{type(value).__name__} {value!r:.60}"))
+    raise TypeError(CLOSURE_RETURN_MSG.format(
+        who=who, what=f"{type(value).__name__} {value!r:.60}"))
 
 
 def stack_losses(values: list[float | Tensor], device: torch.device) -> Tensor:
@@ -198,7 +199,7 @@ def _grad_of(p: Tensor, backward: bool) -> Tensor:
 
 def closure_over(batches: Iterable[Any], loss_of: Callable[[Any], Tensor], *,
                  backward: bool | Callable[[Tensor], Any] = False,
-                 optimizer: torch.optim.Optimizer | None = None) -> Callable[[], Tensor]:
+                 optimizer: torch.optim.Optimizer | None = None) -> Callable[[], float | Tensor]:
     """A closure that scores the model on every batch of a window: their mean loss.
 
     Gradient accumulation with a population optimizer: every candidate of a step must be
@@ -208,7 +209,8 @@ def closure_over(batches: Iterable[Any], loss_of: Callable[[Any], Tensor], *,
 
     Args:
         batches: the window's batches (read into a list now).
-        loss_of: ``loss_of(batch) -> loss`` for the model as it stands.
+        loss_of: ``loss_of(batch) -> loss`` for the model as it stands (float or
+            one-element tensor, as a closure's; a tensor with its graph for ``backward``).
         backward: call ``backward`` on each batch's share of the mean (HybridBFO reads the
             accumulated gradient); a callable (``accelerator.backward``) is called instead.
         optimizer: zero its gradients at the start of each call.
@@ -227,17 +229,21 @@ def closure_over(batches: Iterable[Any], loss_of: Callable[[Any], Tensor], *,
     if not callable(loss_of):
         raise TypeError(f"loss_of must be a callable batch -> loss; got {loss_of!r}.")
 
-    def closure() -> Tensor:
+    def closure() -> float | Tensor:
         if optimizer is not None:
             optimizer.zero_grad()
         total = None  # in float64, on the loss's device
         for batch in window:
             loss = loss_of(batch)
+            value = as_loss(loss, "closure_over's loss_of")
+            if backward and not isinstance(loss, Tensor):
+                raise TypeError(f"closure_over(backward=...) calls backward on loss_of's loss, "
+                                f"so loss_of must return a tensor; it returned {loss!r:.60}. "
+                                "Return the loss tensor, not loss.item().")
             if callable(backward):
                 backward(loss / len(window))
             elif backward:
                 (loss / len(window)).backward()
-            value = loss.detach().to(torch.float64)
             total = value if total is None else total + value
         return total / len(window)
 

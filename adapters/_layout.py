@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from functional_bfo._stopping import Stopping
 FORMAT = "functional_bfo.adapters/2"
 PREVIOUS = "functional_bfo.adapters/1"
 STOPPING = ("best_cost", "stalled", "steps", "per_update", "reason")
+REASONS = ("max_fe", "target_loss", "patience")  # a stop_reason the shell's Stopping sets
 NOT_OURS = ("Not a functional_bfo adapter state dict (format {formats}); write one with "
             "{name}.state_dict().")
 
@@ -92,6 +94,7 @@ def _read(state_dict: Any, name: str, sizes: list[int]) -> Saved:
     if meta["class"] != name:
         raise ValueError(f"This state dict is from {meta['class']}, not {name}; load it into "
                          f"a {meta['class']}.")
+    _check_counters(meta, "state[0]['optimizer']" if wanted == FORMAT else "['adapter']")
     groups = state_dict["param_groups"]
     if [len(g["params"]) for g in groups] != sizes:
         raise ValueError(f"The state dict has param groups of "
@@ -109,6 +112,40 @@ def _read(state_dict: Any, name: str, sizes: list[int]) -> Saved:
               for g in groups]
     return Saved(groups, states, meta["seed"], meta["best"], meta["settle_evals"],
                  {k: meta[k] for k in STOPPING})
+
+
+def _count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _real(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _reason(x: Any) -> bool:
+    return x is None or (isinstance(x, str) and x in REASONS)
+
+
+COUNTERS = {  # the optimizer's own entries (both formats' names): what state_dict writes
+    "seed": (_count, "an int >= 0"),
+    "settle_evals": (_count, "an int >= 0"),
+    "stalled": (_count, "an int >= 0"),
+    "steps": (_count, "an int >= 0"),
+    "best": (lambda x: x is None or _real(x), "a float or None"),
+    "best_cost": (_real, "a float"),
+    "best_seen": (_real, "a float"),
+    "per_update": (lambda x: x is None or (_real(x) and x >= 0), "a number >= 0 or None"),
+    "reason": (_reason, f"None or one of {list(REASONS)}"),
+    "stop_reason": (_reason, f"None or one of {list(REASONS)}"),
+}
+
+
+def _check_counters(meta: dict[str, Any], where: str) -> None:
+    for key, (valid, what) in COUNTERS.items():
+        if key in meta and not valid(meta[key]):
+            raise ValueError(f"The state dict's {where}[{key!r}] is {meta[key]!r:.60} but "
+                             f"should be {what}; it was not written by state_dict() of this "
+                             "optimizer.")
 
 
 def _from_previous(data: dict[str, Any], like: Any) -> Any:

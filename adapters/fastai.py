@@ -74,7 +74,10 @@ def bfo_opt(cls: type[SwarmOptimizer] = HybridBFO, **kwargs: Any) -> Callable[..
         >>> opt_func = bfo_opt(BFO, population_size=20)
     """
     if not (isinstance(cls, type) and issubclass(cls, SwarmOptimizer)):
-        raise TypeError(f"bfo_opt takes BFO, AdaptiveBFO or HybridBFO; got {cls!r}.")
+        got = cls.__name__ if isinstance(cls, type) else f"a {type(cls).__name__}"
+        raise TypeError(f"bfo_opt takes BFO, AdaptiveBFO or HybridBFO; got {got}. Call it to "
+                        "make the Learner's opt_func: opt_func=bfo_opt(HybridBFO, "
+                        "population_size=...).")
 
     def opt_func(params: Any, lr: float = 0.1, **hypers: Any) -> BFOOptimWrapper:
         return BFOOptimWrapper(params, opt=functools.partial(cls, lr=lr, **kwargs))

@@ -9,11 +9,12 @@ needs no subclass and runs after every ``step``, closure or fast path:
     opt.register_step_post_hook(loggers.wandb())          # the active wandb run
     opt.register_step_post_hook(loggers.csv("bfo.csv"))
 
-After every ``step()`` call that stepped (not one where every group was paused), each
-logs ``best_fitness``, ``num_evals`` and each param group's ``diversity`` and
-``step_length_mean`` (its mean step size in use; NaN before the group's first step), under
-``prefix``; TensorBoard also gets a histogram of the population every ``histogram_every``
-of them.
+After every ``step()`` call that stepped (not one that evaluated nothing: every group
+paused at ``lr=0``, or ``should_stop`` already set), each logs ``best_fitness``,
+``num_evals`` and each param group's ``diversity`` and ``step_length_mean`` (its mean step
+size in use; NaN before the group's first step), under ``prefix``; TensorBoard also gets a
+histogram of every bacterium's parameters, all groups (of any population sizes), every
+``histogram_every`` of them.
 """
 
 from __future__ import annotations
@@ -21,8 +22,13 @@ from __future__ import annotations
 import csv as _csv
 import math
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
+
+import torch
+
+from functional_bfo._checks import compute_dtype
 
 from ._base import SwarmOptimizer
 
@@ -57,32 +63,35 @@ def tensorboard(writer: Any, *, prefix: str = "BFO", histogram_every: int = 100)
     steps = [0]
 
     def hook(opt: SwarmOptimizer, args: tuple, kwargs: dict) -> None:
-        values = telemetry(opt, prefix)
+        values = telemetry(opt, prefix) if opt.last_step_evals else {}
         if not values:
             return
+        population = _population(opt) if steps[0] % histogram_every == 0 else None
         for name, value in values.items():
             writer.add_scalar(name, value, steps[0])
-        if steps[0] % histogram_every == 0:
-            writer.add_histogram(f"{prefix}/population", opt.population.flatten(), steps[0])
+        if population is not None:
+            writer.add_histogram(f"{prefix}/population", population, steps[0])
         steps[0] += 1
 
     return hook
 
 
 def wandb(run: Any = None, *, prefix: str = "BFO") -> Hook:
-    """``run.log`` (the active ``wandb`` run if None) of the telemetry after every step."""
+    """``run.log`` (the active ``wandb`` run if None) of the telemetry after every step.
+
+    Raises:
+        RuntimeError: ``run`` is None and no ``wandb`` run is active (checked here, before
+            any step, as the hook runs only once a step has been applied).
+    """
+    if run is None:
+        _active_run()
 
     def hook(opt: SwarmOptimizer, args: tuple, kwargs: dict) -> None:
-        target = run
-        if target is None:
-            import wandb as wb
-
-            target = wb.run
-            if target is None:
-                raise RuntimeError("loggers.wandb() logs to the active run: call wandb.init() "
-                                   "first, or pass run=.")
-        values = telemetry(opt, prefix)
-        if values:
+        values = telemetry(opt, prefix) if opt.last_step_evals else {}
+        if not values:
+            return
+        target = run if run is not None else _active_run(after_step=True)
+        if target is not None:
             target.log(values)
 
     return hook
@@ -93,7 +102,7 @@ def csv(path: str | os.PathLike, *, prefix: str = "BFO") -> Hook:
     steps = [0]
 
     def hook(opt: SwarmOptimizer, args: tuple, kwargs: dict) -> None:
-        values = telemetry(opt, prefix)
+        values = telemetry(opt, prefix) if opt.last_step_evals else {}
         if not values:
             return
         row = {"step": steps[0], **values}
@@ -111,3 +120,30 @@ def csv(path: str | os.PathLike, *, prefix: str = "BFO") -> Hook:
 def _check_every(every: int) -> None:
     if not isinstance(every, int) or isinstance(every, bool) or every < 1:
         raise ValueError(f"Invalid histogram_every: {every!r}; expected a positive int.")
+
+
+def _population(opt: Any) -> torch.Tensor:
+    """Every bacterium's parameters, all groups, flat.
+
+    Unlike ``opt.population`` (a row per bacterium), it takes groups of different
+    population sizes.
+    """
+    leaves = [x.detach() for g in opt.stepped_groups for x in opt._swarms[g].state.population]
+    dtype = compute_dtype(leaves)
+    return torch.cat([x.flatten().to(dtype) for x in leaves])
+
+
+def _active_run(after_step: bool = False) -> Any:
+    """The active ``wandb`` run; a clear error (a warning after a step) when there is none."""
+    try:
+        import wandb as wb
+    except ImportError as e:
+        raise ImportError("loggers.wandb() needs wandb: pip install 'functional-bfo[loggers]', "
+                          "or pass run=.") from e
+    if wb.run is None:
+        if not after_step:
+            raise RuntimeError("loggers.wandb() logs to the active run, and none is active: "
+                               "call wandb.init() first, or pass run=.")
+        warnings.warn("loggers.wandb(): the wandb run has finished, so this step is not "
+                      "logged; call wandb.init() to log again.", RuntimeWarning, stacklevel=2)
+    return wb.run

@@ -122,6 +122,12 @@ def test_the_fast_path_raising_changes_nothing():
 
 # ----- load_state_dict and add_param_group validate before changing anything ----------------
 
+def with_counter(sd, **entries):
+    """``sd`` with the optimizer's own entries (state[0]['optimizer']) edited."""
+    entry = {**sd["state"][0], "optimizer": {**sd["state"][0]["optimizer"], **entries}}
+    return {**sd, "state": {**sd["state"], 0: entry}}
+
+
 @pytest.mark.parametrize("bad", [
     lambda sd: {"state": {}, "param_groups": []},
     lambda sd: "not a dict",
@@ -131,6 +137,9 @@ def test_the_fast_path_raising_changes_nothing():
     lambda sd: {**sd, "state": {**sd["state"], 1: {**sd["state"][1],
                                                    "population": torch.zeros(5, 1)}}},
     lambda sd: {**sd, "state": {k: v for k, v in sd["state"].items() if k != 1}},
+    lambda sd: with_counter(sd, best="abc"),
+    lambda sd: with_counter(sd, reason=5),
+    lambda sd: with_counter(sd, settle_evals=-5.5),
 ])
 def test_a_rejected_load_changes_nothing(bad):
     w, b = two_params()
@@ -156,6 +165,7 @@ def test_a_rejected_load_changes_nothing(bad):
     ({"params": [torch.zeros(2, dtype=torch.int64)]}, TypeError),
     ({"params": [torch.nn.Parameter(torch.zeros(2))], "lr": 0.1, "step_size": 0.2},
      ValueError),
+    ({"params": [torch.nn.Parameter(torch.zeros(2))], "step_szie": 0.05}, TypeError),
 ])
 def test_a_rejected_param_group_is_not_added(group, error):
     w, b = two_params()
@@ -167,6 +177,30 @@ def test_a_rejected_param_group_is_not_added(group, error):
     assert len(opt.param_groups) == 1
     assert_same(snapshot(opt, [w, b]), before)
     opt.step(closure_for(opt, w, b))  # no IndexError
+
+
+def test_a_malformed_optimizer_entry_is_named():
+    w, b = two_params()
+    opt = make(BFO, w, b, 1)
+    opt.step(closure_for(opt, w, b))
+    with pytest.raises(ValueError, match=r"\['optimizer'\]\['best'\] is 'abc' but should be a "
+                       "float or None"):
+        opt.load_state_dict(with_counter(opt.state_dict(), best="abc"))
+
+
+def test_unknown_group_keys_are_refused_and_the_keys_torch_writes_are_kept():
+    w, b = two_params()
+    with pytest.raises(TypeError, match=r"param group 1 got unexpected hyperparameters "
+                                        r"\['step_szie'\]"):
+        HybridBFO([{"params": [w]}, {"params": [b], "step_szie": 0.05}], **TINY)
+    opt = make(HybridBFO, w, b, 1)
+    torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=5)  # cycles momentum
+    torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 1.0)
+    torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+    group = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
+    assert {"initial_lr", "max_lr", "min_lr", "base_momentum", "max_momentum"} <= set(group)
+    opt.add_param_group({**group, "params": [torch.nn.Parameter(torch.zeros(2))]})
+    assert len(opt.param_groups) == 2
 
 
 # ----- settings: aliases are one setting, edits are validated where they are used ------------
@@ -684,6 +718,20 @@ def test_closure_over_scores_every_candidate_on_the_same_window():
     assert set(seen) == {0.0, 1.0} and len(seen) == 2 * 7
     with pytest.raises(ValueError, match="at least one batch"):
         closure_over([], loss_of)
+
+
+def test_closure_over_takes_a_float_loss_and_names_a_missing_one():
+    from functional_bfo.adapters import closure_over
+
+    model = torch.nn.Linear(3, 1)
+    window = [(torch.ones(4, 3), torch.zeros(4, 1))]
+    opt = BFO(model.parameters(), **TINY, seed=0)
+    mse = torch.nn.functional.mse_loss
+    assert math.isfinite(opt.step(closure_over(window, lambda b: mse(model(b[0]), b[1]).item())))
+    with pytest.raises(TypeError, match="loss_of must return the loss"):
+        opt.step(closure_over(window, lambda b: None))
+    with pytest.raises(TypeError, match="backward"):
+        closure_over(window, lambda b: mse(model(b[0]), b[1]).item(), backward=True)()
 
 
 def test_a_train_mode_batchnorm_on_the_fast_path_without_module_names_the_fix():

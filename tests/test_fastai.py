@@ -116,3 +116,11 @@ def test_weight_decay_is_refused_not_ignored():
     learn, model = learner(BFO)
     with pytest.raises(ValueError, match="wd"):
         fit(learn, "fit", 1, 0.1, wd=0.1)
+
+
+def test_bfo_opt_passed_uncalled_says_to_call_it():
+    learn = Learner(data(), Tiny(), loss_func=nn.functional.mse_loss, opt_func=bfo_opt,
+                    cbs=BFOCallback())
+    with pytest.raises(TypeError, match=r"opt_func=bfo_opt\(HybridBFO") as info:
+        fit(learn, "fit", 1, 0.1)
+    assert "Parameter containing" not in str(info.value)

@@ -13,9 +13,9 @@ from functional_bfo.adapters import BFO, HybridBFO, loggers
 PATHS = ["closure", "fast"]
 
 
-def problem(cls):
+def problem(cls, **kwargs):
     w = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 4))
-    opt = cls([w], population_size=4, swim_length=1, seed=0)
+    opt = cls([w], population_size=4, swim_length=1, seed=0, **kwargs)
 
     def closure():
         opt.zero_grad()
@@ -83,13 +83,107 @@ def test_wandb_offline(path, tmp_path, monkeypatch):
             run.finish()
 
 
-def test_wandb_without_a_run_says_what_to_do():
+def test_wandb_without_a_run_says_what_to_do_before_any_step():
     wandb = pytest.importorskip("wandb")
     assert wandb.run is None
-    opt, step = problem(BFO)
-    opt.register_step_post_hook(loggers.wandb())
     with pytest.raises(RuntimeError, match="wandb.init"):
-        step("closure")
+        loggers.wandb()  # at the hook's making, not after a step it cannot undo
+
+
+def test_wandb_run_finished_later_warns_without_failing_the_step(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    opt, step = problem(BFO)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = wandb.init(mode="offline", dir=str(tmp_path), project="bfo")
+        opt.register_step_post_hook(loggers.wandb())
+        run.finish()
+    with pytest.warns(RuntimeWarning, match="finished"):
+        best = step("closure")  # the step is applied: the hook must not raise after it
+    assert opt.best_fitness == best and opt.num_evals > 0
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_tensorboard_groups_of_different_population_sizes(path, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    a = torch.nn.Parameter(torch.zeros(3))
+    b = torch.nn.Parameter(torch.zeros(2))
+    opt = BFO([{"params": [a], "population_size": 4}, {"params": [b]}],
+              population_size=6, swim_length=1, seed=0)
+
+    def closure():
+        return float((a.detach() - 1).square().sum() + (b.detach() + 1).square().sum())
+
+    def loss_fn(p):
+        return (p[0] - 1).square().sum() + (p[1] + 1).square().sum()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tensorboard's own deprecations
+        writer = SummaryWriter(str(tmp_path))
+        opt.register_step_post_hook(loggers.tensorboard(writer, histogram_every=1))
+        best = [opt.step(closure) if path == "closure" else opt.step(loss_fn=loss_fn)
+                for _ in range(2)]
+        writer.close()
+        events = EventAccumulator(str(tmp_path), size_guidance={"histograms": 0}).Reload()
+    assert [e.value for e in events.Scalars("BFO/best_fitness")] == pytest.approx(best)
+    assert [e.step for e in events.Scalars("BFO/diversity_group1")] == [0, 1]
+    histograms = events.Histograms("BFO/population")
+    assert [h.step for h in histograms] == [0, 1]
+    assert histograms[0].histogram_value.num == 4 * 3 + 6 * 2  # every bacterium, both groups
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_steps_that_evaluate_nothing_log_no_row(path, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    opt, step = problem(BFO)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        writer = SummaryWriter(str(tmp_path))
+        opt.register_step_post_hook(loggers.tensorboard(writer))
+        opt.register_step_post_hook(loggers.csv(tmp_path / "bfo.csv"))
+        best = [step("closure"), step("fast")]
+        opt.param_groups[0]["lr"] = 0.0  # paused: evaluates nothing
+        step(path)
+        opt.param_groups[0]["lr"] = 0.1
+        best.append(step(path))
+        writer.close()
+        events = EventAccumulator(str(tmp_path)).Reload()
+    with open(tmp_path / "bfo.csv") as f:
+        rows = list(csv_module.DictReader(f))
+    assert [float(r["BFO/best_fitness"]) for r in rows] == pytest.approx(best)
+    assert [int(r["step"]) for r in rows] == [0, 1, 2]
+    assert [e.value for e in events.Scalars("BFO/best_fitness")] == pytest.approx(best)
+
+    stopped, step = problem(BFO, max_fe=30)  # 9 evaluations a step: 3 steps, then stopped
+    stopped.register_step_post_hook(loggers.csv(tmp_path / "stopped.csv"))
+    for _ in range(5):
+        step(path)
+    assert stopped.should_stop and stopped.num_evals == 27
+    with open(tmp_path / "stopped.csv") as f:
+        assert [float(r["BFO/num_evals"]) for r in csv_module.DictReader(f)] == [9, 18, 27]
+
+
+def test_a_checkpoint_loaded_between_steps_does_not_fool_the_loggers(tmp_path):
+    opt, step = problem(BFO)
+    opt.register_step_post_hook(loggers.csv(tmp_path / "bfo.csv"))
+    step("closure")
+    saved = opt.state_dict()
+    step("closure")
+    opt.load_state_dict(saved)  # back to 9 evaluations
+    step("closure")  # 18 again, as the step before the load: a row all the same
+    opt.load_state_dict(saved)
+    opt.param_groups[0]["lr"] = 0.0
+    with pytest.warns(RuntimeWarning, match="paused"):
+        step("closure")  # evaluates nothing, though num_evals moved since the last row
+    with open(tmp_path / "bfo.csv") as f:
+        assert [float(r["BFO/num_evals"]) for r in csv_module.DictReader(f)] == [9, 18, 18]
 
 
 def test_paused_steps_groups_of_other_sizes_and_late_groups_log_cleanly(tmp_path):
