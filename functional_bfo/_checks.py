@@ -21,6 +21,7 @@ LOSS_SHAPE_MSG = (
     "loss_fn must return one floating scalar (a 0-d tensor) per set of parameters; "
     "got {what}. Reduce it, e.g. with .mean() or .sum()."
 )
+INTEGER_LOSS_MSG = " Integer and boolean losses cannot rank candidates finely; cast to float."
 LOSS_TYPE_MSG = (
     "loss_fn must return one floating scalar (a 0-d tensor) per set of parameters; "
     "got {what}. Compute it with tensor ops: a Python number can be neither batched nor compiled."
@@ -112,8 +113,7 @@ def check_losses(losses: Any, population_size: int) -> Tensor:
         raise ValueError(LOSS_SHAPE_MSG.format(what=f"shape {per} per bacterium "
                                                f"({tuple(losses.shape)} for the population)"))
     if not losses.dtype.is_floating_point:
-        raise TypeError(LOSS_SHAPE_MSG.format(what=f"dtype {losses.dtype}") +
-                        " Integer and boolean losses cannot rank candidates finely; cast to float.")
+        raise TypeError(LOSS_SHAPE_MSG.format(what=f"dtype {losses.dtype}") + INTEGER_LOSS_MSG)
     return losses
 
 

@@ -18,6 +18,7 @@ from torch import Tensor
 from ._adaptive import AdaptiveBFOHyperparams, adaptive_bfo, adaptive_static, adaptive_step
 from ._base import Key, LossFn, Optimizer, Params
 from ._checks import (
+    INTEGER_LOSS_MSG,
     LOSS_SHAPE_MSG,
     LOSS_TYPE_MSG,
     check_float,
@@ -27,7 +28,7 @@ from ._checks import (
 )
 from ._chemotaxis import rank_costs
 from ._tree import rows, sq_norms, take, where
-from .evaluate import batched
+from .evaluate import batched, check_evaluator
 
 NOT_DIFFERENTIABLE_MSG = (
     "loss_fn is not differentiable with respect to params: its output carries no gradient "
@@ -164,9 +165,8 @@ def hybrid_bfo(
         >>> bool(state.best_loss < 1e-3)  # adaptive_bfo at the same budget: 2.6e-3
         True
     """
-    if evaluator is not None and not callable(evaluator):
-        raise TypeError(f"Invalid evaluator: {evaluator!r}; expected None or a callable "
-                        "evaluator(loss_fn, population, *args) -> (losses, grads).")
+    if evaluator is not None:
+        check_evaluator(evaluator, "evaluator(loss_fn, population, *args) -> (losses, grads)")
     if evaluator is not None and chunk_size is not None:
         raise ValueError("Pass chunk_size or evaluator, not both: chunk_size only applies to "
                          "the default vmap evaluation.")
@@ -316,9 +316,11 @@ def _differentiable(loss_fn: LossFn, mask: Params, by_evaluator: bool = False) -
         out = loss_fn(spec.unflatten(leaves), *args)
         if not isinstance(out, Tensor):
             raise TypeError(LOSS_TYPE_MSG.format(what=f"{type(out).__name__} {out!r:.60}"))
-        if out.dim() != 0 or not out.dtype.is_floating_point:
+        if out.dim() != 0:
             raise ValueError(LOSS_SHAPE_MSG.format(
                 what=f"a {out.dtype} tensor of shape {tuple(out.shape)}"))
+        if not out.dtype.is_floating_point:  # as check_losses says it for the other variants
+            raise TypeError(LOSS_SHAPE_MSG.format(what=f"dtype {out.dtype}") + INTEGER_LOSS_MSG)
         if not out.requires_grad:
             raise ValueError(not_differentiable)
         return out

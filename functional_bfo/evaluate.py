@@ -12,6 +12,7 @@ is why bacterium randomness never depends on how the population is split.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Protocol
 
 import optree
@@ -66,13 +67,27 @@ class Evaluator(Protocol):
         ...
 
 
-def check_evaluator(evaluator: Evaluator | None) -> Evaluator:
-    """The default ``vmap()`` evaluator for None, else ``evaluator`` if it is callable."""
+def check_evaluator(evaluator: Evaluator | None,
+                    form: str = "evaluator(loss_fn, population, *args) -> losses") -> Evaluator:
+    """The default ``vmap()`` evaluator for None, else ``evaluator`` if it can be one.
+
+    A factory passed uncalled (``evaluate.vmap`` for ``evaluate.vmap()``) cannot take the
+    two positional arguments every evaluator gets, and is named here rather than failing
+    at the first update.
+    """
     if evaluator is None:
         return vmap()
     if not callable(evaluator):
-        raise TypeError(f"Invalid evaluator: {evaluator!r}; expected a callable such as "
-                        "functional_bfo.evaluate.vmap(chunk_size=64).")
+        raise TypeError(f"Invalid evaluator: {evaluator!r}; expected a callable {form}, such "
+                        "as functional_bfo.evaluate.vmap(chunk_size=64).")
+    try:
+        inspect.signature(evaluator).bind(None, None)
+    except TypeError:
+        name = getattr(evaluator, "__qualname__", repr(evaluator))
+        raise TypeError(f"Invalid evaluator: {name} cannot be called as {form}. If it makes "
+                        f"evaluators, call it: evaluator={name}().") from None
+    except ValueError:  # no signature to read (a builtin): trust it
+        pass
     return evaluator
 
 

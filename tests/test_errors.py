@@ -144,8 +144,22 @@ TABLE = [
     Case("relative_steps=1", lambda: fb.adaptive_bfo(relative_steps=1), ValueError,
          r"Invalid relative_steps: 1; expected True or False"),
     Case("evaluator=3", lambda: fb.bfo(evaluator=3), TypeError,
-         r"Invalid evaluator: 3; expected a callable such as "
-         r"functional_bfo\.evaluate\.vmap\(chunk_size=64\)"),
+         r"Invalid evaluator: 3; expected a callable evaluator\(loss_fn, population, \*args\) "
+         r"-> losses, such as functional_bfo\.evaluate\.vmap\(chunk_size=64\)"),
+    Case("evaluator=evaluate.vmap (the factory)", lambda: fb.bfo(evaluator=fb.evaluate.vmap),
+         TypeError, r"Invalid evaluator: vmap cannot be called as evaluator\(loss_fn, "
+         r"population, \*args\) -> losses\. If it makes evaluators, call it: "
+         r"evaluator=vmap\(\)"),
+    Case("evaluator=distributed.sharded (the factory)",
+         lambda: fb.adaptive_bfo(evaluator=fb.distributed.sharded), TypeError,
+         r"call it: evaluator=sharded\(\)"),
+    Case("hybrid evaluator=distributed.data_parallel (the factory)",
+         lambda: fb.hybrid_bfo(evaluator=fb.distributed.data_parallel), TypeError,
+         r"cannot be called as evaluator\(loss_fn, population, \*args\) -> \(losses, grads\)"),
+    Case("hybrid integer loss",
+         lambda: fb.hybrid_bfo(population_size=4, grad_mask=True).update(
+             fb.hybrid_bfo(population_size=4, grad_mask=True).init(params(), key=KEY),
+             lambda p: (p["w"].sum() > 0).long()), TypeError, r"got dtype torch\.int64"),
     Case("chunk_size=0", lambda: fb.evaluate.vmap(chunk_size=0), ValueError,
          r"Invalid chunk_size: 0; " + ANY_INT.format(1)),
     Case("chunk_size=1.5", lambda: fb.evaluate.vmap(chunk_size=1.5), ValueError,
