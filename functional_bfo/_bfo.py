@@ -137,7 +137,8 @@ def bfo(
             candidates at a time. ``swim_length + 1`` evaluates the whole ray in one call:
             about twice as fast eagerly for cheap losses of small models, but it holds that
             many times the candidates, the loss's activations (and ``hybrid_bfo``'s
-            gradients). Compiled updates gain nothing. Results do not depend on it.
+            gradients). Compiled updates gain nothing. Results do not depend on it, beyond
+            the last bits of losses whose kernels round by batch shape (matrix products).
         chemotaxis_steps: ``N_c``, updates between reproductions.
         reproduction_steps: ``N_re``, reproductions between elimination–dispersal events.
         elimination_prob: ``P_ed``, the chance a bacterium is dispersed at such an event.

@@ -5,7 +5,9 @@ same key, and only the losses (and the hybrid's gradients) cross processes.
 
 - :func:`sharded` splits the candidates: each rank scores its slice and the losses are
   all-gathered. Bacterium noise depends only on (key, step, bacterium), so any world size
-  gives the one-process trajectory, bit for bit.
+  gives the one-process trajectory: bit for bit where a candidate's loss does not depend
+  on how many are scored together, to float rounding where it does (matrix products,
+  whose kernels round by batch shape).
 - :func:`data_parallel` splits the data: each rank scores every candidate on its own shard
   and the losses are all-reduced, weighted by shard size.
 
