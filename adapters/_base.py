@@ -657,8 +657,12 @@ class SwarmOptimizer(torch.optim.Optimizer):
         values in its own entry, the swarm's shared fields under ``"swarm"`` in the entry of
         the group's first parameter, and the optimizer's own under ``"optimizer"`` in entry
         0 (as LBFGS keeps its counters with its first parameter). It loads with
-        ``torch.load(weights_only=True)``.
+        ``torch.load(weights_only=True)``. Hooks registered with torch's
+        ``register_state_dict_pre_hook`` / ``register_state_dict_post_hook`` run as for any
+        torch optimizer.
         """
+        for pre_hook in self._optimizer_state_dict_pre_hooks.values():
+            pre_hook(self)
         groups, state, first = [], {}, 0
         for group, swarm in zip(self.param_groups, self._swarms):
             size = len(group["params"])
@@ -672,18 +676,27 @@ class SwarmOptimizer(torch.optim.Optimizer):
             "format": _layout.FORMAT, "class": type(self).__name__, "seed": self._seed,
             "best": self._best, "settle_evals": self._settle_evals,
             **_layout.stopping_fields(self._stopping)}
-        return {"state": state, "param_groups": groups}
+        state_dict = {"state": state, "param_groups": groups}
+        for post_hook in self._optimizer_state_dict_post_hooks.values():
+            result = post_hook(self, state_dict)
+            state_dict = state_dict if result is None else result
+        return state_dict
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (this format or the previous one) onto these params.
 
         Everything is checked before anything changes; a rejected state dict leaves the
-        optimizer as it was.
+        optimizer as it was. Hooks registered with torch's
+        ``register_load_state_dict_pre_hook`` (which may return a replacement) and
+        ``register_load_state_dict_post_hook`` run as for any torch optimizer.
 
         Raises:
             ValueError: it is not this class's state dict, or its groups, settings or shapes
                 differ from this optimizer's.
         """
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            state_dict = state_dict if result is None else result
         name = type(self).__name__
         saved = _layout.read(state_dict, name, [len(g["params"]) for g in self.param_groups])
         swarms = []
@@ -712,6 +725,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
         self._seed, self._best, self._settle_evals = saved.seed, saved.best, saved.settle_evals
         _layout.set_stopping(self._stopping, saved.stopping)
         self._defaults_applied = dict(self.defaults)
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
 
 
 def _agreed(seed: int) -> int:

@@ -467,6 +467,25 @@ def test_state_dict_has_torch_layout_and_loads_with_weights_only(cls):
     assert_same(snapshot(opt, [w, b]), snapshot(other, [w2, b2]))
 
 
+def test_torchs_state_dict_hooks_run():
+    w, b = two_params()
+    opt = make(BFO, w, b, 2)
+    opt.step(closure_for(opt, w, b))
+    seen = []
+    opt.register_state_dict_pre_hook(lambda o: seen.append("save pre"))
+    opt.register_state_dict_post_hook(lambda o, sd: {**sd, "note": "kept"})
+    sd = opt.state_dict()
+    assert seen == ["save pre"] and sd["note"] == "kept"
+
+    def drop_note(o, state_dict):  # a pre-hook may hand back a replacement
+        seen.append("load pre")
+        return {k: v for k, v in state_dict.items() if k != "note"}
+    opt.register_load_state_dict_pre_hook(drop_note)
+    opt.register_load_state_dict_post_hook(lambda o: seen.append("load post"))
+    opt.load_state_dict(sd)
+    assert seen == ["save pre", "load pre", "load post"]
+
+
 @pytest.mark.parametrize("cls", CLASSES)
 def test_the_previous_format_loads_and_continues_exactly(cls):
     saved = torch.load("tests/data/adapters_format1.pt", weights_only=True)[cls.__name__]
