@@ -637,8 +637,11 @@ class SwarmOptimizer(torch.optim.Optimizer):
 
     def metrics(self, group: int = 0) -> dict[str, float]:
         """:func:`functional_bfo.metrics` of one group's swarm, as floats (one host transfer)."""
-        swarm = self._swarms[group] if group < len(self._swarms) else None
-        if swarm is None or swarm.state is None:
+        if not 0 <= group < len(self._swarms):
+            raise ValueError(f"There is no param group {group}; this optimizer has "
+                             f"{len(self._swarms)} (0 to {len(self._swarms) - 1}).")
+        swarm = self._swarms[group]
+        if swarm.state is None:
             raise ValueError(f"param group {group} has not stepped yet; call step first.")
         return fb.materialize(fb.metrics(swarm.state))
 

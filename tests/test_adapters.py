@@ -564,6 +564,8 @@ def test_dtypes_are_kept(cls, dtype, device):
     (lambda opt: opt.step(lambda: 1.0, max_fe=0), ValueError, "Invalid max_fe"),
     (lambda opt: opt.population, ValueError, "before the first step"),
     (lambda opt: opt.metrics(), ValueError, "has not stepped"),
+    (lambda opt: opt.metrics(5), ValueError, r"There is no param group 5; this optimizer has 1"),
+    (lambda opt: opt.metrics(-1), ValueError, r"There is no param group -1"),
 ])
 def test_bad_calls_are_named(call, error, match):
     opt = BFO([fresh()], **SMALL, seed=0)
