@@ -85,7 +85,8 @@ def run(
 
     Warns:
         RuntimeWarning: every loss evaluated is non-finite (NaN or infinite); the run stops
-            (reason ``"non_finite"``) rather than search blind.
+            (reason ``"non_finite"``) rather than search blind. The first update took the
+            evaluations past ``max_evals``.
     """
     if max_evals is None and max_steps is None:
         raise ValueError("run needs a budget: pass max_evals=... or max_steps=... "
@@ -126,6 +127,12 @@ def run(
             if checkpoint is not None and steps % checkpoint_every == 0:
                 save(state, checkpoint)
                 saved_at = steps
+            if max_evals is not None and new_evals > max_evals:  # only the first update can
+                warnings.warn(
+                    f"functional_bfo.run: one update costs {new_evals - evals} evaluations, "
+                    f"more than max_evals={max_evals} left room for, so the run spent "
+                    f"{new_evals}; raise max_evals or use a smaller population.",
+                    RuntimeWarning, stacklevel=2)
             # The most the next update can cost: every slot active (adaptive populations grow).
             per_update, evals = (new_evals - evals) * buffer / active, new_evals
             if not math.isfinite(best):  # nothing finite was ever seen

@@ -202,6 +202,14 @@ def test_run_checks_the_checkpoint_folder_before_the_first_update(tmp_path):
                checkpoint=tmp_path / "missing" / "run.pt")
 
 
+def test_a_budget_smaller_than_one_update_warns():
+    opt = fb.bfo(population_size=10, swim_length=1)  # 20 evaluations per update
+    with pytest.warns(RuntimeWarning, match=r"one update costs 20 evaluations, more than "
+                                            r"max_evals=5 left room for, so the run spent 20"):
+        state = fb.run(opt, opt.init(params(), key=fb.random.key(2)), loss_fn, max_evals=5)
+    assert int(state.num_evals) == 20
+
+
 def test_a_run_resumed_at_its_budget_makes_no_update():
     opt = fb.bfo(population_size=4, swim_length=1)  # 8 evaluations per update
     done = fb.run(opt, opt.init(params(), key=fb.random.key(2)), loss_fn, max_evals=40)
