@@ -8,6 +8,7 @@ the stopping rules are the core's. Every operation commits fully or changes noth
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import logging
@@ -35,9 +36,6 @@ logger = logging.getLogger("functional_bfo.adapters")
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 SHELL_SETTINGS = {"chunk_size": None}  # group settings the shell gives its evaluator
-# What torch.optim and its schedulers (OneCycleLR, CyclicLR, SWALR) keep in a param group.
-TORCH_GROUP_KEYS = ("params", "param_names", "differentiable", "initial_lr", "max_lr", "min_lr",
-                    "base_momentum", "max_momentum", "swa_lr")
 UNAPPLIED = object()  # a setting whose value the state may not hold: applied at the next step
 
 
@@ -201,12 +199,25 @@ class SwarmOptimizer(torch.optim.Optimizer):
                     out[p.name] = p.default
         return out | SHELL_SETTINGS
 
-    def _check_known(self, given: dict[str, Any], where: str, torch_keys: Any = ()) -> None:
+    def _check_known(self, given: dict[str, Any], where: str) -> None:
         signature = self._signature()
-        unknown = sorted(set(given) - set(signature) - set(self.aliases) - set(torch_keys))
+        unknown = sorted(set(given) - set(signature) - set(self.aliases))
         if unknown:
             raise TypeError(f"{where} got unexpected hyperparameters {unknown}; valid ones are "
                             f"{sorted(signature) + sorted(self.aliases)}.")
+
+    def _check_typos(self, group: dict[str, Any], where: str) -> None:
+        """Refuse a group key that looks like a misspelt setting.
+
+        Other extra keys are kept, as torch keeps them (Lightning's ``name``, a scheduler's
+        ``initial_lr``, Transformers' ``weight_decay``).
+        """
+        known = [*self._signature(), *self.aliases]
+        for key in sorted(k for k in group if isinstance(k, str) and k not in known):
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.85)
+            if close:
+                raise TypeError(f"{where} got {key!r}, which is not a setting; did you mean "
+                                f"{close[0]!r}?")
 
     def _check_aliases(self, given: dict[str, Any], where: str) -> None:
         for alias, canonical in self.aliases.items():
@@ -245,8 +256,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
         """Add a group (its own swarm); nothing is added unless its settings are valid."""
         if not isinstance(param_group, dict):
             raise TypeError(f"A param group must be a dict; got {type(param_group).__name__}.")
-        self._check_known(param_group, f"{type(self).__name__}'s param group "
-                          f"{len(self.param_groups)}", TORCH_GROUP_KEYS)
+        self._check_typos(param_group, f"{type(self).__name__}'s param group "
+                          f"{len(self.param_groups)}")
         self._check_aliases(param_group, "A param group")
         super().add_param_group(Settings(self.aliases, param_group))  # torch's checks, append
         try:

@@ -188,11 +188,14 @@ def test_a_malformed_optimizer_entry_is_named():
         opt.load_state_dict(with_counter(opt.state_dict(), best="abc"))
 
 
-def test_unknown_group_keys_are_refused_and_the_keys_torch_writes_are_kept():
+def test_a_misspelt_group_setting_is_refused_and_other_group_keys_are_kept():
     w, b = two_params()
-    with pytest.raises(TypeError, match=r"param group 1 got unexpected hyperparameters "
-                                        r"\['step_szie'\]"):
+    with pytest.raises(TypeError, match=r"param group 1 got 'step_szie', which is not a "
+                                        r"setting; did you mean 'step_size'\?"):
         HybridBFO([{"params": [w]}, {"params": [b], "step_szie": 0.05}], **TINY)
+    named = HybridBFO([{"params": [w], "name": "head"},  # Lightning's LearningRateMonitor
+                       {"params": [b], "weight_decay": 0.0}], **TINY)  # Transformers' grouping
+    assert named.param_groups[0]["name"] == "head"
     opt = make(HybridBFO, w, b, 1)
     torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=5)  # cycles momentum
     torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 1.0)
