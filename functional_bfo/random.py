@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+import numbers
+import operator
 from typing import Any
 
 import numpy as np
@@ -245,7 +247,8 @@ def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
                                      or data.dtype == torch.bool):
         raise TypeError(f"Invalid data: a {data.dtype} tensor; fold_in takes an int or an "
                         "integer tensor (a float would be truncated: 1.5 and 1 alike).")
-    if not isinstance(data, Tensor) and (isinstance(data, bool) or not isinstance(data, int)):
+    if not isinstance(data, Tensor) and (isinstance(data, bool)
+                                         or not isinstance(data, numbers.Integral)):
         raise TypeError(f"Invalid data: {data!r}; fold_in takes an int or an integer tensor.")
     data = torch.as_tensor(data, dtype=torch.int64, device=key.device)
     y0, y1 = threefry2x32(key, (data >> 32) & _MASK32, data & _MASK32)
@@ -258,11 +261,16 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def _check_shape(shape: Any) -> tuple[int, ...]:
     """``shape`` as a tuple of ints >= 0, or a clear error (an int is not a shape)."""
-    if isinstance(shape, int) or not isinstance(shape, (tuple, list, torch.Size)) or not all(
-            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+    try:
+        if isinstance(shape, (int, str, bytes)):
+            raise TypeError
+        dims = tuple(operator.index(n) for n in shape)
+    except TypeError:
+        dims = None
+    if dims is None or any(n < 0 for n in dims):
         raise ValueError(f"Invalid shape: {shape!r}; expected a tuple of ints >= 0, "
                          "e.g. (5,) or ().")
-    return tuple(shape)
+    return dims
 
 
 def _unit_interval(words: Tensor, dtype: torch.dtype, *, open_low: bool) -> Tensor:
@@ -310,15 +318,15 @@ def uniform(
 ) -> Tensor:
     """Uniform samples in ``[low, high)`` of the given shape and floating dtype.
 
-    Number bounds are checked (finite, ``low < high``); tensor bounds are not, since that
-    would read them on the host.
+    Python number bounds are checked (finite, ``low <= high``); tensor bounds are not,
+    since that would read them on the host.
     """
     shape = _check_shape(shape)
-    numbers = [v for v in (low, high) if not isinstance(v, Tensor)]
-    if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-           for v in numbers) or (len(numbers) == 2 and not low < high):
+    plain = [v for v in (low, high) if type(v) in (int, float)]  # not tensors, not traced
+    # Comparisons, not math.isfinite: a float bound that varies is traced symbolically.
+    if any(not -math.inf < v < math.inf for v in plain) or (len(plain) == 2 and low > high):
         raise ValueError(f"Invalid low, high: {low!r}, {high!r}; expected finite numbers (or "
-                         "tensors) with low < high.")
+                         "tensors) with low <= high.")
     n = _numel(shape)
     u = _unit_interval(bits(key, n * _words_per_value(dtype)), dtype, open_low=False)
     out = low + (high - low) * u.reshape(shape)
