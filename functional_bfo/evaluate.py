@@ -71,9 +71,9 @@ def check_evaluator(evaluator: Evaluator | None,
                     form: str = "evaluator(loss_fn, population, *args) -> losses") -> Evaluator:
     """The default ``vmap()`` evaluator for None, else ``evaluator`` if it can be one.
 
-    A factory passed uncalled (``evaluate.vmap`` for ``evaluate.vmap()``) cannot take the
-    two positional arguments every evaluator gets, and is named here rather than failing
-    at the first update.
+    A factory passed uncalled (``evaluate.vmap`` for ``evaluate.vmap()``) takes fewer than
+    the two positional arguments every evaluator gets, and is named here rather than
+    failing at the first update.
     """
     if evaluator is None:
         return vmap()
@@ -81,13 +81,17 @@ def check_evaluator(evaluator: Evaluator | None,
         raise TypeError(f"Invalid evaluator: {evaluator!r}; expected a callable {form}, such "
                         "as functional_bfo.evaluate.vmap(chunk_size=64).")
     try:
-        inspect.signature(evaluator).bind(None, None)
-    except TypeError:
+        parameters = inspect.signature(evaluator).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): trust it
+        return evaluator
+    kinds = [p.kind for p in parameters]
+    positional = sum(k in (inspect.Parameter.POSITIONAL_ONLY,
+                           inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in kinds)
+    if positional < 2 and inspect.Parameter.VAR_POSITIONAL not in kinds:
         name = getattr(evaluator, "__qualname__", repr(evaluator))
-        raise TypeError(f"Invalid evaluator: {name} cannot be called as {form}. If it makes "
-                        f"evaluators, call it: evaluator={name}().") from None
-    except ValueError:  # no signature to read (a builtin): trust it
-        pass
+        raise TypeError(f"Invalid evaluator: {name} takes fewer than the two positional "
+                        f"arguments of {form}. If it makes evaluators, call it: "
+                        f"evaluator={name}().")
     return evaluator
 
 

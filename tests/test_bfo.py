@@ -183,6 +183,15 @@ def test_run_progress_prints(capsys):
     assert out[-1].startswith("stopped by max_steps after 4 updates")
 
 
+def test_an_evaluator_may_name_the_data_it_is_always_given():
+    def with_data(loss_fn, population, data):  # evaluator(loss_fn, population, *args)
+        return torch.func.vmap(lambda p: loss_fn(p, data))(population)
+    opt = fb.bfo(population_size=4, evaluator=with_data)
+    state = opt.update(opt.init({"x": torch.zeros(2)}, key=fb.random.key(0)),
+                       lambda p, target: (p["x"] - target).square().sum(), torch.tensor(1.0))
+    assert float(state.best_loss) <= 2.0
+
+
 def test_loop_evaluator_matches_vmap_and_handles_item():
     def branchy(p):  # data-dependent Python control flow: vmap cannot batch it
         return p["x"].square().sum() if p["x"].sum().item() > 0 else p["x"].abs().sum()

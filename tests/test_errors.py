@@ -147,15 +147,16 @@ TABLE = [
          r"Invalid evaluator: 3; expected a callable evaluator\(loss_fn, population, \*args\) "
          r"-> losses, such as functional_bfo\.evaluate\.vmap\(chunk_size=64\)"),
     Case("evaluator=evaluate.vmap (the factory)", lambda: fb.bfo(evaluator=fb.evaluate.vmap),
-         TypeError, r"Invalid evaluator: vmap cannot be called as evaluator\(loss_fn, "
-         r"population, \*args\) -> losses\. If it makes evaluators, call it: "
-         r"evaluator=vmap\(\)"),
+         TypeError, r"Invalid evaluator: vmap takes fewer than the two positional arguments of "
+         r"evaluator\(loss_fn, population, \*args\) -> losses\. If it makes evaluators, "
+         r"call it: evaluator=vmap\(\)"),
     Case("evaluator=distributed.sharded (the factory)",
          lambda: fb.adaptive_bfo(evaluator=fb.distributed.sharded), TypeError,
          r"call it: evaluator=sharded\(\)"),
     Case("hybrid evaluator=distributed.data_parallel (the factory)",
          lambda: fb.hybrid_bfo(evaluator=fb.distributed.data_parallel), TypeError,
-         r"cannot be called as evaluator\(loss_fn, population, \*args\) -> \(losses, grads\)"),
+         r"positional arguments of evaluator\(loss_fn, population, \*args\) -> "
+         r"\(losses, grads\)"),
     Case("hybrid integer loss",
          lambda: fb.hybrid_bfo(population_size=4, grad_mask=True).update(
              fb.hybrid_bfo(population_size=4, grad_mask=True).init(params(), key=KEY),
@@ -329,6 +330,9 @@ TABLE = [
     Case("run a batched state",
          lambda: fb.run(opt(), batched_states(), loss_fn, max_steps=1), ValueError,
          r"run drives one state, and this one is batched \(losses of shape \(3, 4\)\)"),
+    Case("run checkpoint=a file object",
+         lambda: fb.run(opt(), state(), loss_fn, max_steps=1, checkpoint=io.BytesIO()),
+         TypeError, r"Invalid checkpoint: .*expected a path \(str or os\.PathLike\)"),
     Case("run a state that is not one", lambda: fb.run(opt(), params(), loss_fn, max_steps=1),
          TypeError, r"Expected the state returned by init/update, got dict"),
     # ---- with_hyperparams -------------------------------------------------------------------
