@@ -79,6 +79,8 @@ def run(
     Raises:
         ValueError: no budget (``max_evals`` or ``max_steps``) is given, or one is invalid; a
             batched state; a checkpoint path whose folder does not exist.
+        TypeError: a checkpoint that is not a path (a file object cannot be rewritten
+            atomically), or a ``state`` that is not an optimizer's.
         BaseException: whatever ``loss_fn`` (or Ctrl-C) raised, with its type kept; its
             attribute ``last_good_state`` is the state after the last finished update (the
             ``state`` given if none finished), and a note says so.
@@ -96,6 +98,10 @@ def run(
     check_int("log_every", log_every, 1)
     check_int("checkpoint_every", checkpoint_every, 1)
     if checkpoint is not None:
+        if not isinstance(checkpoint, (str, os.PathLike)):
+            raise TypeError(f"Invalid checkpoint: {checkpoint!r}; expected a path (str or "
+                            "os.PathLike), which run rewrites atomically as it goes. To write "
+                            "a file object, call fb.save(state, f) on the state run returns.")
         folder = os.path.dirname(os.path.abspath(os.fspath(checkpoint)))
         if not os.path.isdir(folder):
             raise ValueError(f"Invalid checkpoint: {os.fspath(checkpoint)!r}; its folder "
