@@ -77,22 +77,29 @@ def tensorboard(writer: Any, *, prefix: str = "BFO", histogram_every: int = 100)
 
 
 def wandb(run: Any = None, *, prefix: str = "BFO") -> Hook:
-    """``run.log`` (the active ``wandb`` run if None) of the telemetry after every step.
+    """``run.log`` (the run active at each step if None) of the telemetry after every step.
+
+    With ``run=None`` the run may start after the hook is made (Lightning's ``WandbLogger``
+    starts it after ``configure_optimizers``); a step with no active run is not logged,
+    with a warning, since the hook runs after the step was applied and must not fail it.
 
     Raises:
-        RuntimeError: ``run`` is None and no ``wandb`` run is active (checked here, before
-            any step, as the hook runs only once a step has been applied).
+        ImportError: ``run`` is None and wandb is not installed.
     """
     if run is None:
-        _active_run()
+        _wandb()
 
     def hook(opt: SwarmOptimizer, args: tuple, kwargs: dict) -> None:
         values = telemetry(opt, prefix) if opt.last_step_evals else {}
         if not values:
             return
-        target = run if run is not None else _active_run(after_step=True)
-        if target is not None:
-            target.log(values)
+        target = run if run is not None else _wandb().run
+        if target is None:
+            warnings.warn("loggers.wandb(): no wandb run is active, so this step is not "
+                          "logged; call wandb.init(), or pass run=.", RuntimeWarning,
+                          stacklevel=2)
+            return
+        target.log(values)
 
     return hook
 
@@ -133,17 +140,11 @@ def _population(opt: Any) -> torch.Tensor:
     return torch.cat([x.flatten().to(dtype) for x in leaves])
 
 
-def _active_run(after_step: bool = False) -> Any:
-    """The active ``wandb`` run; a clear error (a warning after a step) when there is none."""
+def _wandb() -> Any:
+    """The ``wandb`` module, or an error that says how to install it."""
     try:
         import wandb as wb
     except ImportError as e:
         raise ImportError("loggers.wandb() needs wandb: pip install 'functional-bfo[loggers]', "
                           "or pass run=.") from e
-    if wb.run is None:
-        if not after_step:
-            raise RuntimeError("loggers.wandb() logs to the active run, and none is active: "
-                               "call wandb.init() first, or pass run=.")
-        warnings.warn("loggers.wandb(): the wandb run has finished, so this step is not "
-                      "logged; call wandb.init() to log again.", RuntimeWarning, stacklevel=2)
-    return wb.run
+    return wb
