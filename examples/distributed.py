@@ -56,6 +56,7 @@ def main(steps: int = 60) -> float:
     if rank == 0:
         print(f"training accuracy {accuracy:.1%}")
     if launched:
+        dist.barrier()  # no rank tears its connections down while another still uses them
         dist.destroy_process_group()
     return float(state.best_loss)
 
