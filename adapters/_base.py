@@ -174,9 +174,13 @@ class SwarmOptimizer(torch.optim.Optimizer):
         if check_replicas and not (dist.is_available() and dist.is_initialized()):
             raise ValueError("check_replicas=True compares the swarms across the ranks of a "
                              "process group; call torch.distributed.init_process_group first.")
-        self._check_known(hyperparams, name)
+        signature = self._signature()
+        unknown = sorted(set(hyperparams) - set(signature) - set(self.aliases))
+        if unknown:
+            raise TypeError(f"{name} got unexpected hyperparameters {unknown}; valid ones are "
+                            f"{sorted(signature) + sorted(self.aliases)}.")
         self._check_aliases(hyperparams, name)
-        defaults = Settings(self.aliases, self._signature(), hyperparams)
+        defaults = Settings(self.aliases, signature, hyperparams)
         self._swarms: list[_Swarm] = []
         self._defaults_applied = dict(defaults)
         self._best: float | None = None
@@ -198,13 +202,6 @@ class SwarmOptimizer(torch.optim.Optimizer):
                 if p.kind is not p.VAR_KEYWORD and p.name not in ("evaluator", "grad_mask"):
                     out[p.name] = p.default
         return out | SHELL_SETTINGS
-
-    def _check_known(self, given: dict[str, Any], where: str) -> None:
-        signature = self._signature()
-        unknown = sorted(set(given) - set(signature) - set(self.aliases))
-        if unknown:
-            raise TypeError(f"{where} got unexpected hyperparameters {unknown}; valid ones are "
-                            f"{sorted(signature) + sorted(self.aliases)}.")
 
     def _check_typos(self, group: dict[str, Any], where: str) -> None:
         """Refuse a group key that looks like a misspelt setting.

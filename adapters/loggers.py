@@ -63,7 +63,7 @@ def tensorboard(writer: Any, *, prefix: str = "BFO", histogram_every: int = 100)
     steps = [0]
 
     def hook(opt: SwarmOptimizer, args: tuple, kwargs: dict) -> None:
-        values = telemetry(opt, prefix) if opt.last_step_evals else {}
+        values = _step_values(opt, prefix)
         if not values:
             return
         population = _population(opt) if steps[0] % histogram_every == 0 else None
@@ -90,7 +90,7 @@ def wandb(run: Any = None, *, prefix: str = "BFO") -> Hook:
         _wandb()
 
     def hook(opt: SwarmOptimizer, args: tuple, kwargs: dict) -> None:
-        values = telemetry(opt, prefix) if opt.last_step_evals else {}
+        values = _step_values(opt, prefix)
         if not values:
             return
         target = run if run is not None else _wandb().run
@@ -109,7 +109,7 @@ def csv(path: str | os.PathLike, *, prefix: str = "BFO") -> Hook:
     steps = [0]
 
     def hook(opt: SwarmOptimizer, args: tuple, kwargs: dict) -> None:
-        values = telemetry(opt, prefix) if opt.last_step_evals else {}
+        values = _step_values(opt, prefix)
         if not values:
             return
         row = {"step": steps[0], **values}
@@ -129,13 +129,18 @@ def _check_every(every: int) -> None:
         raise ValueError(f"Invalid histogram_every: {every!r}; expected a positive int.")
 
 
-def _population(opt: Any) -> torch.Tensor:
+def _step_values(opt: SwarmOptimizer, prefix: str) -> dict[str, float]:
+    """:func:`telemetry` after a ``step()`` that evaluated something, else nothing to log."""
+    return telemetry(opt, prefix) if opt.last_step_evals else {}
+
+
+def _population(opt: SwarmOptimizer) -> torch.Tensor:
     """Every bacterium's parameters, all groups, flat.
 
     Unlike ``opt.population`` (a row per bacterium), it takes groups of different
     population sizes.
     """
-    leaves = [x.detach() for g in opt.stepped_groups for x in opt._swarms[g].state.population]
+    leaves = [x.detach() for s in opt._stepped("population") for x in s.state.population]
     dtype = compute_dtype(leaves)
     return torch.cat([x.flatten().to(dtype) for x in leaves])
 

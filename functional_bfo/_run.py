@@ -122,7 +122,7 @@ def run(
     if max_evals is not None and evals >= max_evals:  # a finished run, resumed: nothing left
         rules.reason = "max_evals"
     update = torch.compile(opt.update, fullgraph=True) if compile else opt.update
-    buffer = state.losses.shape[-1]
+    buffer = losses.shape[-1]
     started, steps, saved_at = time.perf_counter(), 0, None  # saved_at: steps on disk
     try:
         while rules.reason is None:
