@@ -2,9 +2,8 @@
 
 The closure path writes each candidate into the parameters and calls the user's closure; the
 fast path batches ``loss_fn`` with ``torch.func.vmap``. Either way a candidate leaves no
-trace: the model's buffers (BatchNorm running statistics and counters) are put back after
-every candidate, and :func:`evaluating_candidates` tells the model's code (logging, metrics)
-that the forward pass scores a candidate.
+trace (:class:`Trace`), and :func:`evaluating_candidates` tells the model's code (logging,
+metrics) that a forward pass scores a candidate.
 """
 
 from __future__ import annotations
@@ -12,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import numbers
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn.modules.module import register_module_forward_pre_hook
 
 from functional_bfo.evaluate import batched
 
@@ -31,8 +32,7 @@ _SCORING = contextvars.ContextVar("functional_bfo_scoring_candidates", default=F
 def evaluating_candidates() -> bool:
     """True while an optimizer step scores candidates: skip logging and metrics then.
 
-    The last forward pass of a step that tracks a ``module`` (the best parameters, to
-    update its buffers) is not a candidate.
+    The pass that ends a step at the best parameters is not a candidate.
 
     Examples:
         >>> from functional_bfo.adapters import evaluating_candidates
@@ -42,71 +42,77 @@ def evaluating_candidates() -> bool:
     return _SCORING.get()
 
 
-@contextlib.contextmanager
-def scoring_candidates() -> Iterator[None]:
-    token = _SCORING.set(True)
-    try:
-        yield
-    finally:
-        _SCORING.reset(token)
+class Trace:
+    """The modules candidates run, and their buffers as they were before the step.
 
-
-def unwrap(module: torch.nn.Module) -> torch.nn.Module:
-    """The model inside ``DataParallel`` / ``DistributedDataParallel`` (or the model)."""
-    wrappers = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
-    while isinstance(module, wrappers):
-        module = module.module
-    return module
-
-
-class Buffers:
-    """A model's buffers as they were before a step, put back after every candidate."""
+    While candidates are scored, torch's global forward pre-hook shows each module before it
+    runs: its buffers are saved the first time (and put back after every candidate), and a
+    train-mode normalization layer normalizes by batch statistics without writing running
+    ones (what ``torch.func.replace_all_batch_norm_modules_`` does, for candidates only:
+    ``vmap`` cannot update them in place). The vmapped update itself runs without the hook,
+    so that it compiles as one graph; the layers seen so far (or ``module``'s) are set then.
+    """
 
     def __init__(self, module: torch.nn.Module | None) -> None:
         if module is not None and not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be the torch.nn.Module being optimized; got "
                             f"{type(module).__name__}.")
-        self.module = None if module is None else unwrap(module)
-        self.tensors: list[Tensor] = []
-        self.saved: list[Tensor] = []
+        while isinstance(module, (torch.nn.DataParallel,
+                                  torch.nn.parallel.DistributedDataParallel)):
+            module = module.module
+        self.module = module
+        self.known: weakref.WeakSet = weakref.WeakSet(() if module is None else module.modules())
+        self.saved: dict[int, tuple[Tensor, Tensor]] = {}
+        self.flipped: list[torch.nn.Module] = []
 
-    @property
-    def settle(self) -> bool:
-        """Whether a step ends with one forward pass at the best params (train mode).
-
-        The model's buffers, and what its code logs, are then the best's.
-        """
-        return self.module is not None and self.module.training
-
-    def save(self) -> None:
-        """Keep the buffers as they are (read now: ``module.to()`` replaces them)."""
-        self.tensors = [] if self.module is None else list(self.module.buffers())
-        self.saved = [b.detach().clone() for b in self.tensors]
+    def begin(self) -> None:
+        """A new step: ``module``'s buffers are saved now, the others when they first run."""
+        self.saved = {}
+        if self.module is not None:
+            self._save(self.module)
 
     def restore(self) -> None:
-        if not self.tensors:
-            return
         with torch.no_grad():
-            for b, s in zip(self.tensors, self.saved):
-                b.copy_(s)
+            for buffer, copy in self.saved.values():
+                buffer.copy_(copy)
+
+    def train_buffers(self) -> bool:
+        """Whether a module seen in train mode has buffers (a step then ends at the best)."""
+        return any(m.training and next(m.buffers(recurse=False), None) is not None
+                   for m in list(self.known))
 
     @contextlib.contextmanager
-    def batch_statistics(self) -> Iterator[None]:
-        """Train-mode normalization layers normalize by batch statistics, writing none.
-
-        ``vmap`` cannot update running statistics in place; this is what
-        ``torch.func.replace_all_batch_norm_modules_`` does, for this block only.
-        """
-        layers = [] if self.module is None else [
-            m for m in self.module.modules()
-            if m.training and getattr(m, "track_running_stats", False)]
-        for m in layers:
-            m.track_running_stats = False
+    def scoring(self, hook: bool) -> Iterator[None]:
+        """Candidates are scored: watched through the hook, or the known layers set."""
+        token = _SCORING.set(True)
+        handle = register_module_forward_pre_hook(self._seen) if hook else None
+        if not hook:
+            for m in list(self.known):
+                self._batch_statistics(m)
         try:
             yield
         finally:
-            for m in layers:
+            if handle is not None:
+                handle.remove()
+            for m in self.flipped:
                 m.track_running_stats = True
+            self.flipped = []
+            _SCORING.reset(token)
+
+    def _seen(self, module: torch.nn.Module, args: Any) -> None:
+        self.known.add(module)
+        self._save(module)
+        self._batch_statistics(module)
+
+    def _save(self, module: torch.nn.Module) -> None:
+        for b in module.buffers():
+            if id(b) not in self.saved:
+                self.saved[id(b)] = (b, b.detach().clone())
+
+    def _batch_statistics(self, m: torch.nn.Module) -> None:
+        if m.training and getattr(m, "track_running_stats", False):
+            m.track_running_stats = False
+            self.flipped.append(m)
 
 
 def as_loss(value: Any, who: str = "The closure") -> float | Tensor:
@@ -124,13 +130,6 @@ def as_loss(value: Any, who: str = "The closure") -> float | Tensor:
         who=who, what=f"{type(value).__name__} {value!r:.60}"))
 
 
-def stack_losses(values: list[float | Tensor], device: torch.device) -> Tensor:
-    """The closure results of a population as one float64 tensor of shape (P,)."""
-    if all(isinstance(v, float) for v in values):
-        return torch.tensor(values, dtype=torch.float64, device=device)
-    return torch.stack([torch.as_tensor(v, dtype=torch.float64).to(device) for v in values])
-
-
 def write(params: list[Tensor], values: list[Tensor]) -> None:
     """Copy ``values`` into the parameters in place (the model sees them)."""
     with torch.no_grad():
@@ -141,22 +140,19 @@ def write(params: list[Tensor], values: list[Tensor]) -> None:
 class CandidateEvaluator:
     """The core evaluator of one param group: the closure per candidate, or ``loss_fn`` vmapped.
 
-    With ``closure`` set (during ``step(closure)``) each bacterium is written into
-    ``params``, the buffers are put back, and the closure is called with gradients enabled;
-    with ``with_grads`` each parameter's ``.grad`` is read too (cleared before the call, so
-    candidates never share gradients; a gradient the closure did not produce is NaN, i.e.
-    unknown, if the closure called no ``backward``, else zero). Without a closure the
-    core's ``loss_fn`` is batched with ``torch.func.vmap`` (with ``grad_and_value`` for
-    the hybrid), as the core's default evaluator does.
+    With ``closure`` set, each bacterium is written into ``params`` and the closure is called
+    with gradients enabled; with ``with_grads`` each ``.grad`` is read too (cleared before
+    the call, so candidates never share gradients; one the closure did not produce is NaN,
+    i.e. unknown, if no ``backward`` ran, else zero). Without a closure, ``loss_fn`` is
+    batched with ``torch.func.vmap`` (with ``grad_and_value`` for the hybrid).
     """
 
-    def __init__(self, params: list[Tensor], buffers: Buffers, with_grads: bool,
-                 chunk_size: int | None) -> None:
-        self.params, self.buffers = params, buffers
-        self.with_grads, self.chunk_size = with_grads, chunk_size
+    def __init__(self, params: list[Tensor], trace: Trace, with_grads: bool) -> None:
+        self.params, self.trace, self.with_grads = params, trace, with_grads
         self.closure: Callable[[], Any] | None = None
+        self.chunk_size: int | None = None
 
-    def __call__(self, loss_fn: Any, population: list[Tensor], *args: Any):
+    def __call__(self, loss_fn: Any, population: list[Tensor], *args: Any) -> Any:
         if self.closure is None:
             if not self.with_grads:
                 return batched(loss_fn, population, args, self.chunk_size)
@@ -165,36 +161,25 @@ class CandidateEvaluator:
             return losses, grads
         losses: list[float | Tensor] = []
         grads: list[list[Tensor]] = [[] for _ in self.params]
-        with torch.enable_grad(), scoring_candidates():
+        with torch.enable_grad(), self.trace.scoring(hook=True):
             for i in range(population[0].shape[0]):
                 write(self.params, [x[i] for x in population])
-                if self.with_grads:
-                    for p in self.params:
-                        p.grad = None
+                for p in self.params if self.with_grads else ():
+                    p.grad = None
                 try:
                     losses.append(as_loss(self.closure()))
                 finally:
-                    self.buffers.restore()
-                if self.with_grads:
-                    backward = any(p.grad is not None for p in self.params)
-                    for slot, p in zip(grads, self.params):
-                        slot.append(_grad_of(p, backward))
-        out = stack_losses(losses, population[0].device)
-        if not self.with_grads:
-            return out
-        return out, [torch.stack(slot) for slot in grads]
-
-
-def _grad_of(p: Tensor, backward: bool) -> Tensor:
-    """A copy of ``p.grad``, or zero or NaN (unknown) without one.
-
-    Zero if the closure called ``backward`` (so the loss does not depend on ``p``) or ``p``
-    takes no gradients; NaN if ``p`` takes gradients and no ``backward`` ran.
-    """
-    if p.grad is not None:
-        return p.grad.detach().to(p.dtype).clone()
-    return torch.full_like(p, torch.nan) if p.requires_grad and not backward else (
-        torch.zeros_like(p))
+                    self.trace.restore()
+                backward = any(p.grad is not None for p in self.params)
+                for slot, p in zip(grads if self.with_grads else (), self.params):
+                    slot.append(p.grad.detach().to(p.dtype).clone() if p.grad is not None
+                                else torch.full_like(p, torch.nan)
+                                if p.requires_grad and not backward else torch.zeros_like(p))
+        device = population[0].device
+        out = (torch.tensor(losses, dtype=torch.float64, device=device)
+               if all(isinstance(v, float) for v in losses) else
+               torch.stack([torch.as_tensor(v, dtype=torch.float64).to(device) for v in losses]))
+        return (out, [torch.stack(slot) for slot in grads]) if self.with_grads else out
 
 
 def closure_over(batches: Iterable[Any], loss_of: Callable[[Any], Tensor], *,
@@ -232,7 +217,7 @@ def closure_over(batches: Iterable[Any], loss_of: Callable[[Any], Tensor], *,
     def closure() -> float | Tensor:
         if optimizer is not None:
             optimizer.zero_grad()
-        total = None  # in float64, on the loss's device
+        total: Any = 0.0
         for batch in window:
             loss = loss_of(batch)
             value = as_loss(loss, "closure_over's loss_of")
@@ -240,11 +225,9 @@ def closure_over(batches: Iterable[Any], loss_of: Callable[[Any], Tensor], *,
                 raise TypeError(f"closure_over(backward=...) calls backward on loss_of's loss, "
                                 f"so loss_of must return a tensor; it returned {loss!r:.60}. "
                                 "Return the loss tensor, not loss.item().")
-            if callable(backward):
-                backward(loss / len(window))
-            elif backward:
-                (loss / len(window)).backward()
-            total = value if total is None else total + value
+            if backward:
+                (backward if callable(backward) else Tensor.backward)(loss / len(window))
+            total = total + value
         return total / len(window)
 
     return closure

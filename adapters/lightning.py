@@ -1,7 +1,7 @@
 """Lightning glue: the best's loss in the logs, swarm telemetry, and a clear word on precision.
 
-Lightning's ordinary code drives the optimizers: return one from ``configure_optimizers``
-with ``module=self`` and add :class:`BFOCallback` to the trainer.
+Lightning's ordinary code drives the optimizers: return one from ``configure_optimizers``,
+and add :class:`BFOCallback` to the trainer for swarm telemetry and epoch means of the best.
 
 .. code-block:: python
 
@@ -12,14 +12,15 @@ with ``module=self`` and add :class:`BFOCallback` to the trainer.
             return loss
 
         def configure_optimizers(self):
-            return HybridBFO(self.parameters(), module=self)
+            return HybridBFO(self.parameters())
 
     L.Trainer(callbacks=[BFOCallback()]).fit(Model(), loader)
 
 Automatic optimization calls ``optimizer.step(closure)`` once per batch; the closure (the
-``training_step`` and ``backward``) then runs once per candidate. With ``module=self`` the
-step ends with one more pass at the best parameters, not a candidate; the callback drops
-``self.log`` calls made while candidates are scored, so the logs hold that last pass.
+``training_step`` and ``backward``) then runs once per candidate, and once more at the best
+parameters, not a candidate, so a step's last ``self.log`` call is the best's. With
+``on_epoch=True`` every call counts in the mean: the callback drops those made while
+candidates are scored, so the logs hold only the best's.
 """
 
 from __future__ import annotations
@@ -81,12 +82,6 @@ class BFOCallback(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Refuse a precision plugin that would step the optimizer without a closure."""
         optimizers = _swarm_optimizers(trainer)
-        for opt in optimizers:
-            if opt.module is None:  # no last pass at the best: nothing would be logged
-                raise ValueError(f"BFOCallback drops self.log calls made while candidates "
-                                 f"are scored, so the step must end with a pass at the best "
-                                 f"params: build the optimizer with module=self "
-                                 f"({type(opt).__name__}(self.parameters(), module=self)).")
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if optimizers and scaler is not None:
             raise ValueError(PRECISION_MSG.format(precision=trainer.precision,

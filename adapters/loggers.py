@@ -140,7 +140,8 @@ def _population(opt: SwarmOptimizer) -> torch.Tensor:
     Unlike ``opt.population`` (a row per bacterium), it takes groups of different
     population sizes.
     """
-    leaves = [x.detach() for s in opt._stepped("population") for x in s.state.population]
+    leaves = [x.detach() for g in opt.stepped_groups
+              for x in opt.state[opt.param_groups[g]["params"][0]]["swarm"]["population"]]
     dtype = compute_dtype(leaves)
     return torch.cat([x.flatten().to(dtype) for x in leaves])
 

@@ -19,7 +19,7 @@ def main(steps: int = 60) -> float:
     x = torch.randn(512, 2)
     y = (x[:, 0] + 0.5 * x[:, 1] > 0.3).long()  # a linearly separable rule
     model = nn.Linear(2, 2)
-    optimizer = BFO(model.parameters(), population_size=24, step_size=0.2, seed=0)
+    optimizer = BFO(model.parameters(), population_size=24, lr=0.2, seed=0)
 
     def closure():
         with torch.no_grad():

@@ -23,7 +23,7 @@ def main(steps: int = 40) -> float:
     model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
     threshold = nn.Parameter(torch.zeros(()), requires_grad=False)  # gradient-free
     params = list(model.parameters()) + [threshold]
-    optimizer = HybridBFO(params, population_size=16, gradient_weight=0.9, step_size_max=0.2,
+    optimizer = HybridBFO(params, population_size=16, gradient_weight=0.9, lr=0.2,
                           seed=0)  # the default ceiling of 1.0 overshoots on MLP weights
     criterion = nn.BCEWithLogitsLoss()
 

@@ -1,4 +1,5 @@
-"""The integration guide's loops (shared/seeds/002) run with only the import line changed.
+"""The integration guide's loops (shared/seeds/002) run with the import line changed, and
+lines docs/adapters.md's migration table names, each marked "migration table".
 
 Each test body is the guide's snippet; the names it assumes (model, data, criterion, ...) are
 defined around it. Snippets that need a package we do not install skip when it is absent.
@@ -126,7 +127,7 @@ def test_monitoring_subclass_and_metrics_tracker(problem, monkeypatch):
         def update(self, optimizer, loss):
             self.metrics['losses'].append(loss)
             self.metrics['diversities'].append(optimizer._compute_diversity())
-            self.metrics['step_sizes'].append(optimizer.defaults['step_size_max'])
+            self.metrics['step_sizes'].append(optimizer.param_groups[0]['lr'])  # migration table
 
             # Calculate convergence rate
             if len(self.metrics['losses']) > 10:
@@ -139,7 +140,7 @@ def test_monitoring_subclass_and_metrics_tracker(problem, monkeypatch):
     n_params = sum(p.numel() for p in model.parameters())
     assert len(writer.scalars) == 9 and writer.histograms[0][1] == (50 * n_params,)
 
-    # The tracker reads step_size_max, which the adaptive variants have.
+    # The tracker reads the step-size ceiling, which the adaptive variants have.
     optimizer = AdaptiveBFO(model.parameters())
     tracker = MetricsTracker()
     for step in range(12):

@@ -1,7 +1,6 @@
 """The torch.optim adapters: closures, gradients, groups, schedulers, checkpoints, budgets."""
 
 import io
-import logging
 import math
 
 import optree
@@ -42,7 +41,9 @@ def fresh(n=5, requires_grad=True, dtype=torch.float32, device="cpu"):
 
 
 def core_state(opt, group=0):
-    return opt._swarms[group].state
+    """A group's core state, from where torch's state_dict finds it."""
+    entry = opt.state[opt.param_groups[group]["params"][0]]["swarm"]
+    return opt.State(**{**entry, "hyperparams": opt.Hyperparams(**entry["hyperparams"])})
 
 
 # ----- the seed snippets ---------------------------------------------------------------------
@@ -218,7 +219,8 @@ def test_adapter_trajectory_equals_the_core(cls, factory, extra, path):
     ours = core_state(opt)
     torch.testing.assert_close(ours.population[0], state.population[0])
     torch.testing.assert_close(ours.best_loss, state.best_loss)
-    assert int(ours.num_evals) == int(state.num_evals) == opt.num_evals
+    assert int(ours.num_evals) == int(state.num_evals)
+    assert opt.num_evals == int(state.num_evals) + (8 if path == "closure" else 0)  # settling
     torch.testing.assert_close(a.detach(), state.best_params[0])
 
 
@@ -261,31 +263,39 @@ def test_reevaluate_scores_the_incumbent_on_the_new_objective():
 def test_param_groups_are_separate_swarms_with_their_own_settings():
     a, b = fresh(), fresh()
     t = target()
-    opt = BFO([{"params": [a], "step_size": 0.05}, {"params": [b]}], **SMALL, seed=0)
+    opt = BFO([{"params": [a], "lr": 0.05}, {"params": [b]}], **SMALL, seed=0)
     closure = quad_closure([a, b], t)
     opt.step(closure)
     assert float(core_state(opt, 0).hyperparams.step_size) == pytest.approx(0.05)
     assert float(core_state(opt, 1).hyperparams.step_size) == pytest.approx(0.1)
-    assert opt.num_evals == int(core_state(opt, 0).num_evals) + int(core_state(opt, 1).num_evals)
+    swarms = int(core_state(opt, 0).num_evals) + int(core_state(opt, 1).num_evals)
+    assert opt.num_evals == swarms + 1  # and the pass at the best that ends the step
 
 
-def test_group_edits_take_effect_and_aliases_follow():
+def test_group_edits_take_effect_at_the_next_step():
     a = fresh()
     opt = AdaptiveBFO([a], **SMALL, seed=0)
     closure = quad_closure([a], target())
     opt.step(closure)
-    opt.param_groups[0]["elim_prob"] = 0.1
-    opt.param_groups[0]["step_size_max"] = 0.5
+    opt.param_groups[0]["elimination_prob"] = 0.1
+    opt.param_groups[0]["lr"] = 0.5
     opt.step(closure)
     hp = core_state(opt).hyperparams
     assert float(hp.elimination_prob) == pytest.approx(0.1)
     assert float(hp.step_size_max) == pytest.approx(0.5)
-    assert opt.param_groups[0]["elimination_prob"] == 0.1
-    assert opt.param_groups[0]["lr"] == 0.5
+
+
+def test_defaults_are_the_new_groups_defaults_as_in_torch():
+    a, b = fresh(), fresh()
+    opt = AdaptiveBFO([a], **SMALL, seed=0)
+    opt.defaults["lr"] = 0.25
+    opt.add_param_group({"params": [b]})
+    assert [g["lr"] for g in opt.param_groups] == [1.0, 0.25]
 
 
 def test_seed_bfo_scheduler_runs_and_takes_effect():
-    """The integration guide's BFOScheduler, verbatim: it edits optimizer.defaults."""
+    """The integration guide's BFOScheduler with the migration table's lines: it writes the
+    param groups, as torch's schedulers do, and the settings have their names here."""
     class BFOScheduler:
         def __init__(self, optimizer, schedule_fn):
             self.optimizer = optimizer
@@ -297,13 +307,13 @@ def test_seed_bfo_scheduler_runs_and_takes_effect():
             params = self.schedule_fn(self.epoch)
             for key, value in params.items():
                 if key in self.optimizer.defaults:
-                    self.optimizer.defaults[key] = value
+                    for group in self.optimizer.param_groups: group[key] = value  # noqa: E701
             self.epoch += 1
 
     def schedule(epoch):
         return {
-            'step_size_max': 0.1 * (0.95 ** epoch),
-            'elim_prob': min(0.5, 0.25 * (1.05 ** epoch))
+            'lr': 0.1 * (0.95 ** epoch),
+            'elimination_prob': min(0.5, 0.25 * (1.05 ** epoch))
         }
 
     a = fresh()
@@ -341,7 +351,7 @@ def test_structural_and_invalid_edits_are_rejected():
     with pytest.raises(ValueError, match="population_size.*cannot change"):
         opt.step(closure)
     opt.param_groups[0]["population_size"] = 6
-    opt.param_groups[0]["elim_prob"] = 1.5
+    opt.param_groups[0]["elimination_prob"] = 1.5
     with pytest.raises(ValueError, match="Invalid elimination_prob"):
         opt.step(closure)
 
@@ -351,14 +361,17 @@ def test_add_param_group_adds_a_swarm():
     t = target()
     opt = BFO([a], **SMALL, seed=0)
     opt.step(quad_closure([a, b], t))
-    opt.add_param_group({"params": [b], "elim_prob": 0.5})
+    opt.add_param_group({"params": [b], "elimination_prob": 0.5})
     assert opt.param_groups[1]["elimination_prob"] == 0.5
     first = opt.step(quad_closure([a, b], t))
     for _ in range(3):
         loss = opt.step(quad_closure([a, b], t))
     assert loss <= first and bool((b != 0).any())
-    with pytest.raises(ValueError, match="elim_prob"):
-        opt.add_param_group({"params": [fresh()], "elim_prob": 0.5, "elimination_prob": 0.1})
+    with pytest.raises(TypeError, match="names it elimination_prob"):
+        opt.add_param_group({"params": [fresh()], "elim_prob": 0.5})
+    with pytest.raises(TypeError, match="names it lr"):
+        opt.add_param_group({"params": [fresh()], "step_size": 0.5})
+    assert len(opt.param_groups) == 2
 
 
 # ----- checkpoints ------------------------------------------------------------------------------
@@ -461,16 +474,9 @@ def test_max_fe_stops_before_the_budget_and_stops_calling_the_closure():
         opt.step(closure)
         steps += 1
     assert opt.stop_reason == "max_fe" and opt.num_evals <= 50 and calls == opt.num_evals
-    assert steps == 6  # 8 evaluations per step
+    assert steps == 5  # 4 * 2 candidates and the pass at the best: 9 evaluations per step
     opt.step(closure)
     assert calls == opt.num_evals  # a stopped optimizer evaluates nothing
-
-
-def test_step_max_fe_runs_many_steps_in_one_call():
-    a = fresh()
-    opt = AdaptiveBFO([a], population_size=4, swim_length=1, seed=0, reevaluate=False)
-    opt.step(quad_closure([a], target()), max_fe=100)
-    assert 92 <= opt.num_evals <= 100
 
 
 def test_target_loss_and_patience_stop():
@@ -489,38 +495,20 @@ def test_target_loss_and_patience_stop():
 
 # ----- compile --------------------------------------------------------------------------------
 
-class Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
-def test_compile_fast_path_matches_eager_and_says_so():
+def test_compile_fast_path_matches_eager_without_recompiling():
     t = target()
-    runs, records = [], Records()
-    logger = logging.getLogger("functional_bfo.adapters")
-    logger.addHandler(records)
-    logger.setLevel(logging.INFO)
-    try:
-        for compile in (False, True):
-            torch.compiler.reset()
-            counters.clear()
-            a = fresh()
-            opt = BFO([a], population_size=4, swim_length=1, seed=0, compile=compile)
-            for i in range(4):  # a new lambda every step, as loops write it
-                opt.step(loss_fn=lambda p: ((p[0] - t) ** 2).sum())
-                if i == 1:
-                    opt.param_groups[0]["lr"] = 0.05
-            runs.append(a.detach().clone())
-    finally:
-        logger.removeHandler(records)
-        logger.setLevel(logging.NOTSET)
+    runs = []
+    for compile in (False, True):
+        torch.compiler.reset()
+        counters.clear()
+        a = fresh()
+        opt = BFO([a], population_size=4, swim_length=1, seed=0, compile=compile)
+        for i in range(4):  # a new lambda every step, as loops write it
+            opt.step(loss_fn=lambda p: ((p[0] - t) ** 2).sum())
+            if i == 1:
+                opt.param_groups[0]["lr"] = 0.05
+        runs.append(a.detach().clone())
     torch.testing.assert_close(runs[0], runs[1])
-    compiled = [m for m in records.messages if "torch.compile(mode='default', fullgraph=True)" in m]
-    assert len(compiled) == 1 and " s (" in compiled[0]  # logged once, with its time
     assert counters["stats"]["unique_graphs"] == 1  # no recompile for new lambdas or edits
 
 
@@ -546,7 +534,7 @@ def test_compile_failure_is_loud_and_closures_are_refused():
 def test_dtypes_are_kept(cls, dtype, device):
     a = fresh(dtype=dtype, device=device)
     t = target(device=device)
-    opt = cls([a], **SMALL, seed=0, device=device)
+    opt = cls([a], **SMALL, seed=0)
     first = opt.step(quad_closure([a], t, backward=True, opt=opt))
     for _ in range(3):
         loss = opt.step(quad_closure([a], t, backward=True, opt=opt))
@@ -561,7 +549,6 @@ def test_dtypes_are_kept(cls, dtype, device):
     (lambda opt: opt.step(), TypeError, "needs exactly one of a closure"),
     (lambda opt: opt.step(lambda: 1.0, loss_fn=lambda p: p[0].sum()), TypeError, "exactly one"),
     (lambda opt: opt.step(3), TypeError, "Invalid closure"),
-    (lambda opt: opt.step(lambda: 1.0, max_fe=0), ValueError, "Invalid max_fe"),
     (lambda opt: opt.population, ValueError, "before the first step"),
     (lambda opt: opt.metrics(), ValueError, "has not stepped"),
     (lambda opt: opt.metrics(5), ValueError, r"There is no param group 5; this optimizer has 1"),
@@ -576,12 +563,13 @@ def test_bad_calls_are_named(call, error, match):
 @pytest.mark.parametrize("make,error,match", [
     (lambda: BFO([]), ValueError, "empty parameter list"),
     (lambda: BFO([fresh()], population_size=0), ValueError, "Invalid population_size"),
-    (lambda: BFO([fresh()], elim_prob=2.0), ValueError, "Invalid elimination_prob"),
-    (lambda: BFO([fresh()], elim_prob=0.1, elimination_prob=0.2), ValueError, "pass one"),
+    (lambda: BFO([fresh()], elimination_prob=2.0), ValueError, "Invalid elimination_prob"),
+    (lambda: BFO([fresh()], elim_prob=0.1), TypeError, "names it elimination_prob"),
+    (lambda: BFO([fresh()], step_size=0.1), TypeError, "names it lr"),
+    (lambda: AdaptiveBFO([fresh()], step_size_max=0.1), TypeError, "names it lr"),
     (lambda: AdaptiveBFO([fresh()], gradient_weight=0.5), TypeError, "unexpected"),
     (lambda: HybridBFO([fresh()], gradient_weight=2.0), ValueError, "Invalid gradient_weight"),
     (lambda: BFO([torch.zeros(3, dtype=torch.int64)]), TypeError, "floating"),
-    (lambda: BFO([fresh()], device="meta"), ValueError, "move the model first"),
     (lambda: BFO([fresh()], max_fe=0), ValueError, "Invalid max_fe"),
     (lambda: BFO([fresh()], compile="yes"), (TypeError, ValueError), "compile"),
 ])
@@ -609,8 +597,8 @@ def test_seed_api_attributes():
     assert opt._compute_diversity() == opt.diversity() > 0
     assert isinstance(opt.best_fitness, float)
     torch.testing.assert_close(opt.best_params[0], a.detach())
-    assert opt.defaults["population_size"] == 6 and opt.defaults["elim_prob"] == 0.25
-    assert opt.metrics()["num_evals"] == opt.num_evals
+    assert opt.defaults["population_size"] == 6 and opt.defaults["elimination_prob"] == 0.25
+    assert opt.metrics()["num_evals"] + 1 == opt.num_evals  # and the pass at the best
 
 
 # ----- properties --------------------------------------------------------------------------------

@@ -157,10 +157,3 @@ def test_drifting_replicas_are_caught_on_every_rank(tmp_path):
 def test_check_replicas_needs_a_process_group():
     with pytest.raises(RuntimeError, match="init_process_group"):
         fb.distributed.check_replicas({"w": torch.zeros(2)})
-
-
-def test_check_replicas_in_the_shell_needs_a_process_group():
-    from functional_bfo.adapters import BFO
-
-    with pytest.raises(ValueError, match="init_process_group"):
-        BFO([torch.nn.Parameter(torch.zeros(2))], check_replicas=True)

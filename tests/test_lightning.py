@@ -137,10 +137,12 @@ def test_ddp_strategies_end_with_identical_parameters(strategy, tmp_path):
     assert not all(torch.equal(a, b) for a, b in zip(ranks[0], start.parameters()))
 
 
-def test_the_callback_needs_the_module_to_log_the_best(tmp_path):
-    class NoModule(Regression):
+@pytest.mark.parametrize("cls", [BFO, HybridBFO])
+def test_without_the_callback_or_module_the_step_logs_the_best_loss(cls, tmp_path):
+    """A new user's module: BFO(self.parameters()) and self.log, nothing else."""
+    class Plain(Regression):
         def configure_optimizers(self):
-            return BFO(self.parameters(), population_size=4, swim_length=1, seed=0)
+            return self.cls(self.parameters(), population_size=4, swim_length=1, seed=0)
 
-    with pytest.raises(ValueError, match="module=self"):
-        fit(NoModule(), tmp_path, [BFOCallback()])
+    model = Plain(cls)
+    assert column(fit(model, tmp_path), "train_loss") == pytest.approx(model.best, rel=1e-6)

@@ -162,13 +162,15 @@ def test_steps_that_evaluate_nothing_log_no_row(path, tmp_path):
     assert [int(r["step"]) for r in rows] == [0, 1, 2]
     assert [e.value for e in events.Scalars("BFO/best_fitness")] == pytest.approx(best)
 
-    stopped, step = problem(BFO, max_fe=30)  # 9 evaluations a step: 3 steps, then stopped
-    stopped.register_step_post_hook(loggers.csv(tmp_path / "stopped.csv"))
+    stopped, step = problem(BFO, max_fe=30)  # 9 evaluations a step (10 with a closure's
+    stopped.register_step_post_hook(loggers.csv(tmp_path / "stopped.csv"))  # pass at the best)
     for _ in range(5):
         step(path)
-    assert stopped.should_stop and stopped.num_evals == 27
+    per_step = 10 if path == "closure" else 9
+    assert stopped.should_stop and stopped.num_evals == 3 * per_step
     with open(tmp_path / "stopped.csv") as f:
-        assert [float(r["BFO/num_evals"]) for r in csv_module.DictReader(f)] == [9, 18, 27]
+        assert [float(r["BFO/num_evals"]) for r in csv_module.DictReader(f)] == [
+            per_step, 2 * per_step, 3 * per_step]
 
 
 def test_a_checkpoint_loaded_between_steps_does_not_fool_the_loggers(tmp_path):
@@ -177,14 +179,14 @@ def test_a_checkpoint_loaded_between_steps_does_not_fool_the_loggers(tmp_path):
     step("closure")
     saved = opt.state_dict()
     step("closure")
-    opt.load_state_dict(saved)  # back to 9 evaluations
-    step("closure")  # 18 again, as the step before the load: a row all the same
+    opt.load_state_dict(saved)  # back to 10 evaluations
+    step("closure")  # 20 again, as the step before the load: a row all the same
     opt.load_state_dict(saved)
     opt.param_groups[0]["lr"] = 0.0
     with pytest.warns(RuntimeWarning, match="paused"):
         step("closure")  # evaluates nothing, though num_evals moved since the last row
     with open(tmp_path / "bfo.csv") as f:
-        assert [float(r["BFO/num_evals"]) for r in csv_module.DictReader(f)] == [9, 18, 18]
+        assert [float(r["BFO/num_evals"]) for r in csv_module.DictReader(f)] == [10, 20, 20]
 
 
 def test_paused_steps_groups_of_other_sizes_and_late_groups_log_cleanly(tmp_path):

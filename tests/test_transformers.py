@@ -125,7 +125,7 @@ def test_the_default_scheduler_decays_lr_the_largest_step(tmp_path):
     lrs = [entry["learning_rate"] for entry in trainer.state.log_history
            if "learning_rate" in entry]
     assert lrs[0] == pytest.approx(0.05) and lrs == sorted(lrs, reverse=True)
-    assert trainer.optimizer.optimizer.param_groups[0]["step_size_max"] == pytest.approx(0.0)
+    assert trainer.optimizer.optimizer.param_groups[0]["lr"] == pytest.approx(0.0)
 
 
 def test_resume_from_a_checkpoint_equals_never_stopping(tmp_path):
