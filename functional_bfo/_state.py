@@ -49,6 +49,8 @@ def with_hyperparams(state: State, **values: Any) -> State:
         old = getattr(hp, name)
         try:
             new = torch.as_tensor(value)
+            if not isinstance(value, Tensor) and new.is_floating_point():  # not via float32
+                new = torch.as_tensor(value, dtype=torch.float64)
         except (TypeError, ValueError, RuntimeError):
             new = None
         if new is None or new.dtype == torch.bool or new.is_complex():

@@ -228,6 +228,15 @@ def test_with_hyperparams_changes_the_step_size():
     assert small.hyperparams.step_size.dtype == torch.float32
 
 
+def test_with_hyperparams_keeps_a_float64_state_exact():
+    """A Python float reaches a float64 field unrounded, as the factory stores it."""
+    state = fb.bfo(population_size=4, step_size=0.1).init(
+        {"x": torch.zeros(2, dtype=torch.float64)}, key=fb.random.key(0))
+    assert fb.with_hyperparams(state, step_size=0.1).hyperparams.step_size.item() == 0.1
+    assert torch.equal(fb.with_hyperparams(state, step_size=0.1).hyperparams.step_size,
+                       state.hyperparams.step_size)
+
+
 def test_update_never_touches_the_global_rng():
     opt = fb.bfo(population_size=4)
     before = torch.get_rng_state()
