@@ -28,8 +28,7 @@ except ImportError as e:  # pragma: no cover - the extra is not installed
 
 import torch
 
-from ._base import SwarmOptimizer
-from .optimizers import HybridBFO
+from .optimizers import HybridBFO, SwarmOptimizer
 
 __all__ = ["BFOCallback", "bfo_opt"]
 

@@ -34,8 +34,8 @@ except ImportError as e:  # pragma: no cover - the extra is not installed
     raise ImportError("functional_bfo.adapters.lightning needs Lightning: pip install "
                       "'functional-bfo[lightning]'.") from e
 
-from ._base import SwarmOptimizer
 from ._candidates import evaluating_candidates
+from .optimizers import SwarmOptimizer
 
 __all__ = ["BFOCallback"]
 

@@ -30,7 +30,7 @@ import torch
 
 from functional_bfo._checks import compute_dtype
 
-from ._base import SwarmOptimizer
+from .optimizers import SwarmOptimizer
 
 __all__ = ["csv", "tensorboard", "telemetry", "wandb"]
 
@@ -141,7 +141,7 @@ def _population(opt: SwarmOptimizer) -> torch.Tensor:
     population sizes.
     """
     leaves = [x.detach() for g in opt.stepped_groups
-              for x in opt.state[opt.param_groups[g]["params"][0]]["swarm"]["population"]]
+              for x in opt.state[opt.param_groups[g]["params"][0]]["swarm"].population]
     dtype = compute_dtype(leaves)
     return torch.cat([x.flatten().to(dtype) for x in leaves])
 

@@ -1,26 +1,335 @@
-"""BFO, AdaptiveBFO and HybridBFO in ``torch.optim.Optimizer`` form, for ordinary loops.
-
-Thin shells over :func:`functional_bfo.bfo`, :func:`functional_bfo.adaptive_bfo` and
-:func:`functional_bfo.hybrid_bfo`. Each declares its settings with the core's names and
-defaults, but for torch's ``lr``, the largest step, so every ``torch.optim.lr_scheduler`` and
-framework schedule drives it; ``lr = 0`` (a schedule's end, a warmup's start) pauses the
-group. The shared arguments (seed, compile, module, evaluator, budgets) are
-:class:`SwarmOptimizer`'s.
-"""
+"""BFO, AdaptiveBFO and HybridBFO: :class:`SwarmOptimizer` over ``fb.bfo`` and friends."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import warnings
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
-import functional_bfo as fb
+import torch
+import torch.distributed as dist
+from torch import Tensor
 
-from ._base import SwarmOptimizer
+import functional_bfo as fb
+from functional_bfo._checks import check_bool, check_int, check_params
+from functional_bfo._state import from_dict, to_dict
+from functional_bfo._stopping import Stopping
+from functional_bfo._tree import diversity
+
+from ._candidates import CandidateEvaluator, Trace, as_loss, write
+
+STOPPING = ("best_cost", "stalled", "steps", "per_update", "reason")  # Stopping's counters
+RECORD = {"class": str, "seed": int, "best": (int, float, type(None)), "best_cost": (int, float),
+          "stalled": int, "steps": int, "per_update": (int, float, type(None)),
+          "reason": (str, type(None))}  # the "optimizer" entry: what each value must be
+
+
+@dataclasses.dataclass
+class _Swarm:
+    """A group's core, evaluators and fast-path update; the settings its state follows."""
+
+    settings: dict[str, Any]  # those that shaped it, and the hyperparameters its state holds
+    core: fb.Optimizer
+    evaluator: CandidateEvaluator
+    scorer: Any  # the evaluator, or fb.distributed's around it
+    update: Callable[..., Any]  # core.update, compiled if asked
+    mask: list[bool] | None = None  # the hybrid's requires_grad flags
+
+
+class SwarmOptimizer(torch.optim.Optimizer):
+    """A ``torch.optim`` optimizer whose param groups are swarms of a pure core optimizer.
+
+    A group's core state is ``self.state[its first param]["swarm"]``, as in LBFGS; settings
+    are read from ``group[...]`` at each step, as Adam reads ``group["lr"]``.
+
+    Args:
+        params: parameters, ``named_parameters()`` or param-group dicts; a swarm per group.
+        seed: the swarms' key; None draws one from torch's global generator (rank 0's).
+        compile: ``torch.compile(fullgraph=True)`` the fast path's update: True or a mode.
+        module: the model, its buffers saved at a step's start, not at a candidate's first use.
+        evaluator: ``fb.distributed.sharded()`` or ``.data_parallel(...)``: ranks share work.
+        reevaluate: score the params as they stand first, so no stale best freezes them.
+        max_fe, target_loss, patience, min_delta: when ``should_stop`` (the core's Stopping).
+        **settings: the class's ``DEFAULTS`` to change, for the groups that set no other.
+    """
+
+    factory: ClassVar[Callable[..., fb.Optimizer]]
+    Hyperparams: ClassVar[type]  # the settings a state holds as tensors: they may change
+    LR: ClassVar[str]  # the core's name of torch's lr
+    DEFAULTS: ClassVar[dict[str, Any]]
+    uses_grads: ClassVar[bool] = False
+
+    @property
+    def best_fitness(self) -> float | None:
+        """The best loss returned by the last ``step`` (None before the first)."""
+        return self._best
+
+    @property
+    def best_params(self) -> list[Tensor]:
+        """Copies of the parameters, the best found, in parameter order."""
+        return [p.detach().clone() for group in self.param_groups for p in group["params"]]
+
+    @property
+    def population(self) -> Tensor:
+        """Every bacterium's parameters flattened, shape (population_size, n_params)."""
+        leaves = [x.flatten(1) for state in self._swarm_states().values() for x in state.population]
+        if not leaves:
+            raise ValueError("There is no population before the first step; call step first.")
+        return torch.cat(leaves, dim=1)  # (groups of other sizes: read each with metrics(g))
+
+    def _compute_diversity(self) -> float:
+        """Root-mean-square distance of the bacteria to their centroid, all groups."""
+        return float(diversity([population := self.population], population.dtype))
+
+    def __init__(self, params: Iterable[Any], *, seed: int | None = None,
+                 compile: bool | str = False, module: torch.nn.Module | None = None,
+                 evaluator: Any = None, reevaluate: bool = True, max_fe: int | None = None,
+                 target_loss: float | None = None, patience: int | None = None,
+                 min_delta: float = 0.0, **settings: Any) -> None:
+        if unknown := sorted(set(settings) - set(self.DEFAULTS)):
+            raise TypeError(f"Unexpected settings {unknown} (lr is the core's {self.LR}); "
+                            f"{type(self).__name__}'s are {sorted(self.DEFAULTS)}.")
+        if evaluator is not None and not callable(getattr(evaluator, "around", None)):
+            raise TypeError(f"evaluator must be one of fb.distributed's; got {evaluator!r}.")
+        self._mode = "default" if compile is True else compile or None  # torch checks a mode
+        self._reevaluate = check_bool("reevaluate", reevaluate)
+        self._stopping = Stopping(budget=max_fe, target_loss=target_loss, patience=patience,
+                                  min_delta=min_delta, budget_name="max_fe")
+        self._seed, self._distributed, self._trace = _agreed(seed), evaluator, Trace(module)
+        self._dynamic = ["lr" if f == self.LR else f for f in self.Hyperparams._fields]
+        self._swarms: dict[int, _Swarm] = {}  # the groups' cores: rebuilt after a load
+        self._best, self._closure, self._loading, self._warned = None, None, None, False
+        self.last_step_evals = 0  # what the last step() evaluated: 0 if paused or stopped
+        super().__init__(params, {**self.DEFAULTS, **settings})
+        self.register_state_dict_post_hook(type(self)._saved)
+        self.register_load_state_dict_pre_hook(type(self)._check_load)
+        self.register_load_state_dict_post_hook(type(self)._finish_load)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group (its own swarm); nothing is added unless it is valid."""
+        renamed = {self.LR: "lr", "elim_prob": "elimination_prob"}
+        if isinstance(param_group, dict) and (old := sorted(renamed.keys() & param_group)):
+            raise TypeError(f"A param group got {old}: call them {[renamed[k] for k in old]}.")
+        super().add_param_group(param_group)
+        try:
+            check_params(self.param_groups[-1]["params"] or [torch.zeros(0)])
+            self._build(self.param_groups[-1])  # the core factory checks the settings
+        except BaseException:
+            self.param_groups.pop()
+            raise
+
+    def _build(self, group: dict[str, Any]) -> _Swarm:
+        kwargs = {k: group[k] for k in self.DEFAULTS if k not in ("lr", "chunk_size")}
+        kwargs[self.LR] = float(group["lr"])  # a tensor lr too
+        if self.uses_grads:  # the mask follows requires_grad (fb.with_grad_mask at each step)
+            kwargs["grad_mask"] = False
+        evaluator = CandidateEvaluator(group["params"], self._trace, self.uses_grads)
+        scorer = evaluator if self._distributed is None else self._distributed.around(
+            evaluator, self.uses_grads)
+        core = type(self).factory(**kwargs, evaluator=scorer)
+        update = core.update if self._mode is None else torch.compile(
+            core.update, fullgraph=True, mode=self._mode)
+        static = {k: group[k] for k in self.DEFAULTS if k not in self._dynamic}
+        return _Swarm(static, core, evaluator, scorer, update)  # hyperparameters set at a step
+
+    def step(self, closure: Callable[[], Any] | None = None, *,
+             loss_fn: Callable[[Any], Tensor] | None = None) -> float:
+        """One step of every group's swarm; the parameters end at the best, its loss returned.
+
+        ``closure()`` (a float or one-element tensor, ``backward`` optional) is called per
+        candidate written into the parameters, and once more at the best; ``loss_fn(params)``
+        scores them under ``vmap`` instead. A step that raises leaves everything as it was.
+        """
+        pending = closure is None and loss_fn is None
+        closure = self._closure if pending else closure
+        if (closure is None) == (loss_fn is None) or not callable(closure or loss_fn):
+            raise TypeError(f"{type(self).__name__}.step needs one callable: the closure, or "
+                            f"loss_fn=... for the vmapped fast path; got {closure or loss_fn!r:.60}"
+                            ". A framework that calls step() itself needs opt.set_closure first.")
+        if closure is not None and self._mode is not None:
+            raise ValueError("compile= compiles step(loss_fn=...); a closure runs Python per "
+                             "candidate. Use compile=False with closures.")
+        self.last_step_evals = 0
+        if not self.should_stop:
+            self._step_all(closure, loss_fn)
+        if pending:
+            self._closure = None  # used up: the next bare step() needs a new one
+        return math.nan if self._best is None else self._best
+
+    def set_closure(self, closure: Callable[[], Any] | None) -> None:
+        """The closure of the next bare ``step()`` (frameworks that call it themselves)."""
+        if closure is not None and not callable(closure):
+            raise TypeError(f"Invalid closure: {closure!r}; expected a callable or None.")
+        self._closure = closure
+
+    @property
+    def closure_pending(self) -> bool:
+        """Whether a closure set by :meth:`set_closure` waits for the next ``step()``."""
+        return self._closure is not None
+
+    def _step_all(self, closure: Any, loss_fn: Any) -> None:
+        """Step every group; commit all of it, or restore everything and raise."""
+        groups, new, g = self.param_groups, {}, 0
+        start = [[p.detach().clone() for p in group["params"]] for group in groups]
+        live = [g for g, group in enumerate(groups) if group["params"] and group["lr"] != 0]
+        if len(live) < len(groups) and not self._warned:  # a schedule's end, a warmup's start
+            self._warned = True
+            warnings.warn(f"{type(self).__name__}: a param group with lr=0 is paused (not "
+                          "evaluated) until its lr is positive.", RuntimeWarning, stacklevel=3)
+        self._trace.begin()
+        try:
+            for g in live:
+                new[g] = self._advance(g, groups[g], closure, loss_fn)
+                write(groups[g]["params"], new[g][0].best_params)
+            self._trace.restore()  # then one evaluation at the best, as a forward pass leaves
+            if settle := bool(new) and (closure is not None or self._trace.train_buffers()):
+                with torch.enable_grad() if closure else torch.no_grad():
+                    as_loss(closure()) if closure else loss_fn(_loss_input(
+                        [group.get("param_names") for group in groups],
+                        [[p.detach() for p in group["params"]] for group in groups]))
+                new[g] = new[g][0]._replace(num_evals=new[g][0].num_evals + 1), new[g][1]
+        except BaseException as e:
+            for group, values in zip(groups, start):
+                write(group["params"], values)
+            self._trace.restore()
+            eager = "; compile=False runs it eagerly" if self._mode and closure is None else ""
+            e.add_note(f"(raised while {type(self).__name__} stepped param group {g}{eager}; "
+                       "parameters, buffers, swarms and counters restored as they were)")
+            raise
+        for g, (state, swarm) in new.items():
+            self.state[groups[g]["params"][0]]["swarm"], self._swarms[g] = state, swarm
+        if new:
+            self._best = float(state.best_loss)  # the last group's: it saw every group's best
+            self._stopping.maximize = bool(swarm.settings["maximize"])
+            per_update = settle + sum(
+                groups[g]["population_size"] * (groups[g]["swim_length"] + 1) + self._reevaluate
+                for g in live)
+            self._stopping.record(self.num_evals, self._best, per_update)
+            self.last_step_evals = per_update
+
+    def _advance(self, g: int, group: dict[str, Any], closure: Any,
+                 loss_fn: Any) -> tuple[Any, _Swarm]:
+        """The group's next state and the swarm that made it; changes nothing."""
+        params, settings = group["params"], {k: group[k] for k in self.DEFAULTS}
+        state, swarm = self.state.get(params[0], {}).get("swarm"), self._swarms.get(g)
+        swarm = swarm or self._build(group)  # at the first step, or the first after a load
+        changed = {k: v for k, v in settings.items()
+                   if k not in swarm.settings or not _same(swarm.settings[k], v)}
+        if fixed := sorted(changed.keys() - {*self._dynamic, "chunk_size"}):
+            raise ValueError(f"param_groups[{g}]: {fixed} shape the swarm, so cannot change after "
+                             f"its first step ({self._dynamic} can). Set them back.")
+        if first := state is None:  # the swarm starts from the params as they are
+            key = fb.random.fold_in(fb.random.key(self._seed), g).to(params[0].device)
+            state = swarm.core.init([p.detach().clone() for p in params], key=key)
+        state = fb.with_hyperparams(state, **{self.LR if k == "lr" else k: v
+                                              for k, v in changed.items() if k in self._dynamic})
+        swarm = dataclasses.replace(swarm, settings={**swarm.settings, **changed})
+        if self.uses_grads and (mask := [p.requires_grad for p in params]) != swarm.mask:
+            state, swarm.mask = fb.with_grad_mask(state, mask), mask
+        values = [[p.detach() for p in group["params"]] for group in self.param_groups]
+        names = [group.get("param_names") for group in self.param_groups]  # traced: no groups
+        loss = closure or (lambda leaves: loss_fn(_loss_input(  # group g's, the others held
+            names, [leaves if i == g else v for i, v in enumerate(values)])))
+        swarm.evaluator.closure, swarm.evaluator.chunk_size = closure, settings["chunk_size"]
+        try:
+            if self._reevaluate:
+                state = self._rescore(state, swarm, loss, first, settings["maximize"])
+            if closure is not None:
+                return swarm.core.update(state, closure), swarm
+            with self._trace.scoring(hook=False):
+                return swarm.update(state, loss), swarm
+        finally:
+            swarm.evaluator.closure = None
+
+    def _rescore(self, state: Any, swarm: _Swarm, loss: Any, first: bool, maximize: bool) -> Any:
+        """The parameters as they stand, scored: bacterium 0 at first, then the best to beat."""
+        current = ([x[0] for x in state.population] if first  # the start, inside bounds
+                   else [p.detach() for p in swarm.evaluator.params])
+        with self._trace.scoring(hook=True):
+            out = swarm.scorer(loss, [x.unsqueeze(0) for x in current])
+        value, grads = out if self.uses_grads else (out, None)
+        if first:
+            return fb.with_start_loss(state, value[0], grad=grads and [x[0] for x in grads])
+        loss = value[0].detach().to(state.best_loss.dtype)  # a NaN loss is never the best
+        best = torch.where(loss.isnan(), -math.inf if maximize else math.inf, loss)
+        return state._replace(best_params=[x.clone() for x in current], best_loss=best,
+                              num_evals=state.num_evals + 1)
+
+    def _saved(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """Each swarm as ``fb.save`` writes a state; the optimizer's record in entry 0."""
+        state = {i: {k: to_dict(v) if k == "swarm" else v for k, v in e.items()}
+                 for i, e in state_dict["state"].items()}
+        state.setdefault(0, {})["optimizer"] = {
+            "class": type(self).__name__, "seed": self._seed, "best": self._best,
+            **{k: getattr(self._stopping, k) for k in STOPPING}}
+        return {**state_dict, "state": state}
+
+    def _check_load(self, state_dict: dict[str, Any]) -> None:
+        """Check a state dict before torch changes anything; read its swarms as saved."""
+        name, states = type(self).__name__, {}
+        try:
+            entries, groups = state_dict["state"], state_dict["param_groups"]
+            record = dict(entries[0]["optimizer"])
+            bad = [k for k, kind in RECORD.items() if not isinstance(record.get(k), kind)]
+            if record["class"] != name or bad:
+                raise TypeError(f"its record is of {record['class']!r}, invalid: {bad}")
+            for g, (group, saved) in enumerate(zip(self.param_groups, groups)):
+                entry = entries.get((saved["params"] or [None])[0], {}).get("swarm")
+                if entry is not None:  # checked against a state of the saved settings
+                    core = self._build({**saved, "params": group["params"]}).core
+                    params = [p.detach() for p in group["params"]]
+                    key = fb.random.fold_in(fb.random.key(record["seed"]), g).to(params[0].device)
+                    states[g] = from_dict(entry, core.init(params, key=key))
+        except (KeyError, TypeError, IndexError, AttributeError) as e:
+            raise ValueError(f"Not a state dict of {name} ({type(e).__name__}: {e}); write one "
+                             f"with {name}.state_dict().") from None
+        self._loading = states, record
+
+    def _finish_load(self) -> None:
+        (states, record), self._loading = self._loading, None
+        self._swarms = {}  # rebuilt from the loaded settings at the next step
+        for g, state in states.items():  # as saved: torch cast them to the params' dtype
+            self.state[self.param_groups[g]["params"][0]]["swarm"] = state
+        self._seed, self._best = record["seed"], record["best"]
+        self._stopping = dataclasses.replace(self._stopping, **{k: record[k] for k in STOPPING})
+        self.state[next(p for group in self.param_groups for p in group["params"])].pop(
+            "optimizer")  # torch copied it from entry 0; the state_dict hook writes it
+
+    @property
+    def should_stop(self) -> bool:
+        """Whether ``max_fe``, ``target_loss`` or ``patience`` fired (``step`` then waits)."""
+        return self._stopping.reason is not None
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why ``should_stop``: ``"max_fe"``, ``"target_loss"``, ``"patience"`` or None."""
+        return self._stopping.reason
+
+    @property
+    def num_evals(self) -> int:
+        """Loss evaluations (closure or loss_fn calls per candidate) so far, all groups."""
+        return sum(int(state.num_evals) for state in self._swarm_states().values())
+
+    @property
+    def stepped_groups(self) -> list[int]:
+        """The param groups whose swarm has started (``metrics(g)`` works for them)."""
+        return list(self._swarm_states())
+
+    def metrics(self, group: int = 0) -> dict[str, float]:
+        """:func:`functional_bfo.metrics` of one group's swarm, as floats (one host transfer)."""
+        if (state := self._swarm_states().get(group)) is None:
+            raise ValueError(f"param group {group!r} has no swarm (yet: it starts at a step).")
+        return fb.materialize(fb.metrics(state))
+
+    def _swarm_states(self) -> dict[int, Any]:
+        return {g: s for g, group in enumerate(self.param_groups) if group["params"]
+                and (s := self.state.get(group["params"][0], {}).get("swarm")) is not None}
 
 
 class BFO(SwarmOptimizer):
-    """Canonical BFO (Passino 2002) in torch.optim form, over :func:`functional_bfo.bfo`.
-
-    ``lr`` is the core's ``step_size``, the one step length of every bacterium.
+    """Canonical BFO (Passino 2002) over :func:`functional_bfo.bfo`; ``lr`` is ``step_size``.
 
     Examples:
         >>> import torch
@@ -32,8 +341,7 @@ class BFO(SwarmOptimizer):
         True
     """
 
-    factory = staticmethod(fb.bfo)
-    State, Hyperparams, LR = fb.BFOState, fb.BFOHyperparams, "step_size"
+    factory, Hyperparams, LR = staticmethod(fb.bfo), fb.BFOHyperparams, "step_size"
     DEFAULTS: ClassVar[dict[str, Any]] = dict(
         lr=0.1, population_size=50, swim_length=4, swim_batch=1, chemotaxis_steps=100,
         reproduction_steps=4, elimination_prob=0.25, swarming=False, d_attract=0.1,
@@ -42,16 +350,13 @@ class BFO(SwarmOptimizer):
 
 
 class AdaptiveBFO(SwarmOptimizer):
-    """Adaptive BFO in torch.optim form, over :func:`functional_bfo.adaptive_bfo`.
+    """Adaptive BFO over :func:`functional_bfo.adaptive_bfo`; ``lr`` is ``step_size_max``.
 
-    Per-bacterium step sizes by the 1/5th success rule, and dispersal that grows with
-    stagnation. ``lr`` is the core's ``step_size_max``, the ceiling of every step size: it
-    wins over ``step_size`` (the initial step) and ``step_size_min``, so ``lr=1e-3`` caps
-    every step at 1e-3 and a schedule lowers them all.
+    Each bacterium's step size adapts by the 1/5th success rule, capped by ``lr``.
     """
 
-    factory = staticmethod(fb.adaptive_bfo)
-    State, Hyperparams, LR = fb.AdaptiveBFOState, fb.AdaptiveBFOHyperparams, "step_size_max"
+    factory, Hyperparams = staticmethod(fb.adaptive_bfo), fb.AdaptiveBFOHyperparams
+    LR = "step_size_max"
     DEFAULTS: ClassVar[dict[str, Any]] = dict(
         lr=1.0, population_size=32, step_size=0.1, step_size_min=1e-7, adaptation_rate=0.3,
         swim_length=4, swim_batch=1, chemotaxis_steps=10, elimination_prob=0.02,
@@ -61,19 +366,38 @@ class AdaptiveBFO(SwarmOptimizer):
 
 
 class HybridBFO(SwarmOptimizer):
-    """Hybrid BFO in torch.optim form, over :func:`functional_bfo.hybrid_bfo`.
+    """Hybrid BFO over :func:`functional_bfo.hybrid_bfo`; ``lr`` is ``step_size_max``.
 
-    Parameters with ``requires_grad=True`` (read at every step, so it may change) bend the
-    tumble toward their negative gradient, read from ``.grad`` after the closure's
-    ``backward`` (cleared before each candidate) or computed by ``torch.func`` on the fast
-    path; the others move by pure BFO. A closure without ``backward`` is fine: that
-    candidate's gradient is unknown and it tumbles purely. ``lr`` is ``step_size_max``, as
-    in :class:`AdaptiveBFO`.
+    Parameters with ``requires_grad`` (read at each step) bend the tumble toward their negative
+    gradient (``.grad`` after the closure, or ``torch.func``'s); the others move by pure BFO.
     """
 
-    factory = staticmethod(fb.hybrid_bfo)
-    State, Hyperparams, LR = fb.HybridBFOState, fb.HybridBFOHyperparams, "step_size_max"
+    factory, Hyperparams = staticmethod(fb.hybrid_bfo), fb.HybridBFOHyperparams
+    LR, uses_grads = "step_size_max", True
     DEFAULTS: ClassVar[dict[str, Any]] = dict(
         AdaptiveBFO.DEFAULTS, gradient_weight=0.5, momentum=0.0, vanishing_threshold=1e-8,
         exploding_threshold=1e3)
-    uses_grads = True
+
+def _loss_input(names: list[list[str] | None], values: list[list[Tensor]]) -> Any:
+    """What ``loss_fn`` receives: ``{name: tensor}`` if built from named params, else a list."""
+    if None not in names:
+        return {n: v for ns, vs in zip(names, values) for n, v in zip(ns, vs)}
+    return [v for vs in values for v in vs]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality for settings; tensors (bounds) are the same only as the same object."""
+    try:
+        return a is b or bool(a == b)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
+def _agreed(seed: int | None) -> int:
+    """``seed``, or one drawn from torch's global generator: rank 0's on every rank."""
+    if seed is not None:
+        return check_int("seed", seed, 0)
+    box = [int(torch.randint(0, 2**31 - 1, ()).item())]
+    if dist.is_available() and dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)
+    return box[0]

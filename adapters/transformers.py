@@ -32,9 +32,7 @@ import torch.distributed as dist
 
 import functional_bfo as fb
 
-from ._base import SwarmOptimizer
-from ._candidates import closure_over
-from .optimizers import HybridBFO
+from .optimizers import HybridBFO, SwarmOptimizer
 
 __all__ = ["BFOTrainer"]
 
@@ -92,12 +90,20 @@ class BFOTrainer(transformers.Trainer):
             self._window = []
         self._window.append(dict(inputs))  # compute_loss may pop the labels from its dict
 
-        def loss_of(batch: dict[str, Any]) -> torch.Tensor:
-            with self.compute_loss_context_manager():
-                return self.compute_loss(model, dict(batch))
+        window = self._window
 
-        opt.set_closure(closure_over(self._window, loss_of, optimizer=opt,
-                                     backward=opt.uses_grads and self.accelerator.backward))
+        def closure() -> torch.Tensor:  # every candidate scored on the same window: its mean
+            opt.zero_grad()
+            total = torch.zeros(())
+            for batch in window:
+                with self.compute_loss_context_manager():
+                    loss = self.compute_loss(model, dict(batch)) / len(window)
+                if opt.uses_grads:  # HybridBFO reads the accumulated gradient
+                    self.accelerator.backward(loss)
+                total = total.to(loss.device) + loss.detach().float()
+            return total
+
+        opt.set_closure(closure)
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, dict(inputs))
         if loss.requires_grad:  # as the Trainer's own step: clipping, norms, a GradScaler

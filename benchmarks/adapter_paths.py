@@ -6,15 +6,23 @@ loop does), the vmapped fast path ``step(loss_fn=...)`` eager, and compiled
 (``compile=True``) with its compile time and the number of steps after which compiling
 pays off.
 
-    python benchmarks/adapter_paths.py [--quick] [--device cuda]
+With ``--baseline ROOT`` it times instead this checkout's shell against the ``adapters/`` of
+another checkout ROOT (say ``git worktree add /tmp/old v0.3``), both over this core, step
+for step in one process: the shell's own cost is the difference, the core's work being
+the same.
+
+    python benchmarks/adapter_paths.py [--quick] [--device cuda] [--baseline ROOT]
 """
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
+import sys
 import time
 
 import torch
-from common import compile_cold, machine, median_ms, parser, sync, write
+from common import compile_cold, machine, median_ms, paired_ms, parser, sync, write
 from torch import nn
 
 from functional_bfo.adapters import BFO, AdaptiveBFO, HybridBFO
@@ -33,36 +41,27 @@ def problem(widths: tuple[int, ...], samples: int, device: str):
 
 def bench(cls, widths, samples, population, repeats, device) -> dict:
     model, x, y = problem(widths, samples, device)
-    criterion = nn.CrossEntropyLoss()
     row = {"class": cls.__name__, "population": population,
            "params": sum(p.numel() for p in model.parameters())}
 
     opt = cls(model.parameters(), population_size=population, seed=0)
-
-    def closure():
-        opt.zero_grad()
-        loss = criterion(model(x), y)
-        if cls is HybridBFO:
-            loss.backward()
-        return loss.item()
-
-    row["closure_ms"] = median_ms(lambda: opt.step(closure), repeats, device, warmup=1)
+    closure_step = stepper(opt, "closure", model, x, y, cls is HybridBFO)
+    row["closure_ms"] = median_ms(closure_step, repeats, device, warmup=1)
     evals_per_step = opt.num_evals / (repeats + 1)
 
-    def loss_fn(params):
-        return criterion(torch.func.functional_call(model, params, (x,)), y)
-
     opt = cls(model.named_parameters(), population_size=population, seed=0)
-    row["fast_eager_ms"] = median_ms(lambda: opt.step(loss_fn=loss_fn), repeats, device)
+    row["fast_eager_ms"] = median_ms(stepper(opt, "fast", model, x, y, cls is HybridBFO),
+                                     repeats, device)
 
     torch.compiler.reset()
     opt = cls(model.named_parameters(), population_size=population, seed=0, compile=True)
+    compiled_step = stepper(opt, "fast", model, x, y, cls is HybridBFO)
     sync(device)
     start = time.perf_counter()
-    opt.step(loss_fn=loss_fn)
+    compiled_step()
     sync(device)
     first = time.perf_counter() - start
-    row["fast_compiled_ms"] = median_ms(lambda: opt.step(loss_fn=loss_fn), repeats, device)
+    row["fast_compiled_ms"] = median_ms(compiled_step, repeats, device)
     row["compile_s"] = first - row["fast_compiled_ms"] / 1e3
     gain = row["fast_eager_ms"] - row["fast_compiled_ms"]
     row["break_even_steps"] = (1e3 * row["compile_s"] / gain) if gain > 0 else None
@@ -73,13 +72,88 @@ def bench(cls, widths, samples, population, repeats, device) -> dict:
     return row
 
 
+def baseline_shell(root: pathlib.Path):
+    """The ``adapters`` package of another checkout, imported beside ours over this core."""
+    folder = root / "adapters"
+    spec = importlib.util.spec_from_file_location(
+        "baseline_adapters", folder / "__init__.py", submodule_search_locations=[str(folder)])
+    if spec is None or not (folder / "__init__.py").exists():
+        raise SystemExit(f"--baseline {root}: no adapters/__init__.py there.")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def shells(cls, baseline_cls, widths, samples, population, repeats, device) -> dict:
+    """One step of each path (the fast one eager) under both shells, timed in turn."""
+    row = {"class": cls.__name__}
+    for path in ("closure", "fast"):
+        steps, evals = [], []
+        for shell in (baseline_cls, cls):
+            model, x, y = problem(widths, samples, device)
+            params = model.parameters() if path == "closure" else model.named_parameters()
+            opt = shell(params, population_size=population, seed=0)
+            steps.append(stepper(opt, path, model, x, y, uses_grads=cls is HybridBFO))
+            evals.append(opt)
+        base_ms, ours_ms, ratio = paired_ms(steps[0], steps[1], repeats, device)
+        count = [opt.num_evals / (repeats + 2) for opt in evals]
+        row[path] = {"baseline_ms": base_ms, "ours_ms": ours_ms, "ratio": ratio,
+                     "baseline_evals": count[0], "ours_evals": count[1],
+                     "ratio_per_eval": ratio * count[0] / count[1]}
+    return row
+
+
+def stepper(opt, path, model, x, y, uses_grads):
+    criterion = nn.CrossEntropyLoss()
+
+    def closure():
+        opt.zero_grad()
+        loss = criterion(model(x), y)
+        if uses_grads:
+            loss.backward()
+        return loss.item()
+
+    def loss_fn(params):
+        return criterion(torch.func.functional_call(model, params, (x,)), y)
+
+    return (lambda: opt.step(closure)) if path == "closure" else (
+        lambda: opt.step(loss_fn=loss_fn))
+
+
+def compare(args, widths, samples, population, repeats, classes) -> None:
+    base = baseline_shell(args.baseline.resolve())
+    rows = [shells(c, getattr(base, c.__name__), widths, samples, population, repeats,
+                   args.device) for c in classes]
+    result = {"machine": machine(args.device), "quick": args.quick, "model": list(widths),
+              "samples": samples, "baseline": str(args.baseline), "rows": rows}
+    md = [f"# The shell's own cost: this checkout against {args.baseline.name} "
+          f"({'quick' if args.quick else 'full'})", "",
+          f"MLP {'-'.join(map(str, widths))} (tanh) on {samples} samples, population "
+          f"{population}, both shells over this core, one step each in turn, {repeats} pairs. "
+          f"Machine: {result['machine']}", "",
+          "| class | path | baseline ms | ours ms | ours / baseline | evals (baseline, ours) "
+          "| per evaluation |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for path in ("closure", "fast"):
+            c = r[path]
+            md.append(f"| {r['class']} | {path} | {c['baseline_ms']:.2f} | {c['ours_ms']:.2f} | "
+                      f"{c['ratio']:.3f} | {c['baseline_evals']:.0f}, {c['ours_evals']:.0f} | "
+                      f"{c['ratio_per_eval']:.3f} |")
+    write(args, "adapter_shells", result, md)
+
+
 def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--baseline", type=pathlib.Path, help="a checkout whose shell to compare")
+    args = p.parse_args()
     compile_cold()
-    args = parser(__doc__).parse_args()
     widths, samples = ((16, 32, 4), 128) if args.quick else ((64, 128, 10), 256)
     population = 16 if args.quick else 64
     repeats = 3 if args.quick else 10
     classes = [BFO] if args.quick else [BFO, AdaptiveBFO, HybridBFO]
+    if args.baseline is not None:
+        return compare(args, widths, samples, population, repeats * 3, classes)
     rows = [bench(c, widths, samples, population, repeats, args.device) for c in classes]
     result = {"machine": machine(args.device), "quick": args.quick, "model": list(widths),
               "samples": samples, "rows": rows}

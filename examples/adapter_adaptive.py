@@ -34,7 +34,7 @@ def main(steps: int = 150) -> float:
         if step % 25 == 0 or optimizer.should_stop:
             cap = optimizer.param_groups[0]["lr"]  # the scheduler's value
             print(f"step {step:3d}  mse {loss:.4f}  step-size cap {cap:.3f}"
-                  f"  diversity {optimizer.diversity():.3f}")
+                  f"  diversity {optimizer.metrics()['diversity']:.3f}")
         if optimizer.should_stop:
             print(f"stopped: {optimizer.stop_reason}")
             break

@@ -30,8 +30,7 @@ def make(cls, w, b, groups, **kwargs):
 
 def core_state(opt, group=0):
     """A group's core state, from where torch's state_dict finds it."""
-    entry = opt.state[opt.param_groups[group]["params"][0]]["swarm"]
-    return opt.State(**{**entry, "hyperparams": opt.Hyperparams(**entry["hyperparams"])})
+    return opt.state[opt.param_groups[group]["params"][0]]["swarm"]
 
 
 def loss_of(w, b):
@@ -147,13 +146,13 @@ def with_swarm(sd, **fields):
     lambda sd: AdaptiveBFO([torch.nn.Parameter(torch.zeros(3)),
                             torch.nn.Parameter(torch.zeros(1))], **TINY).state_dict(),
     lambda sd: {**sd, "param_groups": [{**sd["param_groups"][0], "population_size": 0}]},
-    lambda sd: with_swarm(sd, population=[torch.zeros(5, 3), torch.zeros(5, 1)]),
-    lambda sd: with_swarm(sd, key=torch.zeros(2)),
-    lambda sd: with_swarm(sd, losses=None),
+    lambda sd: with_swarm(sd, leaves=[torch.zeros(5, 3)] + sd["state"][0]["swarm"]["leaves"][1:]),
+    lambda sd: with_swarm(sd, digest="0" * 64),
+    lambda sd: with_swarm(sd, paths=None),
     lambda sd: {**sd, "state": {}},
     lambda sd: with_counter(sd, best="abc"),
     lambda sd: with_counter(sd, reason=5),
-    lambda sd: with_counter(sd, extra_evals=-5.5),
+    lambda sd: with_counter(sd, steps=-5.5),
     lambda sd: with_counter(sd, **{"class": "AdaptiveBFO"}),
 ])
 def test_a_rejected_load_changes_nothing(bad):
@@ -198,8 +197,7 @@ def test_a_malformed_optimizer_entry_is_named():
     w, b = two_params()
     opt = make(BFO, w, b, 1)
     opt.step(closure_for(opt, w, b))
-    with pytest.raises(ValueError, match=r"\['optimizer'\]\['best'\] is 'abc' but should be a "
-                       "float or None"):
+    with pytest.raises(ValueError, match=r"Not a state dict of BFO .*invalid: \['best'\]"):
         opt.load_state_dict(with_counter(opt.state_dict(), best="abc"))
 
 
@@ -288,7 +286,7 @@ def test_schedules_reaching_zero_pause_the_group_with_one_warning(cls, schedule)
     else:
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, i / 2))  # 0, .5, 1
     lrs, evals = [], []
-    with pytest.warns(RuntimeWarning, match="lr=0, so it is paused") as caught:
+    with pytest.warns(RuntimeWarning, match="lr=0 is paused") as caught:
         for _ in range(5):
             before = [w.detach().clone(), b.detach().clone()]
             lrs.append(opt.param_groups[0]["lr"])
@@ -451,7 +449,7 @@ def test_state_dict_has_torch_layout_and_loads_with_weights_only(cls):
     sd = opt.state_dict()
     assert set(sd) == {"state", "param_groups"}
     assert [g["params"] for g in sd["param_groups"]] == [[0], [1]]
-    assert set(sd["state"]) == {0, 1} and sd["state"][1]["swarm"]["population"][0].shape == (3, 1)
+    assert set(sd["state"]) == {0, 1} and sd["state"][1]["swarm"]["leaves"][0].shape == (3, 1)
     assert sd["state"][0]["optimizer"]["class"] == cls.__name__
     buf = io.BytesIO()
     torch.save(sd, buf)
@@ -500,7 +498,7 @@ def test_each_compile_mode_runs_the_fast_path_as_eager_does(mode):
 
 
 def test_invalid_compile_modes_are_named():
-    with pytest.raises(ValueError, match="reduce-overhead"):
+    with pytest.raises(RuntimeError, match="reduce-overhead"):  # torch's own message
         BFO([torch.nn.Parameter(torch.zeros(2))], compile="fast")
 
 
@@ -631,48 +629,6 @@ def test_a_state_dict_saved_between_a_schedule_and_a_step_resumes_exactly(cls):
     opt.step(closure_for(opt, w, b))
     other.step(closure_for(other, w2, b2))
     assert_same(snapshot(opt, [w, b])[:5], snapshot(other, [w2, b2])[:5])
-
-
-def test_closure_over_scores_every_candidate_on_the_same_window():
-    """The guide's accumulation closure draws new batches per call; closure_over does not."""
-    from functional_bfo.adapters import closure_over
-
-    model = torch.nn.Linear(3, 1)
-    batches = [torch.full((4, 3), float(i)) for i in range(20)]
-    seen = []
-
-    def loss_of(x):
-        if evaluating_candidates():
-            seen.append(float(x[0, 0]))
-        return model(x).square().mean()
-
-    opt = HybridBFO(model.parameters(), **TINY, seed=0)
-    loader = iter(batches)
-
-    def guide_closure():  # the integration guide's pattern
-        return sum(loss_of(next(loader)) for _ in range(2)) / 2
-
-    opt.step(guide_closure)
-    assert len(set(seen)) > 2  # candidates ranked on different data
-    seen.clear()
-    opt.step(closure_over(batches[:2], loss_of, backward=True, optimizer=opt))
-    assert set(seen) == {0.0, 1.0} and len(seen) == 2 * 7
-    with pytest.raises(ValueError, match="at least one batch"):
-        closure_over([], loss_of)
-
-
-def test_closure_over_takes_a_float_loss_and_names_a_missing_one():
-    from functional_bfo.adapters import closure_over
-
-    model = torch.nn.Linear(3, 1)
-    window = [(torch.ones(4, 3), torch.zeros(4, 1))]
-    opt = BFO(model.parameters(), **TINY, seed=0)
-    mse = torch.nn.functional.mse_loss
-    assert math.isfinite(opt.step(closure_over(window, lambda b: mse(model(b[0]), b[1]).item())))
-    with pytest.raises(TypeError, match="loss_of must return the loss"):
-        opt.step(closure_over(window, lambda b: None))
-    with pytest.raises(TypeError, match="backward"):
-        closure_over(window, lambda b: mse(model(b[0]), b[1]).item(), backward=True)()
 
 
 @pytest.mark.parametrize("compile", [False, True])

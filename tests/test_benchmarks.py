@@ -12,6 +12,7 @@ BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
 
 
 QUICK = {"adapter_paths.py": "adapter_paths_quick",
+         "adapter_paths.py --baseline ..": "adapter_shells_quick",  # the shell against itself
          "update_overhead.py": "update_overhead_quick",
          "speed.py": "speed_quick",
          "scaling.py": "scaling_quick",

@@ -45,7 +45,7 @@ def test_adapters_install_as_a_subpackage():
     adapters = importlib.import_module("functional_bfo.adapters")
     assert adapters.__name__ == "functional_bfo.adapters"
     assert set(adapters.__all__) == {"AdaptiveBFO", "BFO", "HybridBFO", "SwarmOptimizer",
-                                     "closure_over", "evaluating_candidates"}
+                                     "evaluating_candidates"}
     for name in adapters.__all__:
         assert (getattr(adapters, name).__doc__ or "").strip(), name
 

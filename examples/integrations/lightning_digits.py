@@ -2,8 +2,8 @@
 
     python examples/integrations/lightning_digits.py      # about 15 s on a laptop CPU
 
-``configure_optimizers`` returns the optimizer with ``module=self``; ``BFOCallback`` keeps
-the candidates out of ``self.log`` and logs the swarm's telemetry.
+``configure_optimizers`` returns the optimizer; ``BFOCallback`` keeps the candidates out of
+epoch means and logs the swarm's telemetry.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ class Digits(L.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         loss = nn.functional.cross_entropy(self.net(x), y)
-        self.log("train_loss", loss, prog_bar=True)  # the best's loss, thanks to the callback
+        self.log("train_loss", loss, prog_bar=True)  # the best's loss: a step's last call
         return loss
 
     def configure_optimizers(self):
         return HybridBFO(self.parameters(), population_size=8, gradient_weight=0.7, lr=5.0,
-                         step_size=0.5, init_scale=0.1, seed=0, module=self)
+                         step_size=0.5, init_scale=0.1, seed=0)
 
 
 def main(epochs: int = 3) -> float:
