@@ -41,18 +41,15 @@ class Trace:
         if module is not None and not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be the model, a torch.nn.Module; got {module!r:.40}.")
         self.known = weakref.WeakSet(() if module is None else module.modules())
-        self.saved: dict[int, tuple[Tensor, Tensor]] = {}
+        self.saved: dict[int, tuple[Tensor, Tensor]] = {}  # id -> (buffer, its copy)
 
     def begin(self) -> None:
         """A new step: the known modules' buffers are saved now, the others at first sight."""
-        self.saved = {}
-        for m in list(self.known):
-            self._save(m)
+        self.saved = {id(b): (b, b.detach().clone()) for m in list(self.known) for b in m.buffers()}
 
     def restore(self) -> None:
-        with torch.no_grad():
-            for buffer, copy in self.saved.values():
-                buffer.copy_(copy)
+        for buffer, copy in self.saved.values():
+            buffer.detach().copy_(copy)  # no autograd: no grad-mode switch per candidate
 
     def train_buffers(self) -> bool:
         """Whether a known module in train mode has buffers (a step then ends at the best)."""
@@ -60,30 +57,28 @@ class Trace:
                    for m in list(self.known))
 
     @contextlib.contextmanager
-    def scoring(self, hook: bool) -> Iterator[None]:
+    def scoring(self, hook: bool) -> Iterator[Any]:
         """Candidates are scored: watched through the hook, or the known layers set."""
         token, flipped = _SCORING.set(True), []
         for m in () if hook else list(self.known):
             self._seen(m, flipped)
         try:
             with (register_module_forward_pre_hook(lambda m, _: self._seen(m, flipped)) if hook
-                  else contextlib.nullcontext()):
-                yield
+                  else contextlib.nullcontext()) as handle:
+                yield handle  # the hook's, to remove it early
         finally:
             for m in flipped:
                 m.track_running_stats = True
             _SCORING.reset(token)
 
     def _seen(self, module: torch.nn.Module, flipped: list[torch.nn.Module]) -> None:
-        self.known.add(module)
-        self._save(module)
+        if module not in self.known:  # else saved at the step's start
+            self.known.add(module)
+            for b in module.buffers():
+                self.saved.setdefault(id(b), (b, b.detach().clone()))
         if module.training and getattr(module, "track_running_stats", False):
             module.track_running_stats = False
             flipped.append(module)
-
-    def _save(self, module: torch.nn.Module) -> None:
-        for b in module.buffers():
-            self.saved.setdefault(id(b), (b, b.detach().clone()))
 
 
 def as_loss(value: Any) -> float | Tensor:
@@ -122,8 +117,10 @@ class CandidateEvaluator:
             out = batched(f, population, args, self.chunk_size)
             return out[::-1] if self.with_grads else out
         losses, grads = [], [[] for _ in self.params]
-        with torch.enable_grad(), self.trace.scoring(hook=True):
+        with torch.enable_grad(), self.trace.scoring(hook=True) as hook:
             for i in range(population[0].shape[0]):
+                if i == 1:  # the first candidate showed the modules; hooked calls are slower
+                    hook.remove()
                 write(self.params, [x[i] for x in population])
                 for p in self.params if self.with_grads else ():
                     p.grad = None
@@ -131,7 +128,7 @@ class CandidateEvaluator:
                     losses.append(as_loss(self.closure()))
                 finally:
                     self.trace.restore()
-                backward = any(p.grad is not None for p in self.params)
+                backward = self.with_grads and any(p.grad is not None for p in self.params)
                 for slot, p in zip(grads if self.with_grads else (), self.params):
                     slot.append(p.grad.detach().to(p.dtype).clone() if p.grad is not None
                                 else torch.full_like(p, torch.nan)

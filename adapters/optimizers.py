@@ -248,11 +248,17 @@ class SwarmOptimizer(torch.optim.Optimizer):
         current = ([x[0] for x in state.population] if first  # the start, inside bounds
                    else [p.detach() for p in swarm.evaluator.params])
         with self._trace.scoring(hook=True):
-            out = swarm.scorer(loss, [x.unsqueeze(0) for x in current])
-        value, grads = out if self.uses_grads else (out, None)
+            if swarm.evaluator.closure is not None or swarm.scorer is not swarm.evaluator:
+                out = swarm.scorer(loss, [x.unsqueeze(0) for x in current])  # ranks agree
+                value, grads = out if self.uses_grads else (out, None)
+                value, grads = value[0], grads and [x[0] for x in grads]
+            elif first and self.uses_grads:  # loss_fn here: a batch of one needs no vmap
+                grads, value = torch.func.grad_and_value(loss)(current)
+            else:
+                value, grads = loss(current), None
         if first:
-            return fb.with_start_loss(state, value[0], grad=grads and [x[0] for x in grads])
-        loss = value[0].detach().to(state.best_loss.dtype)  # a NaN loss is never the best
+            return fb.with_start_loss(state, value, grad=grads)
+        loss = value.detach().to(state.best_loss.dtype)  # a NaN loss is never the best
         best = torch.where(loss.isnan(), -math.inf if maximize else math.inf, loss)
         return state._replace(best_params=[x.clone() for x in current], best_loss=best,
                               num_evals=state.num_evals + 1)
@@ -350,10 +356,7 @@ class BFO(SwarmOptimizer):
 
 
 class AdaptiveBFO(SwarmOptimizer):
-    """Adaptive BFO over :func:`functional_bfo.adaptive_bfo`; ``lr`` is ``step_size_max``.
-
-    Each bacterium's step size adapts by the 1/5th success rule, capped by ``lr``.
-    """
+    """Adaptive BFO over :func:`functional_bfo.adaptive_bfo`: step sizes adapt, up to ``lr``."""
 
     factory, Hyperparams = staticmethod(fb.adaptive_bfo), fb.AdaptiveBFOHyperparams
     LR = "step_size_max"
