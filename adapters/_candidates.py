@@ -53,8 +53,7 @@ class Trace:
 
     def train_buffers(self) -> bool:
         """Whether a known module in train mode has buffers (a step then ends at the best)."""
-        return any(m.training and next(m.buffers(recurse=False), None) is not None
-                   for m in list(self.known))
+        return any(m.training and dict(m.named_buffers(recurse=False)) for m in list(self.known))
 
     @contextlib.contextmanager
     def scoring(self, hook: bool) -> Iterator[Any]:
@@ -133,6 +132,7 @@ class CandidateEvaluator:
                     slot.append(p.grad.detach().to(p.dtype).clone() if p.grad is not None
                                 else torch.full_like(p, torch.nan)
                                 if p.requires_grad and not backward else torch.zeros_like(p))
-        device = population[0].device
-        out = torch.stack([torch.as_tensor(v, dtype=torch.float64).to(device) for v in losses])
+        kw = {"dtype": torch.float64, "device": population[0].device}  # .item()s: one transfer
+        out = (torch.tensor(losses, **kw) if all(type(v) is float for v in losses)
+               else torch.stack([torch.as_tensor(v, **kw) for v in losses]))
         return (out, [torch.stack(slot) for slot in grads]) if self.with_grads else out

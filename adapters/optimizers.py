@@ -145,9 +145,9 @@ class SwarmOptimizer(torch.optim.Optimizer):
         pending = closure is None and loss_fn is None
         closure = self._closure if pending else closure
         if (closure is None) == (loss_fn is None) or not callable(closure or loss_fn):
-            raise TypeError(f"{type(self).__name__}.step needs one callable: the closure, or "
-                            f"loss_fn=... for the vmapped fast path; got {closure or loss_fn!r:.60}"
-                            ". A framework that calls step() itself needs opt.set_closure first.")
+            raise TypeError(f"{type(self).__name__}.step needs one callable, a closure or loss_fn="
+                            f"...; got {closure or loss_fn!r:.60}. Frameworks that call step() "
+                            "bare need opt.set_closure first.")
         if closure is not None and self._mode is not None:
             raise ValueError("compile= compiles step(loss_fn=...); a closure runs Python per "
                              "candidate. Use compile=False with closures.")
