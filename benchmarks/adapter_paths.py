@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import subprocess
 import sys
 import time
 
@@ -123,12 +124,14 @@ def stepper(opt, path, model, x, y, uses_grads):
 
 def compare(args, widths, samples, population, repeats, classes) -> None:
     base = baseline_shell(args.baseline.resolve())
+    commit = subprocess.run(["git", "-C", str(args.baseline), "log", "-1", "--format=%h %s"],
+                            capture_output=True, text=True).stdout.strip()[:60] or "?"
     rows = [shells(c, getattr(base, c.__name__), widths, samples, population, repeats,
                    args.device) for c in classes]
     result = {"machine": machine(args.device), "quick": args.quick, "model": list(widths),
-              "samples": samples, "baseline": str(args.baseline), "rows": rows}
-    md = [f"# The shell's own cost: this checkout against {args.baseline.name} "
-          f"({'quick' if args.quick else 'full'})", "",
+              "samples": samples, "baseline": commit, "rows": rows}
+    md = [f"# The shell's cost against another's ({'quick' if args.quick else 'full'})", "",
+          f"Baseline: `{commit}`.", "",
           f"MLP {'-'.join(map(str, widths))} (tanh) on {samples} samples, population "
           f"{population}, both shells over this core, one step each in turn, {repeats} pairs. "
           f"Machine: {result['machine']}", "",
@@ -153,7 +156,7 @@ def main() -> None:
     repeats = 3 if args.quick else 10
     classes = [BFO] if args.quick else [BFO, AdaptiveBFO, HybridBFO]
     if args.baseline is not None:
-        return compare(args, widths, samples, population, repeats * 3, classes)
+        return compare(args, widths, samples, population, repeats * 6, classes)
     rows = [bench(c, widths, samples, population, repeats, args.device) for c in classes]
     result = {"machine": machine(args.device), "quick": args.quick, "model": list(widths),
               "samples": samples, "rows": rows}
