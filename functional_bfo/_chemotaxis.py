@@ -24,7 +24,7 @@ from torch import Tensor
 from ._base import Params
 from ._bounds import LeafBounds, project
 from ._checks import check_losses
-from ._tree import concat, numel, rows, sq_norms, take, where
+from ._tree import numel, rows, sq_norms, take, where
 
 TUMBLES = ("gaussian", "levy")
 LEVY_MAX_LENGTH = 1e3  # Mantegna's ratio has no finite variance; cap it so f16 stays finite
@@ -121,46 +121,94 @@ def swim(
     ``(sign-adjusted cost, aux)``; ``aux`` is kept at each final point without storing the
     whole ray.
     """
-    size = last.shape[0]
     ks = torch.arange(swims + 1, dtype=last.dtype, device=last.device).unsqueeze(1)
-    distances = (start + ks) * step_length  # (N_s + 1, P): every point's place on the ray
+    ray = Ray(population, direction, (start + ks) * step_length, bounds, boundary,
+              swarm_cost, stay is not None, ties)
+    carry = ray.begin(last, stay, best_params, best_cost)
     ordered = numel(population) >= ORDER_POINTS_FROM
-    # Where each bacterium ends: its distance along the ray (NaN: where it stands), and the
-    # raw cost, compared cost (None: the raw one) and aux there. Passino's start at point 0.
-    end = None if stay is None else (torch.full_like(last, torch.nan), stay[0],
-                                     None if swarm_cost is None else stay[0], stay[1])
-    running = None  # every point so far improved on the one before (None: before the first)
-    previous, raw, aux, champions = last, None, None, []
+    raw, aux = None, None
     for first in range(0, swims + 1, per_call):
-        along = distances[first:first + per_call]  # (G, P)
+        along = ray.distances[first:first + per_call]  # (G, P)
         if ordered and first:  # after the previous points' losses and aux (gradients)
             along = after(along, raw, *optree.tree_leaves(aux))
-        candidates = ray_point(population, direction, along, bounds, boundary)
+        candidates = ray.points(along)
         raw, aux = evaluate(candidates)
-        champions.append(best_row(candidates, raw))
+        carry = ray.take(carry, along, candidates, raw, aux)
+    return ray.finish(carry)
+
+
+class SwimCarry(NamedTuple):
+    """A swim between its points: where each bacterium ends so far, and the best seen."""
+
+    running: Tensor  # (P,) bool: every point reached so far improved on the one before
+    previous: Tensor  # (P,) the compared cost of the last point reached
+    distance: Tensor  # (P,) where it ends along the ray (NaN: where it stands)
+    raw_cost: Tensor  # (P,) there
+    cost: Tensor  # (P,) there (raw_cost plus J_cc when swarming)
+    aux: Any  # there
+    best_params: Params
+    best_cost: Tensor
+
+
+class Ray(NamedTuple):
+    """One update's swim: the ray every bacterium walks, known before any loss is.
+
+    Every point is evaluated whatever the losses, so the candidates are fixed up front;
+    the losses, taken a batch of points at a time, only decide where each bacterium ends.
+    """
+
+    population: Params
+    direction: Params
+    distances: Tensor  # (N_s + 1, P): every point's place on the ray
+    bounds: list[LeafBounds | None]
+    boundary: str
+    swarm_cost: Callable[[Params], Tensor] | None
+    greedy: bool
+    ties: bool
+
+    def begin(self, last: Tensor, stay: tuple[Tensor, Any] | None, best_params: Params,
+              best_cost: Tensor) -> SwimCarry:
+        """Before the first point: Passino's bacterium arrives there whatever its cost."""
+        running = torch.ones_like(last, dtype=torch.bool)
+        if stay is None:
+            inf = torch.full_like(last, torch.inf)
+            return SwimCarry(running, last, torch.full_like(last, torch.nan), inf, inf, None,
+                             best_params, best_cost)
+        return SwimCarry(running, last, torch.full_like(last, torch.nan), stay[0], stay[0],
+                         stay[1], best_params, best_cost)
+
+    def points(self, along: Tensor) -> Params:
+        """The candidates at ``along`` (G, P): ``G * P`` rows, point-major."""
+        return ray_point(self.population, self.direction, along, self.bounds, self.boundary)
+
+    def take(self, carry: SwimCarry, along: Tensor, candidates: Params, raw: Tensor,
+             aux: Any) -> SwimCarry:
+        """The carry after the points ``along`` scored ``raw`` (and ``aux``)."""
+        size = carry.previous.shape[0]
+        best_params, best_cost = keep_best(carry.best_params, carry.best_cost, candidates, raw)
+        running, previous = carry.running, carry.previous
+        end = (carry.distance, carry.raw_cost, carry.cost, carry.aux)
         for g in range(along.shape[0]):
             point_raw, point_aux = point_rows((raw, aux), g, size)
             cost = point_raw
-            if swarm_cost is not None:  # J_cc per point: the same sums whatever the batch
-                cost = point_raw + swarm_cost(point_rows(candidates, g, size))
-            here = (along[g], point_raw, None if swarm_cost is None else cost, point_aux)
-            better = cost <= previous if ties else cost < previous
-            improved = better if running is None else running & better
-            if end is None:  # Passino: every bacterium arrives at its first point
-                end = here
-            else:
-                end = where(improved if stay is not None else running, here, end)
+            if self.swarm_cost is not None:  # J_cc per point: the same sums whatever the batch
+                cost = point_raw + self.swarm_cost(point_rows(candidates, g, size))
+            better = cost <= previous if self.ties else cost < previous
+            improved = running & better
+            end = where(improved if self.greedy else running, (along[g], point_raw, cost,
+                                                               point_aux), end)
             running, previous = improved, cost
-    costs, best_rows = zip(*champions)
-    best_params, best_cost = keep_best(best_params, best_cost, concat(best_rows),
-                                       torch.cat(costs))
-    distance, final_raw, final_cost, final_aux = end
-    final = ray_point(population, direction, distance, bounds, boundary)
-    moved = ~torch.isnan(distance)
-    if stay is not None:  # NaN rows (those that stay) are replaced whole
-        final = where(moved, final, population)
-    return SwimResult(final, final_raw, final_raw if final_cost is None else final_cost,
-                      final_aux, best_params, best_cost, moved)
+        return SwimCarry(running, previous, *end, best_params, best_cost)
+
+    def finish(self, carry: SwimCarry) -> SwimResult:
+        """Where each bacterium ends: the greedy ones that never improved stay."""
+        final = ray_point(self.population, self.direction, carry.distance, self.bounds,
+                          self.boundary)
+        moved = ~torch.isnan(carry.distance)
+        if self.greedy:  # NaN rows (those that stay) are replaced whole
+            final = where(moved, final, self.population)
+        return SwimResult(final, carry.raw_cost, carry.cost, carry.aux, carry.best_params,
+                          carry.best_cost, moved)
 
 
 def after(x: Tensor, *events: Tensor) -> Tensor:
