@@ -190,3 +190,33 @@ def test_converges(variant, case):
     state = opt.init({"x": torch.zeros(problem.dim, dtype=torch.float64)}, key=fb.random.key(0))
     state = fb.run(opt, state, problem.loss, max_evals=budget)
     assert float(state.best_loss) - problem.minimum < tol
+
+
+@variants
+@pytest.mark.parametrize("step", [0, 3])
+def test_an_updates_candidates_do_not_depend_on_its_losses(variant, step):
+    """Every point of every ray is scored whatever the losses, so the candidates of an update
+    are known before any loss is: what lets an ask/tell pair hand them out at once."""
+    state = run_updates(variant.make(), variant.make().init(params(), key=fb.random.key(1)),
+                        step)
+
+    def candidates_under(scores):
+        seen = []
+
+        def evaluator(loss_fn, population, *args):
+            leaves = optree.tree_leaves(population)
+            seen.extend(x.clone() for x in leaves)
+            losses = scores(leaves[0].shape[0])
+            if variant.flags.get("uses_gradients"):
+                return losses, optree.tree_map(lambda x: torch.sin(x * losses.numel()),
+                                               population)
+            return losses
+
+        variant.make(evaluator=evaluator).update(state, loss_fn)
+        return seen
+
+    ranked = candidates_under(lambda n: torch.arange(n, dtype=torch.float64))
+    noisy = candidates_under(lambda n: torch.where(torch.arange(n) % 3 == 0, torch.nan,
+                                                   torch.randn(n, dtype=torch.float64)))
+    assert len(ranked) == len(noisy) and len(ranked) > 0
+    assert all(torch.equal(a, b) for a, b in zip(ranked, noisy))
