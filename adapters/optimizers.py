@@ -123,6 +123,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
     def _build(self, group: dict[str, Any]) -> _Swarm:
         kwargs = {k: group[k] for k in self.DEFAULTS if k not in ("lr", "chunk_size")}
         kwargs[self.LR] = float(group["lr"])  # a tensor lr too
+        if group["chunk_size"] is not None:  # the shell's evaluator takes it, not the core
+            check_int("chunk_size", group["chunk_size"], 1)
         if self.uses_grads:  # the mask follows requires_grad (fb.with_grad_mask at each step)
             kwargs["grad_mask"] = False
         evaluator = CandidateEvaluator(group["params"], self._trace, self.uses_grads)
@@ -151,11 +153,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
         if closure is not None and self._mode is not None:
             raise ValueError("compile= compiles step(loss_fn=...); a closure runs Python per "
                              "candidate. Use compile=False with closures.")
-        self.last_step_evals = 0
-        if not self.should_stop:
-            self._step_all(closure, loss_fn)
-        if pending:
-            self._closure = None  # used up: the next bare step() needs a new one
+        self.last_step_evals = 0 if self.should_stop else self._step_all(closure, loss_fn)
+        self._closure = None if pending else self._closure  # used up: step() needs a new one
         return math.nan if self._best is None else self._best
 
     def set_closure(self, closure: Callable[[], Any] | None) -> None:
@@ -169,15 +168,15 @@ class SwarmOptimizer(torch.optim.Optimizer):
         """Whether a closure set by :meth:`set_closure` waits for the next ``step()``."""
         return self._closure is not None
 
-    def _step_all(self, closure: Any, loss_fn: Any) -> None:
-        """Step every group; commit all of it, or restore everything and raise."""
+    def _step_all(self, closure: Any, loss_fn: Any) -> int:
+        """Step every group; commit all of it (the evaluations it took), or restore and raise."""
         groups, new, g = self.param_groups, {}, 0
         start = [[p.detach().clone() for p in group["params"]] for group in groups]
         live = [g for g, group in enumerate(groups) if group["params"] and group["lr"] != 0]
         if len(live) < len(groups) and not self._warned:  # a schedule's end, a warmup's start
-            self._warned = True
             warnings.warn(f"{type(self).__name__}: a param group with lr=0 is paused (not "
                           "evaluated) until its lr is positive.", RuntimeWarning, stacklevel=3)
+            self._warned = True  # after: a warning raised as an error fails the step whole
         self._trace.begin()
         try:
             for g in live:
@@ -200,14 +199,15 @@ class SwarmOptimizer(torch.optim.Optimizer):
             raise
         for g, (state, swarm) in new.items():
             self.state[groups[g]["params"][0]]["swarm"], self._swarms[g] = state, swarm
-        if new:
-            self._best = float(state.best_loss)  # the last group's: it saw every group's best
-            self._stopping.maximize = bool(swarm.settings["maximize"])
-            per_update = settle + sum(
-                groups[g]["population_size"] * (groups[g]["swim_length"] + 1) + self._reevaluate
-                for g in live)
-            self._stopping.record(self.num_evals, self._best, per_update)
-            self.last_step_evals = per_update
+        if not new:
+            return 0
+        self._best = float(state.best_loss)  # the last group's: it saw every group's best
+        self._stopping.maximize = bool(swarm.settings["maximize"])
+        per_update = settle + sum(
+            groups[g]["population_size"] * (groups[g]["swim_length"] + 1) + self._reevaluate
+            for g in live)
+        self._stopping.record(self.num_evals, self._best, per_update)
+        return per_update
 
     def _advance(self, g: int, group: dict[str, Any], closure: Any,
                  loss_fn: Any) -> tuple[Any, _Swarm]:
@@ -215,7 +215,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
         params, settings = group["params"], {k: group[k] for k in self.DEFAULTS}
         state, swarm = self.state.get(params[0], {}).get("swarm"), self._swarms.get(g)
         swarm = swarm or self._build(group)  # at the first step, or the first after a load
-        changed = {k: v for k, v in settings.items()
+        changed = {k: float(v) if isinstance(v, Tensor) and k in self._dynamic else v  # by value:
+                   for k, v in settings.items()  # a scheduler edits a tensor lr in place
                    if k not in swarm.settings or not _same(swarm.settings[k], v)}
         if fixed := sorted(changed.keys() - {*self._dynamic, "chunk_size"}):
             raise ValueError(f"param_groups[{g}]: {fixed} shape the swarm, so cannot change after "
@@ -274,7 +275,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
 
     def _check_load(self, state_dict: dict[str, Any]) -> None:
         """Check a state dict before torch changes anything; read its swarms as saved."""
-        name, states = type(self).__name__, {}
+        name, states, swarms = type(self).__name__, {}, {}
         try:
             entries, groups = state_dict["state"], state_dict["param_groups"]
             record = dict(entries[0]["optimizer"])
@@ -282,26 +283,25 @@ class SwarmOptimizer(torch.optim.Optimizer):
             if record["class"] != name or bad:
                 raise TypeError(f"its record is of {record['class']!r}, invalid: {bad}")
             for g, (group, saved) in enumerate(zip(self.param_groups, groups)):
+                swarms[g] = self._build({**saved, "params": group["params"]})  # checks them
                 entry = entries.get((saved["params"] or [None])[0], {}).get("swarm")
                 if entry is not None:  # checked against a state of the saved settings
-                    core = self._build({**saved, "params": group["params"]}).core
                     params = [p.detach() for p in group["params"]]
                     key = fb.random.fold_in(fb.random.key(record["seed"]), g).to(params[0].device)
-                    states[g] = from_dict(entry, core.init(params, key=key))
+                    states[g] = from_dict(entry, swarms[g].core.init(params, key=key))
         except (KeyError, TypeError, IndexError, AttributeError) as e:
             raise ValueError(f"Not a state dict of {name} ({type(e).__name__}: {e}); write one "
                              f"with {name}.state_dict().") from None
-        self._loading = states, record
+        self._loading = states, record, swarms
 
     def _finish_load(self) -> None:
-        (states, record), self._loading = self._loading, None
-        self._swarms = {}  # rebuilt from the loaded settings at the next step
+        (states, record, self._swarms), self._loading = self._loading, None  # of the loaded groups
         for g, state in states.items():  # as saved: torch cast them to the params' dtype
             self.state[self.param_groups[g]["params"][0]]["swarm"] = state
         self._seed, self._best = record["seed"], record["best"]
         self._stopping = dataclasses.replace(self._stopping, **{k: record[k] for k in STOPPING})
-        self.state[next(p for group in self.param_groups for p in group["params"])].pop(
-            "optimizer")  # torch copied it from entry 0; the state_dict hook writes it
+        for entry in self.state.values():  # torch copied the record; the state_dict hook writes it
+            entry.pop("optimizer", None)
 
     @property
     def should_stop(self) -> bool:

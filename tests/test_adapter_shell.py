@@ -58,7 +58,8 @@ def snapshot(opt, params):
     torch.save(sd["state"], buf)  # the swarms and counters; the settings come last
     return ([p.detach().clone() for p in params], buf.getvalue(), opt.num_evals,
             opt.best_fitness, opt.stop_reason, copy.deepcopy([
-                {k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]))
+                {k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]),
+            opt.last_step_evals)
 
 
 def assert_same(a, b):
@@ -655,3 +656,53 @@ def test_the_glue_reads_stepped_groups_publicly():
     with pytest.warns(RuntimeWarning, match="paused"):
         opt.step(lambda: model(torch.randn(8, 3)).square().mean())
     assert opt.stepped_groups == [0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_tensor_lr_a_scheduler_edits_in_place_reaches_the_swarm_by_value(dtype):
+    """torch's schedulers fill_ a tensor lr: the same object, a new value."""
+    w, b = two_params()
+    opt = BFO([w, b], **TINY, seed=0, lr=torch.tensor(0.5, dtype=dtype))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)
+    for _ in range(3):
+        opt.step(closure_for(opt, w, b))
+        sched.step()
+    opt.step(closure_for(opt, w, b))
+    step_size = core_state(opt).hyperparams.step_size
+    assert float(step_size) == pytest.approx(5e-4)
+    opt.param_groups[0]["lr"].fill_(0.25)  # the swarm's copy is its own
+    assert float(step_size) == pytest.approx(5e-4)
+
+
+def test_a_fixed_setting_edited_after_a_load_is_refused_as_without_one():
+    w, b = two_params()
+    opt = make(BFO, w, b, 1)
+    opt.step(closure_for(opt, w, b))
+    other, w2, b2 = fresh_copy(BFO, 1, opt.state_dict(), w, b)
+    other.param_groups[0]["swim_length"] = 3
+    with pytest.raises(ValueError, match=r"\['swim_length'\] shape the swarm"):
+        other.step(closure_for(other, w2, b2))
+
+
+def test_a_state_dict_with_invalid_settings_is_refused_before_any_step():
+    """Settings are checked for every group, with or without a swarm yet."""
+    w, b = two_params()
+    sd = make(BFO, w, b, 2).state_dict()
+    sd["param_groups"][1]["population_size"] = 0
+    other = make(BFO, *two_params(), 2)
+    before = other.state_dict()
+    with pytest.raises(ValueError, match="Invalid population_size"):
+        other.load_state_dict(sd)
+    assert other.state_dict()["param_groups"] == before["param_groups"]
+
+
+def test_the_pause_warning_raised_as_an_error_fails_the_step_whole():
+    w, b = two_params()
+    opt = BFO([{"params": [w]}, {"params": [b], "lr": 0.0}], **TINY, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="lr=0 is paused"):
+            opt.step(closure_for(opt, w, b))
+    assert opt.num_evals == 0
+    with pytest.warns(RuntimeWarning, match="lr=0 is paused"):  # still to be said
+        opt.step(closure_for(opt, w, b))

@@ -573,6 +573,7 @@ def test_bad_calls_are_named(call, error, match):
     (lambda: BFO([fresh()], compile="yes"), RuntimeError, "Unrecognized mode=yes"),
     (lambda: BFO([fresh()], module=[torch.nn.Linear(1, 1)]), TypeError, "module must be the model"),
     (lambda: BFO([fresh()], evaluator=object()), TypeError, "evaluator must be one of fb.distr"),
+    (lambda: BFO([fresh()], chunk_size=0), ValueError, "Invalid chunk_size"),
 ])
 def test_bad_construction_is_named(make, error, match):
     with pytest.raises(error, match=match):
