@@ -105,19 +105,29 @@ def wandb(run: Any = None, *, prefix: str = "BFO") -> Hook:
 
 
 def csv(path: str | os.PathLike, *, prefix: str = "BFO") -> Hook:
-    """A row per step appended to ``path`` (a header first when it starts the file)."""
-    steps = [0]
+    """A row per step appended to ``path`` under its header (written first if it is new).
+
+    The file's columns stay: a value without one (a group added later, a file of another
+    run) is left out, with one warning naming it.
+    """
+    steps, warned = [0], [False]
 
     def hook(opt: SwarmOptimizer, args: tuple, kwargs: dict) -> None:
         values = _step_values(opt, prefix)
         if not values:
             return
         row = {"step": steps[0], **values}
-        new = not os.path.exists(path) or os.path.getsize(path) == 0
-        with open(path, "a", newline="") as f:
-            writer = _csv.DictWriter(f, fieldnames=list(row))
-            if new:
+        with open(path, "a+", newline="") as f:
+            f.seek(0)
+            header = next(_csv.reader(f), None)
+            writer = _csv.DictWriter(f, fieldnames=header or list(row), extrasaction="ignore")
+            if header is None:
                 writer.writeheader()
+            elif (left_out := [k for k in row if k not in header]) and not warned[0]:
+                warned[0] = True
+                warnings.warn(f"loggers.csv: {path} has no column for {left_out}, so they are "
+                              "not logged; log to a new file to keep them.", RuntimeWarning,
+                              stacklevel=2)
             writer.writerow(row)
         steps[0] += 1
 

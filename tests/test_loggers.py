@@ -213,3 +213,23 @@ def test_paused_steps_groups_of_other_sizes_and_late_groups_log_cleanly(tmp_path
     assert len(rows) == 2 and all(None not in r for r in rows)  # columns stay aligned
     assert rows[0]["BFO/diversity"] == "nan" and float(rows[1]["BFO/diversity"]) > 0
     assert float(rows[1]["BFO/diversity_group1"]) > 0
+
+
+def test_csv_rows_keep_the_files_columns_when_a_group_is_added(tmp_path):
+    """A header is written once: a later column is left out, with a warning naming it."""
+    a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))
+    opt = BFO([a], population_size=4, swim_length=1, seed=0)
+    out = tmp_path / "bfo.csv"
+    opt.register_step_post_hook(loggers.csv(out))
+
+    def closure():
+        return float((a.detach() - 1).square().sum() + (b.detach() + 1).square().sum())
+
+    opt.step(closure)
+    opt.add_param_group({"params": [b]})
+    with pytest.warns(RuntimeWarning, match=r"BFO/diversity_group1.*new file"):
+        opt.step(closure)
+    opt.step(closure)  # said once
+    with open(out) as f:
+        rows = list(csv_module.reader(f))
+    assert len(rows) == 4 and {len(r) for r in rows} == {len(rows[0])}
