@@ -20,9 +20,9 @@ from functional_bfo._tree import diversity
 
 from ._candidates import CandidateEvaluator, Trace, as_loss, write
 
-STOPPING = ("best_cost", "stalled", "steps", "per_update", "reason")  # Stopping's counters
+STOPPING = ("best_cost", "stalled", "steps", "per_update", "maximize")  # Stopping's counters
 RECORD = {"class": str, "seed": int, "best": (int, float, type(None)), "best_cost": (int, float),
-          "stalled": int, "steps": int, "per_update": (int, float, type(None)),
+          "stalled": int, "steps": int, "per_update": (int, float, type(None)), "maximize": bool,
           "reason": (str, type(None))}  # the "optimizer" entry: what each value must be
 
 
@@ -264,13 +264,12 @@ class SwarmOptimizer(torch.optim.Optimizer):
         return state._replace(best_params=[x.clone() for x in current], best_loss=best,
                               num_evals=state.num_evals + 1)
 
-    def _saved(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        """Each swarm as ``fb.save`` writes a state; the optimizer's record in entry 0."""
+    def _saved(self, state_dict: dict[str, Any]) -> dict[str, Any]:  # swarms as fb.save writes
         state = {i: {k: to_dict(v) if k == "swarm" else v for k, v in e.items()}
                  for i, e in state_dict["state"].items()}
         state.setdefault(0, {})["optimizer"] = {
             "class": type(self).__name__, "seed": self._seed, "best": self._best,
-            **{k: getattr(self._stopping, k) for k in STOPPING}}
+            "reason": self._stopping.reason, **{k: getattr(self._stopping, k) for k in STOPPING}}
         return {**state_dict, "state": state}
 
     def _check_load(self, state_dict: dict[str, Any]) -> None:
@@ -300,6 +299,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
             self.state[self.param_groups[g]["params"][0]]["swarm"] = state
         self._seed, self._best = record["seed"], record["best"]
         self._stopping = dataclasses.replace(self._stopping, **{k: record[k] for k in STOPPING})
+        self._stopping.check(self.num_evals)  # under this optimizer's limits, not the saved ones
         for entry in self.state.values():  # torch copied the record; the state_dict hook writes it
             entry.pop("optimizer", None)
 

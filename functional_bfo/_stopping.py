@@ -66,12 +66,21 @@ class Stopping:
         self.per_update = per_update
         self.stalled = 0 if self.best_cost - cost > self.min_delta else self.stalled + 1
         self.best_cost = min(self.best_cost, cost)
+        return self.check(evals, cost)
+
+    def check(self, evals: int, cost: float | None = None) -> str | None:
+        """The reason to stop now (or None), from the counters alone.
+
+        After an update (``cost``: its best loss as a cost), or when a run resumes under other
+        rules (the best so far).
+        """
+        cost, self.reason = self.best_cost if cost is None else cost, None
         if self.target_loss is not None and cost <= self.cost(self.target_loss):
             self.reason = "target_loss"
         elif self.patience is not None and self.stalled >= self.patience:
             self.reason = "patience"
         elif self.max_steps is not None and self.steps >= self.max_steps:
             self.reason = "max_steps"
-        elif self.budget is not None and evals + per_update > self.budget:
+        elif self.budget is not None and evals + (self.per_update or 0) > self.budget:
             self.reason = self.budget_name
         return self.reason

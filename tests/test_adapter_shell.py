@@ -706,3 +706,29 @@ def test_the_pause_warning_raised_as_an_error_fails_the_step_whole():
     assert opt.num_evals == 0
     with pytest.warns(RuntimeWarning, match="lr=0 is paused"):  # still to be said
         opt.step(closure_for(opt, w, b))
+
+
+def test_a_stopped_run_resumes_under_the_new_optimizers_limits():
+    """The counters come from the checkpoint; whether they mean stop is this optimizer's say."""
+    w, b = two_params()
+    opt = make(BFO, w, b, 1, max_fe=20)
+    while not opt.should_stop:
+        opt.step(closure_for(opt, w, b))
+    sd = opt.state_dict()
+    same = make(BFO, *two_params(), 1, max_fe=20)
+    same.load_state_dict(sd)
+    w3, b3 = two_params()
+    more = make(BFO, w3, b3, 1, max_fe=10_000)
+    more.load_state_dict(sd)
+    assert same.stop_reason == "max_fe" and more.stop_reason is None
+    before = more.num_evals
+    more.step(closure_for(more, w3, b3))
+    assert more.num_evals > before
+    maximizing = BFO([torch.nn.Parameter(torch.zeros(2))], **TINY, seed=0, maximize=True,
+                     target_loss=5.0)
+    maximizing.step(lambda: 6.0)
+    assert maximizing.stop_reason == "target_loss"
+    again = BFO([torch.nn.Parameter(torch.zeros(2))], **TINY, seed=0, maximize=True,
+                target_loss=5.0)
+    again.load_state_dict(maximizing.state_dict())
+    assert again.stop_reason == "target_loss"
