@@ -118,7 +118,9 @@ def resolve(bounds: Any, params: Any, dtype: torch.dtype) -> list[LeafBounds | N
             if not fits:
                 raise ValueError(f"bounds at {path_str(path)} have shape {tuple(v.shape)}, which "
                                  f"does not broadcast to the leaf's shape {tuple(leaf.shape)}.")
-        closed = all(isinstance(v, (int, float)) and math.isfinite(v) for v in pair)
+        # Comparisons, not math.isfinite: compiled, a number that changed between
+        # compiles is symbolic, and dynamo guards on a comparison but cannot trace isfinite.
+        closed = all(isinstance(v, (int, float)) and -math.inf < v < math.inf for v in pair)
         low = _round_inward(low, leaf.dtype, torch.inf).to(dtype)
         high = _round_inward(high, leaf.dtype, -torch.inf).to(dtype)
         out.append(leaf_bounds(low, high, closed))

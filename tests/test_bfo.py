@@ -270,3 +270,17 @@ def test_materialize_makes_exactly_one_transfer(monkeypatch):
     out = fb.materialize(values)
     assert len(calls) == 1 and set(out) == set(values)
     assert out["nonfinite_losses"] == 4  # before the first update no loss is known
+
+
+def test_compiled_updates_of_optimizers_with_other_number_bounds_in_one_process():
+    """A second compile of update with other bounds numbers sees them as symbolic ints; the
+    box must still be built without graph breaks (math.isfinite on them cannot be traced)."""
+    torch.compiler.reset()
+    params = {"x": torch.linspace(-2, 2, 7)}
+    for bounds in [(-3, 3), (-1, 1), (-1.5, float("inf"))]:
+        opt = fb.bfo(8, bounds=bounds)
+        state = opt.init(params, key=fb.random.key(0))
+        compiled = torch.compile(opt.update, fullgraph=True)(state, lambda p: p["x"].sum())
+        eager = opt.update(state, lambda p: p["x"].sum())
+        torch.testing.assert_close(compiled.population, eager.population)
+        assert bool((compiled.population["x"] >= bounds[0]).all())
