@@ -13,13 +13,23 @@ one Threefry call inlined vs as the opaque op functional_bfo uses, and the block
 function on one update's lanes as the tensor reference and as the CPU kernel (numpy; see
 docs/design.md).
 
+With ``--baseline ROOT`` it times instead this checkout's core against the ``functional_bfo``
+of another checkout ROOT (say ``git worktree add /tmp/old v0.3``; its CPU random kernel must
+be the same: copy the built ``_threefry`` extension over, or install ROOT), update for update
+in one process, eager and compiled: the cost of a change to the update itself.
+
     python benchmarks/update_overhead.py [--quick] [--device cuda] [--variants bfo,...]
+                                         [--baseline ROOT]
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
+import pathlib
+import subprocess
+import sys
 import time
 
 import optree
@@ -215,10 +225,75 @@ def time_block_functions(repeats: int) -> dict:
     return out
 
 
+def baseline_core(root: pathlib.Path):
+    """The ``functional_bfo`` package of another checkout, imported beside ours."""
+    folder = root / "functional_bfo"
+    if not (folder / "__init__.py").exists():
+        raise SystemExit(f"--baseline {root}: no functional_bfo/__init__.py there.")
+    spec = importlib.util.spec_from_file_location(
+        "baseline_functional_bfo", folder / "__init__.py",
+        submodule_search_locations=[str(folder)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    if module.random.CPU_KERNEL != fbr.CPU_KERNEL:
+        raise SystemExit(f"--baseline {root} draws with the {module.random.CPU_KERNEL} random "
+                         f"kernel and this checkout with {fbr.CPU_KERNEL}: build the same one "
+                         "in both (FUNCTIONAL_BFO_C=1 pip install -e ROOT, or copy the built "
+                         "_threefry extension) so that only the update differs.")
+    return module
+
+
+def time_against(base, name: str, variant: str, population: int, problem, repeats: int,
+                 device: str) -> dict:
+    """Time per update of the baseline's core and ours, eager and compiled, in turn."""
+    params, loss, extra = problem
+    kwargs = dict(population_size=population, swim_length=4, chemotaxis_steps=CYCLE, **extra)
+    if variant == "hybrid_bfo":
+        kwargs["grad_mask"] = True
+    row = {"problem": name, "variant": variant, "population": population}
+    for mode in ("eager", "compiled"):
+        runs = []
+        for core in (base, fb):
+            opt = getattr(core, variant)(**kwargs)
+            state = opt.update(opt.init(params, key=core.random.key(0)), loss)
+            update = opt.update if mode == "eager" else torch.compile(opt.update,
+                                                                      fullgraph=True)
+            update(state, loss)
+            runs.append(cycle(update, state, loss))
+        base_ms, ours_ms, ratio = paired_ms(runs[0], runs[1], repeats, device)
+        row[mode] = {"baseline_ms": base_ms / CYCLE, "ours_ms": ours_ms / CYCLE, "ratio": ratio}
+    return row
+
+
+def against(args, problems, variants, repeats) -> None:
+    base = baseline_core(args.baseline.resolve())
+    commit = subprocess.run(["git", "-C", str(args.baseline), "log", "-1", "--format=%h %s"],
+                            capture_output=True, text=True).stdout.strip()[:72]
+    rows = [time_against(base, name, v, pop, prob, repeats, args.device)
+            for name, pop, prob in problems for v in variants]
+    result = {"machine": machine(args.device), "quick": args.quick, "baseline": commit,
+              "rows": rows}
+    md = [f"# Update time: this checkout's core against a baseline ({args.device})", "",
+          f"Machine: {result['machine']}", "", f"Baseline: `{commit}`", "",
+          "Per update over runs of chained updates, the two cores timed back to back in one "
+          "process; the ratio is the median of per-repeat ratios (ours / baseline).", "",
+          "| problem | variant | P | eager baseline ms | eager ours ms | eager ratio | "
+          "compiled baseline ms | compiled ours ms | compiled ratio |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        e, c = r["eager"], r["compiled"]
+        md.append(f"| {r['problem']} | {r['variant']} | {r['population']} | "
+                  f"{e['baseline_ms']:.3f} | {e['ours_ms']:.3f} | {e['ratio']:.3f} | "
+                  f"{c['baseline_ms']:.3f} | {c['ours_ms']:.3f} | {c['ratio']:.3f} |")
+    write(args, "update_overhead_baseline", result, md)
+
+
 def main() -> None:
     compile_cold()
     p = parser(__doc__)
     p.add_argument("--variants", default="bfo,adaptive_bfo,hybrid_bfo")
+    p.add_argument("--baseline", type=pathlib.Path, help="a checkout whose core to compare")
     args = p.parse_args()
     device = args.device
     variants = ["bfo"] if args.quick else args.variants.split(",")
@@ -228,6 +303,8 @@ def main() -> None:
                 [("rastrigin-30", 256, rastrigin_problem(30, device)),
                  ("mlp-64-128-10", 64, mlp_problem((64, 128, 10), 256, device))])
     torch.compile(lambda x: x + 1)(torch.ones(1, device=device))  # inductor's start-up
+    if args.baseline is not None:
+        return against(args, problems, variants, repeats)
     rows = [time_update(name, v, pop, prob, repeats, device, modes)
             for name, pop, prob in problems for v in variants]
     result = {"machine": machine(device), "quick": args.quick, "updates": rows}

@@ -10,12 +10,15 @@ from . import random as random
 from ._adaptive import AdaptiveBFOHyperparams as AdaptiveBFOHyperparams
 from ._adaptive import AdaptiveBFOState as AdaptiveBFOState
 from ._adaptive import adaptive_bfo as adaptive_bfo
+from ._ask_tell import Ask as Ask
+from ._base import AskFn as AskFn
 from ._base import InitFn as InitFn
 from ._base import Key as Key
 from ._base import LossFn as LossFn
 from ._base import Optimizer as Optimizer
 from ._base import Params as Params
 from ._base import PyTree as PyTree
+from ._base import TellFn as TellFn
 from ._base import UpdateFn as UpdateFn
 from ._bfo import BFOHyperparams as BFOHyperparams
 from ._bfo import BFOState as BFOState
@@ -40,6 +43,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AdaptiveBFOHyperparams",
     "AdaptiveBFOState",
+    "Ask",
+    "AskFn",
     "BFOHyperparams",
     "BFOState",
     "BlackBoxResult",
@@ -51,6 +56,7 @@ __all__ = [
     "Optimizer",
     "Params",
     "PyTree",
+    "TellFn",
     "UpdateFn",
     "adaptive_bfo",
     "bfo",

@@ -14,10 +14,11 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from ._ask_tell import Ask, ask_round, told_costs
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import BOUNDARY_MODES, box_relative, check_bounds, resolve
 from ._checks import check_bool, check_choice, check_float, check_int, check_state
-from ._chemotaxis import TUMBLES, costs_by, swim, tumble_directions
+from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_by, tumble_directions, walk
 from ._cycle import cycle_ends
 from ._dispersal import dispersal_mask, initial_population, sample_population
 from ._noise import bacterium_noise
@@ -214,13 +215,23 @@ def adaptive_bfo(
 
     def update_fn(state: AdaptiveBFOState, loss_fn: LossFn, *args: Any) -> AdaptiveBFOState:
         check_state(state, size, AdaptiveBFOState, "adaptive_bfo")
-        dtype = state.losses.dtype
-        evaluate = costs_by(evaluator, loss_fn, args, dtype, sign)
-        step = adaptive_step(state, static, evaluate)
-        return AdaptiveBFOState(**step.fields)
+        evaluate = costs_by(evaluator, loss_fn, args, state.losses.dtype, sign)
+        return AdaptiveBFOState(**adaptive_step(state, static, evaluate).fields)
+
+    def ask_fn(state: AdaptiveBFOState) -> Ask:
+        check_state(state, size, AdaptiveBFOState, "adaptive_bfo")
+        return ask_round(state, adaptive_plan(state, static))
+
+    def tell_fn(state: AdaptiveBFOState, asked: Ask, losses: Any, *,
+                check: bool = True) -> AdaptiveBFOState:
+        check_state(state, size, AdaptiveBFOState, "adaptive_bfo")
+        costs = told_costs(state, asked, losses, sign, "adaptive_bfo", check)
+        plan = adaptive_plan(state, static)
+        result = plan.told(asked.params, costs, None)
+        return AdaptiveBFOState(**adaptive_fields(state, static, plan, result).fields)
 
     update_fn.static = static  # for variants that drive adaptive_step themselves
-    return Optimizer(init_fn, update_fn, maximize)
+    return Optimizer(init_fn, update_fn, maximize, ask_fn, tell_fn)
 
 
 class AdaptiveStatic(NamedTuple):
@@ -297,14 +308,19 @@ def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: 
     return population, losses, step_sizes, health, count, source, dispersed
 
 
-def adaptive_step(
-    state: Any,
-    static: AdaptiveStatic,
-    evaluate,
-    steer=None,
-    start_aux=None,
-) -> AdaptiveStep:
-    """Reproduce, disperse under pressure, tumble, swim greedily, adapt step sizes.
+class AdaptiveKeep(NamedTuple):
+    """What an adaptive update keeps from before its swim for after it."""
+
+    cost: Tensor  # (P,) sign-adjusted losses after reproduction (NaN where unknown)
+    step_sizes: Tensor  # (P,) clamped step sizes after reproduction and dispersal
+    health: Tensor  # (P,) health after reproduction
+    count: Tensor  # () the active population size
+    source: Tensor  # (P,) reproduction source of each slot
+    known: Tensor  # (P,) whether each bacterium knew its loss before the swim
+
+
+def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None) -> Plan:
+    """Reproduce, disperse under pressure and tumble: the update's greedy swim, before any loss.
 
     ``steer(direction, source, known) -> direction`` lets a variant bend the tumble (the
     hybrid mixes in gradients); ``start_aux(source, known)`` gives the auxiliary value where
@@ -337,42 +353,45 @@ def adaptive_step(
         direction = steer(direction, source, known)
     last = torch.where(known, cost, torch.inf)
     stay_aux = None if start_aux is None else start_aux(source, known)
+    steps = step_sizes * length if active is None else step_sizes * length * active
+    ray = walk(population, direction, steps, known.to(dtype), bounds=box,
+               boundary=static.boundary, swims=static.swims, greedy=True, ties=True)
+    carry = ray.begin(last, (last, stay_aux), state.best_params, sign * state.best_loss)
+    return Plan(ray, carry, active, AdaptiveKeep(cost, step_sizes, health, count, source, known))
 
-    def evaluate_active(candidates: Params):
-        raw, aux = evaluate(candidates)  # padding never wins nor moves
-        return torch.where(active, raw.reshape(-1, size), torch.inf).reshape(-1), aux
 
-    steps, evaluates = step_sizes * length, evaluate
-    if active is not None:
-        steps, evaluates = steps * active, evaluate_active
-    result = swim(population, direction, steps, known.to(dtype), last,
-                  evaluate=evaluates, swarm_cost=None, bounds=box,
-                  boundary=static.boundary, swims=static.swims,
-                  best_params=state.best_params, best_cost=sign * state.best_loss,
-                  stay=(last, stay_aux),
-                  per_call=static.swim_batch, ties=True)
-
+def adaptive_fields(state: Any, static: AdaptiveStatic, plan: Plan,
+                    result: SwimResult) -> AdaptiveStep:
+    """The update after its swim: the 1/5th success rule, the stall count, the counters."""
+    hp, sign, keep, active = state.hyperparams, static.sign, plan.keep, plan.active
     # The 1/5th success rule (a tie moves, and counts as a success), only where the
     # bacterium knew where it stood.
-    grow = torch.where(result.moved & known, hp.adaptation_rate, -hp.adaptation_rate / 4)
-    adapted = (step_sizes * torch.exp(grow)).clamp(hp.step_size_min, hp.step_size_max)
+    grow = torch.where(result.moved & keep.known, hp.adaptation_rate, -hp.adaptation_rate / 4)
+    adapted = (keep.step_sizes * torch.exp(grow)).clamp(hp.step_size_min, hp.step_size_max)
     improved = result.best_cost < sign * state.best_loss
     fields = dict(
         population=result.population,
-        losses=sign * _on_active(active, result.raw_cost, cost),
-        health=health + _on_active(active, result.cost, 0),
+        losses=sign * _on_active(active, result.raw_cost, keep.cost),
+        health=keep.health + _on_active(active, result.cost, 0),
         best_params=result.best_params,
         best_loss=sign * result.best_cost,
         key=state.key,
         step=state.step + 1,
-        num_evals=state.num_evals + count * (static.swims + 1),
-        step_sizes=torch.where(known, adapted, step_sizes),
+        num_evals=state.num_evals + keep.count * (static.swims + 1),
+        step_sizes=torch.where(keep.known, adapted, keep.step_sizes),
         stall=torch.where(improved, torch.zeros_like(state.stall), state.stall + 1),
         reference_diversity=state.reference_diversity,
-        active_size=count,
+        active_size=keep.count,
         hyperparams=hp,
     )
-    return AdaptiveStep(fields, source, known, result.aux)
+    return AdaptiveStep(fields, keep.source, keep.known, result.aux)
+
+
+def adaptive_step(state: Any, static: AdaptiveStatic, evaluate, steer=None,
+                  start_aux=None) -> AdaptiveStep:
+    """One adaptive update with ``evaluate`` (see :func:`adaptive_plan`)."""
+    plan = adaptive_plan(state, static, steer, start_aux)
+    return adaptive_fields(state, static, plan, plan.swim(evaluate, static.swim_batch))
 
 
 def _on_active(active: Tensor | None, x: Tensor, other: Tensor | float) -> Tensor:

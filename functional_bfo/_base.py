@@ -40,13 +40,38 @@ class UpdateFn(Protocol):
     def __call__(self, state: Any, loss_fn: LossFn, *args: Any) -> Any: ...
 
 
-class Optimizer(NamedTuple):
-    """A pair of pure functions built by a factory such as :func:`functional_bfo.bfo`.
+class AskFn(Protocol):
+    """``ask(state) -> Ask``: the candidates of the next update, for the caller to evaluate.
 
-    ``maximize`` says which way the losses in its states are better; drivers such as
-    :func:`functional_bfo.run` read it, so it is set once, in the factory.
+    Pure and deterministic: asking twice gives the same candidates.
+    """
+
+    def __call__(self, state: Any) -> Any: ...
+
+
+class TellFn(Protocol):
+    """``tell(state, asked, losses) -> state``: the update, with the caller's losses.
+
+    ``losses`` (a tensor, numpy array or list) holds one loss per row of ``asked.params``.
+    ``check`` reads ``asked.tag`` on the host to refuse an ``Ask`` of another state or
+    round; compiled or under ``vmap`` pass ``check=False``. ``hybrid_bfo``'s also takes
+    ``grads=``, the gradient at each row.
+    """
+
+    def __call__(self, state: Any, asked: Any, losses: Any, *, check: bool = True) -> Any: ...
+
+
+class Optimizer(NamedTuple):
+    """Pure functions built by a factory such as :func:`functional_bfo.bfo`.
+
+    ``update(state, loss_fn)`` is ``tell(state, ask(state), losses)`` with the losses of
+    ``loss_fn``, evaluated a few swim points at a time. ``maximize`` says which way the
+    losses in its states are better; drivers such as :func:`functional_bfo.run` read it, so
+    it is set once, in the factory.
     """
 
     init: InitFn
     update: UpdateFn
     maximize: bool = False
+    ask: AskFn | None = None
+    tell: TellFn | None = None

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from ._ask_tell import Ask, ask_round, told_costs
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import BOUNDARY_MODES, check_bounds, resolve
 from ._checks import (
@@ -21,7 +22,7 @@ from ._checks import (
     check_int,
     check_state,
 )
-from ._chemotaxis import TUMBLES, costs_by, swim, tumble_directions
+from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_by, tumble_directions, walk
 from ._cycle import cycle_ends
 from ._dispersal import disperse, initial_population
 from ._noise import bacterium_noise
@@ -212,11 +213,8 @@ def bfo(
         start = initial_population(params, key, size, bounds, hyper["init_scale"])
         return BFOState(**start.state_fields(sign, hyper, BFOHyperparams))
 
-    def update_fn(state: BFOState, loss_fn: LossFn, *args: Any) -> BFOState:
-        check_state(state, size, BFOState, "bfo")
-        if not callable(loss_fn):
-            raise TypeError(f"Invalid loss_fn: {loss_fn!r}; expected a callable "
-                            "loss_fn(params, *args) -> 0-d tensor (call update(state, loss_fn)).")
+    def plan(state: BFOState) -> Plan:
+        """Reproduction, dispersal and the tumble: the update's swim, before any loss."""
         hp, dtype = state.hyperparams, state.losses.dtype
         box = resolve(bounds, state.best_params, dtype)
         noise = bacterium_noise(state.key, state.step, size, state.best_params, dtype)
@@ -243,25 +241,43 @@ def bfo(
 
         direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
                                               tumble, hp.levy_beta)
-        start = known.to(dtype)  # an unknown bacterium first evaluates where it stands
-        last = torch.where(known, cost, torch.inf)
+        # An unknown bacterium first evaluates where it stands.
+        ray = walk(population, direction, hp.step_size * length, known.to(dtype), bounds=box,
+                   boundary=boundary, swims=swims, swarm_cost=swarm_cost)
+        carry = ray.begin(torch.where(known, cost, torch.inf), None, state.best_params,
+                          sign * state.best_loss)
+        return Plan(ray, carry, None, health)
 
-        result = swim(population, direction, hp.step_size * length, start, last,
-                      evaluate=costs_by(evaluator, loss_fn, args, dtype, sign),
-                      swarm_cost=swarm_cost, bounds=box, boundary=boundary,
-                      swims=swims, best_params=state.best_params,
-                      best_cost=sign * state.best_loss,
-                      per_call=swim_batch)
+    def assemble(state: BFOState, plan: Plan, result: SwimResult) -> BFOState:
         return BFOState(
             population=result.population,
             losses=sign * result.raw_cost,
-            health=health + result.cost,
+            health=plan.keep + result.cost,
             best_params=result.best_params,
             best_loss=sign * result.best_cost,
             key=state.key,
             step=state.step + 1,
             num_evals=state.num_evals + size * (swims + 1),
-            hyperparams=hp,
+            hyperparams=state.hyperparams,
         )
 
-    return Optimizer(init_fn, update_fn, maximize)
+    def update_fn(state: BFOState, loss_fn: LossFn, *args: Any) -> BFOState:
+        check_state(state, size, BFOState, "bfo")
+        if not callable(loss_fn):
+            raise TypeError(f"Invalid loss_fn: {loss_fn!r}; expected a callable "
+                            "loss_fn(params, *args) -> 0-d tensor (call update(state, loss_fn)).")
+        steps = plan(state)
+        evaluate = costs_by(evaluator, loss_fn, args, state.losses.dtype, sign)
+        return assemble(state, steps, steps.swim(evaluate, swim_batch))
+
+    def ask_fn(state: BFOState) -> Ask:
+        check_state(state, size, BFOState, "bfo")
+        return ask_round(state, plan(state))
+
+    def tell_fn(state: BFOState, asked: Ask, losses: Any, *, check: bool = True) -> BFOState:
+        check_state(state, size, BFOState, "bfo")
+        costs = told_costs(state, asked, losses, sign, "bfo", check)
+        steps = plan(state)
+        return assemble(state, steps, steps.told(asked.params, costs, None))
+
+    return Optimizer(init_fn, update_fn, maximize, ask_fn, tell_fn)

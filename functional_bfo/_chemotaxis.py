@@ -91,50 +91,85 @@ class SwimResult(NamedTuple):
     moved: Tensor  # (P,) bool: the bacterium left where it stood
 
 
-def swim(
+def walk(
     population: Params,
     direction: Params,
     step_length: Tensor,
     start: Tensor,
-    last: Tensor,
     *,
-    evaluate: Callable[[Params], tuple[Tensor, Any]],
-    swarm_cost: Callable[[Params], Tensor] | None,
     bounds: list[LeafBounds | None],
     boundary: str,
     swims: int,
-    best_params: Params,
-    best_cost: Tensor,
-    stay: tuple[Tensor, Any] | None = None,
-    per_call: int = 1,
+    swarm_cost: Callable[[Params], Tensor] | None = None,
+    greedy: bool = False,
     ties: bool = False,
-) -> SwimResult:
-    """Tumble and swim: evaluate ``theta + (start + k) C phi`` for ``k = 0 .. swims``.
+) -> Ray:
+    """The ray ``theta + (start + k) C phi`` for ``k = 0 .. swims`` (``C = step_length``).
 
     A bacterium reaches point ``k + 1`` while each point it reached improved on the one
-    before (``last`` is the cost where it stands, +inf when unknown). Passino's bacterium
-    ends at the last point it reached, improving or not. With ``stay`` (the cost and aux
-    where each bacterium stands) the swim is greedy: a bacterium ends at the last point
-    that improved, or stays. With ``ties`` a point as good as the one before counts as
-    improved, so a greedy swim drifts across a plateau. ``evaluate`` maps stacked
-    candidates (``G * P`` rows, ``G <= per_call`` points of every bacterium) to
-    ``(sign-adjusted cost, aux)``; ``aux`` is kept at each final point without storing the
-    whole ray.
+    before. Passino's bacterium ends at the last point it reached, improving or not;
+    ``greedy`` ends at the last point that improved, or stays. With ``ties`` a point as good
+    as the one before counts as improved, so a greedy swim drifts across a plateau.
     """
-    ks = torch.arange(swims + 1, dtype=last.dtype, device=last.device).unsqueeze(1)
-    ray = Ray(population, direction, (start + ks) * step_length, bounds, boundary,
-              swarm_cost, stay is not None, ties)
-    carry = ray.begin(last, stay, best_params, best_cost)
-    ordered = numel(population) >= ORDER_POINTS_FROM
-    raw, aux = None, None
-    for first in range(0, swims + 1, per_call):
-        along = ray.distances[first:first + per_call]  # (G, P)
-        if ordered and first:  # after the previous points' losses and aux (gradients)
-            along = after(along, raw, *optree.tree_leaves(aux))
-        candidates = ray.points(along)
-        raw, aux = evaluate(candidates)
-        carry = ray.take(carry, along, candidates, raw, aux)
-    return ray.finish(carry)
+    ks = torch.arange(swims + 1, dtype=step_length.dtype, device=step_length.device)
+    return Ray(population, direction, (start + ks.unsqueeze(1)) * step_length, bounds, boundary,
+               swarm_cost, greedy, ties)
+
+
+class Plan(NamedTuple):
+    """One update before any loss: the ray, the swim's start, and what the variant keeps.
+
+    ``active`` (P,) marks the bacteria in play (None: all); the others' points are padding,
+    scored +inf whatever they cost. ``keep`` is the variant's own (its ``assemble`` reads it).
+    """
+
+    ray: Ray
+    carry: SwimCarry
+    active: Tensor | None
+    keep: Any
+
+    def needed(self) -> Tensor:
+        """(N_s + 1) P bools, point-major: the candidates whose loss the update reads."""
+        rows = self.ray.distances.shape[0]
+        if self.active is None:
+            return torch.ones(self.ray.distances.numel(), dtype=torch.bool,
+                              device=self.ray.distances.device)
+        return self.active.repeat(rows)
+
+    def padded(self, costs: Tensor) -> Tensor:
+        """``costs`` of stacked points with the padding rows at +inf: they never win nor move.
+
+        Their aux (gradients) is kept: it only reaches slots out of play, which never lend
+        it to one in play (a slot woken up starts afresh).
+        """
+        if self.active is None:
+            return costs
+        return torch.where(self.active, costs.reshape(-1, self.active.shape[0]),
+                           torch.inf).reshape(-1)
+
+    def swim(self, evaluate: Callable[[Params], tuple[Tensor, Any]], per_call: int) -> SwimResult:
+        """``update``'s swim: the points ``per_call`` at a time to ``evaluate``.
+
+        ``evaluate`` maps stacked candidates (``G * P`` rows) to ``(cost, aux)``; ``aux``
+        is kept at each final point without storing the whole ray.
+        """
+        ray, carry = self.ray, self.carry
+        ordered = numel(ray.population) >= ORDER_POINTS_FROM
+        raw, aux = None, None
+        for first in range(0, ray.distances.shape[0], per_call):
+            along = ray.distances[first:first + per_call]  # (G, P)
+            if ordered and first:  # after the previous points' losses and aux (gradients)
+                along = after(along, raw, *optree.tree_leaves(aux))
+            candidates = ray.points(along)
+            raw, aux = evaluate(candidates)
+            raw = self.padded(raw)
+            carry = ray.take(carry, along, candidates, raw, aux)
+        return ray.finish(carry)
+
+    def told(self, candidates: Params, costs: Tensor, aux: Any) -> SwimResult:
+        """``tell``'s swim: every point's cost (and aux) at once."""
+        return self.ray.finish(self.ray.take(self.carry, self.ray.distances, candidates,
+                                             self.padded(costs), aux))
 
 
 class SwimCarry(NamedTuple):

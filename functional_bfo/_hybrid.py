@@ -15,7 +15,14 @@ import optree
 import torch
 from torch import Tensor
 
-from ._adaptive import AdaptiveBFOHyperparams, adaptive_bfo, adaptive_static, adaptive_step
+from ._adaptive import (
+    AdaptiveBFOHyperparams,
+    adaptive_bfo,
+    adaptive_fields,
+    adaptive_plan,
+    adaptive_static,
+)
+from ._ask_tell import Ask, ask_round, told_costs, told_grads
 from ._base import Key, LossFn, Optimizer, Params
 from ._checks import (
     INTEGER_LOSS_MSG,
@@ -26,7 +33,7 @@ from ._checks import (
     check_losses,
     check_state,
 )
-from ._chemotaxis import rank_costs
+from ._chemotaxis import Plan, SwimResult, rank_costs
 from ._tree import rows, sq_norms, take, where
 from .evaluate import batched, check_evaluator
 
@@ -202,13 +209,51 @@ def hybrid_bfo(
             hyperparams=hp,
         )
 
+    def plan(state: HybridBFOState, grad: Params | None) -> Plan:
+        """The adaptive plan, its tumbles bent toward each bacterium's gradient (or ``grad``)."""
+        hp = state.hyperparams
+
+        def steer(direction: Params, source: Tensor, known: Tensor) -> Params:
+            if grad is not None:
+                g = optree.tree_map(lambda x, d: x.to(d.dtype).expand_as(d), grad, direction)
+                usable = torch.ones_like(known)
+            else:
+                g, usable = take(state.grads, source), state.grad_known[source] & known
+            return _mix(direction, g, usable, state.grad_mask, hp.gradient_weight, static.sign)
+
+        def start_aux(source: Tensor, known: Tensor):
+            return None if grad is not None else take(state.grads, source)
+
+        return adaptive_plan(state, static, steer, start_aux)
+
+    def assemble(state: HybridBFOState, plan: Plan, result: SwimResult,
+                 grad: Params | None) -> HybridBFOState:
+        hp, dtype, mask = state.hyperparams, state.losses.dtype, state.grad_mask
+        step = adaptive_fields(state, static, plan, result)
+        fields = dict(step.fields, hyperparams=hp)
+        if grad is not None:
+            given = optree.tree_map(lambda x, p: x.to(p.dtype).expand_as(p), grad, state.grads)
+            stats = _grad_stats(given, mask, dtype, vanishing_threshold, exploding_threshold)
+            return HybridBFOState(**fields, grads=state.grads, grad_known=state.grad_known,
+                                  grad_mask=mask, **stats)
+        new = step.aux  # gradients at the final positions (sign: of the loss as given)
+        finite = _finite_rows(new)
+        new = optree.tree_map(lambda x, p: torch.nan_to_num(x, 0.0, 0.0, 0.0).to(p.dtype),
+                              new, state.grads)
+        old = take(state.grads, step.source)
+        averaged = optree.tree_map(
+            lambda o, n: (hp.momentum * o + (1 - hp.momentum) * n).to(n.dtype), old, new)
+        averaged = where(state.grad_known[step.source] & step.known, averaged, new)
+        stats = _grad_stats(step.aux, mask, dtype, vanishing_threshold, exploding_threshold)
+        return HybridBFOState(**fields, grads=averaged, grad_known=finite, grad_mask=mask,
+                              **stats)
+
     def update_fn(state: HybridBFOState, loss_fn: LossFn, *args: Any,
                   grad: Params | None = None) -> HybridBFOState:
         check_state(state, size, HybridBFOState, "hybrid_bfo")
-        hp, dtype, sign = state.hyperparams, state.losses.dtype, static.sign
-        mask = state.grad_mask
+        dtype, sign = state.losses.dtype, static.sign
         differentiable = (None if grad is not None else
-                          _differentiable(loss_fn, mask, evaluator is not None))
+                          _differentiable(loss_fn, state.grad_mask, evaluator is not None))
         if grad is not None:
             grad = optree.tree_map(torch.Tensor.detach, grad)
 
@@ -235,37 +280,22 @@ def hybrid_bfo(
             grads = None if grads is None else optree.tree_map(torch.Tensor.detach, grads)
             return rank_costs(losses, sign), grads
 
-        def steer(direction: Params, source: Tensor, known: Tensor) -> Params:
-            if grad is not None:
-                g = optree.tree_map(lambda x, d: x.to(d.dtype).expand_as(d), grad, direction)
-                usable = torch.ones_like(known)
-            else:
-                g, usable = take(state.grads, source), state.grad_known[source] & known
-            return _mix(direction, g, usable, mask, hp.gradient_weight, sign)
+        steps = plan(state, grad)
+        return assemble(state, steps, steps.swim(evaluate, static.swim_batch), grad)
 
-        def start_aux(source: Tensor, known: Tensor):
-            return None if grad is not None else take(state.grads, source)
+    def ask_fn(state: HybridBFOState) -> Ask:
+        check_state(state, size, HybridBFOState, "hybrid_bfo")
+        return ask_round(state, plan(state, None))
 
-        step = adaptive_step(state, static, evaluate, steer, start_aux)
-        fields = dict(step.fields, hyperparams=hp)
-        if grad is not None:
-            given = optree.tree_map(lambda x, p: x.to(p.dtype).expand_as(p), grad, state.grads)
-            stats = _grad_stats(given, mask, dtype, vanishing_threshold, exploding_threshold)
-            return HybridBFOState(**fields, grads=state.grads, grad_known=state.grad_known,
-                                  grad_mask=mask, **stats)
-        new = step.aux  # gradients at the final positions (sign: of the loss as given)
-        finite = _finite_rows(new)
-        new = optree.tree_map(lambda x, p: torch.nan_to_num(x, 0.0, 0.0, 0.0).to(p.dtype),
-                              new, state.grads)
-        old = take(state.grads, step.source)
-        averaged = optree.tree_map(
-            lambda o, n: (hp.momentum * o + (1 - hp.momentum) * n).to(n.dtype), old, new)
-        averaged = where(state.grad_known[step.source] & step.known, averaged, new)
-        stats = _grad_stats(step.aux, mask, dtype, vanishing_threshold, exploding_threshold)
-        return HybridBFOState(**fields, grads=averaged, grad_known=finite, grad_mask=mask,
-                              **stats)
+    def tell_fn(state: HybridBFOState, asked: Ask, losses: Any, *,
+                grads: Params | None = None, check: bool = True) -> HybridBFOState:
+        check_state(state, size, HybridBFOState, "hybrid_bfo")
+        costs = told_costs(state, asked, losses, static.sign, "hybrid_bfo", check)
+        aux = told_grads(asked, grads, "hybrid_bfo")
+        steps = plan(state, None)
+        return assemble(state, steps, steps.told(asked.params, costs, aux), None)
 
-    return Optimizer(init_fn, update_fn, base.maximize)
+    return Optimizer(init_fn, update_fn, base.maximize, ask_fn, tell_fn)
 
 
 def with_grad_mask(state: HybridBFOState, grad_mask: Any) -> HybridBFOState:

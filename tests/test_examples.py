@@ -55,3 +55,32 @@ def test_integration_examples_run(name, framework, size, capsys):
     spec.loader.exec_module(module)
     assert math.isfinite(module.main(size))
     assert "accuracy" in capsys.readouterr().out
+
+
+def test_the_ask_tell_example_resumes_a_crash_and_shards_across_ranks(tmp_path):
+    """Killed between ask and tell, it resumes to the uninterrupted run's numbers; torchrun
+    with 2 processes (gloo) prints the one-process numbers."""
+    script = str(EXAMPLES / "ask_tell_simulator.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def run(*args, launcher=()):
+        return subprocess.run([sys.executable, *launcher, script, "--rounds", "20", *args],
+                              capture_output=True, text=True, timeout=180, env=env,
+                              cwd=tmp_path)
+
+    def lines(out):
+        return [line.split("(")[0] for line in out.splitlines()
+                if line.startswith(("round", "fitted"))]
+
+    whole = run("--checkpoint", "whole.pt")
+    crashed = run("--checkpoint", "crash.pt", "--crash-after", "13")
+    resumed = run("--checkpoint", "crash.pt", "--resume")
+    two = run("--checkpoint", "two.pt", launcher=("-m", "torch.distributed.run", "--standalone",
+                                                  "--nproc-per-node=2"))
+    assert whole.returncode == 0 and resumed.returncode == 0, whole.stderr + resumed.stderr
+    assert crashed.returncode != 0 and "crashed while simulating round 13" in crashed.stderr
+    assert "resumed at round 13" in resumed.stdout
+    assert lines(whole.stdout)[-1] == lines(resumed.stdout)[-1]
+    assert lines(whole.stdout)[1:] == lines(resumed.stdout)  # rounds 20 and the fit
+    assert two.returncode == 0, two.stdout + two.stderr
+    assert lines(two.stdout) == lines(whole.stdout) and "(2 processes)" in two.stdout

@@ -5,9 +5,9 @@ import pathlib
 
 PUBLIC = {
     "functional_bfo": {
-        "AdaptiveBFOHyperparams", "AdaptiveBFOState", "BFOHyperparams", "BFOState",
+        "AdaptiveBFOHyperparams", "AdaptiveBFOState", "Ask", "AskFn", "BFOHyperparams", "BFOState",
         "BlackBoxResult", "HybridBFOHyperparams", "HybridBFOState", "InitFn", "Key", "LossFn",
-        "Optimizer", "Params", "PyTree", "UpdateFn", "adaptive_bfo", "bfo", "black_box",
+        "Optimizer", "Params", "PyTree", "TellFn", "UpdateFn", "adaptive_bfo", "bfo", "black_box",
         "distributed", "evaluate", "hybrid_bfo", "load", "materialize", "metrics",
         "module_loss", "random", "run", "save", "with_grad_mask", "with_hyperparams",
         "with_start_loss",

@@ -1,0 +1,125 @@
+"""Ask/tell: one update as a round the caller evaluates, for losses that live outside torch.
+
+Every point of an update's swim is evaluated whatever the losses (the swim only decides where
+each bacterium ends), so the candidates are known before any loss: one update is one round,
+``ask`` proposes all ``(N_s + 1) P`` of them and ``tell`` takes their losses. Both recompute
+the update's plan from the state, which neither changes, so a checkpoint between them is
+the state alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import optree
+import torch
+from torch import Tensor
+
+from ._base import Params
+from ._chemotaxis import Plan, rank_costs
+
+# The integer type whose bits a float of each width is read as, for a state's digest.
+BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class Ask(NamedTuple):
+    """The candidates of one update, from ``opt.ask(state)``; answer with ``opt.tell``.
+
+    ``params`` stacks ``(swim_length + 1) * population_size`` candidates point-major: row
+    ``k * P + i`` is bacterium ``i``'s point ``k`` on its swim ray. ``mask`` marks those whose
+    loss the update reads (bacteria out of play, with ``min_population_size``, have none);
+    the losses of the other rows may be anything and are ignored. ``tag`` names the state
+    and round asked, so that ``tell`` can refuse an answer to another one.
+    """
+
+    params: Params  # each leaf (R, *leaf.shape), R = (swim_length + 1) * population_size
+    mask: Tensor  # (R,) bool
+    tag: Tensor  # (5,) int64: the state's step, num_evals, key and a digest of its losses
+
+
+def round_tag(state: Any) -> Tensor:
+    """The ``tag`` of the round ``state`` is in (no host sync: compiles and vmaps)."""
+    losses = state.losses
+    bits = losses.view(BITS[losses.element_size()]).to(torch.int64)
+    place = torch.arange(1, losses.shape[-1] + 1, device=losses.device)
+    return torch.stack([state.step, state.num_evals, state.key[0], state.key[1],
+                        (bits * place).sum()])
+
+
+def ask_round(state: Any, plan: Plan) -> Ask:
+    """The round of ``plan`` (made from ``state``) as an :class:`Ask`."""
+    ray = plan.ray
+    return Ask(ray.points(ray.distances), plan.needed(), round_tag(state))
+
+
+def told_costs(state: Any, asked: Any, losses: Any, sign: float, variant: str,
+               check: bool = True) -> Tensor:
+    """``losses`` answering ``asked`` as the update's costs, after checking both.
+
+    ``check`` reads the tags on the host (a sync): compiled or under ``vmap`` they are not
+    there, and the caller, passing ``check=False``, vouches that ``asked`` is this state's.
+
+    Raises:
+        TypeError: ``asked`` is not an :class:`Ask`, or ``losses`` not real numbers.
+        ValueError: ``losses`` of another shape, or ``asked`` from another state or round.
+    """
+    if not isinstance(asked, Ask):
+        raise TypeError(f"{variant}.tell takes the Ask that {variant}.ask(state) returned, "
+                        f"got {type(asked).__name__}.")
+    rows = asked.mask.shape[-1]
+    _check_tag(state, asked.tag, variant, check)
+    if isinstance(losses, Tensor):
+        values = losses.detach()
+    else:
+        try:
+            values = torch.as_tensor(np.asarray(losses, dtype=np.float64))
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"Invalid losses: {type(losses).__name__}; expected a tensor, a "
+                            f"numpy array or a list of {rows} numbers, one per row of "
+                            "asked.params.") from e
+    if values.dtype == torch.bool or values.is_complex():
+        raise TypeError(f"Invalid losses: dtype {values.dtype}; expected real numbers.")
+    if tuple(values.shape) != (rows,):
+        raise ValueError(f"Invalid losses: shape {tuple(values.shape)}; expected ({rows},), one "
+                         "per row of asked.params (rows outside asked.mask are ignored: pass "
+                         "anything there, e.g. NaN).")
+    dtype = state.losses.dtype
+    return rank_costs(values.to(device=state.losses.device, dtype=dtype), sign)
+
+
+def told_grads(asked: Ask, grads: Any, variant: str) -> Params:
+    """``grads`` (like ``asked.params``) in the candidates' dtypes and devices."""
+    if grads is None:
+        raise ValueError(f"{variant}.tell needs grads=, the gradient of the loss at each row of "
+                         "asked.params (a pytree like it; NaN where unknown): the hybrid's tumbles "
+                         "follow them. For a search without gradients use adaptive_bfo.")
+    leaves, spec = optree.tree_flatten(asked.params)
+    try:
+        given = spec.flatten_up_to(grads)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"grads does not match the structure of asked.params: {e}") from None
+    out = []
+    for g, x in zip(given, leaves):
+        g = g.detach() if isinstance(g, Tensor) else torch.as_tensor(np.asarray(g))
+        if tuple(g.shape) != tuple(x.shape):
+            raise ValueError(f"Invalid grads: a leaf of shape {tuple(g.shape)} where "
+                             f"asked.params has {tuple(x.shape)}.")
+        out.append(g.to(device=x.device, dtype=x.dtype))
+    return spec.unflatten(out)
+
+
+def _check_tag(state: Any, tag: Tensor, variant: str, check: bool) -> None:
+    """Refuse a tag of another state or round (its values read on the host if ``check``)."""
+    expected = round_tag(state)
+    if tuple(tag.shape) != tuple(expected.shape):
+        raise ValueError(f"asked.tag has shape {tuple(tag.shape)}, not {tuple(expected.shape)}: "
+                         f"pass the Ask that {variant}.ask(state) returned for this state.")
+    if not check or bool((tag == expected).all()):
+        return
+    if not bool(tag[0] == expected[0]):
+        raise ValueError(f"asked answers the round of update {int(tag[0])}, but the state has made "
+                         f"{int(expected[0])} updates: call ask on the state you tell, once per "
+                         "update (state = tell(state, ask(state), losses)).")
+    raise ValueError("asked comes from another state (another run, key or history than the one "
+                     "told): tell takes the state that ask was called on.")

@@ -1,0 +1,209 @@
+"""Ask/tell: every variant's update as a round the caller evaluates, bit for bit the same."""
+
+import functools
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import optree
+import pytest
+import torch
+from helpers import assert_trees_equal
+from variants import VARIANTS
+
+import functional_bfo as fb
+
+variants = pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+
+
+def params():
+    return {"w": torch.zeros(3), "b": (torch.zeros(2, 2), torch.zeros(()))}
+
+
+def loss_fn(p):
+    return ((p["w"] - 0.5).square().sum() + (p["b"][0] + 0.25).square().sum()
+            + (p["b"][1] - 1.0).square())
+
+
+def answer(variant, asked, fn=loss_fn):
+    """What a caller does: evaluate every asked row (and its gradient for the hybrid)."""
+    if variant.flags.get("uses_gradients"):
+        grads, losses = torch.func.vmap(torch.func.grad_and_value(fn))(asked.params)
+        return losses, {"grads": grads}
+    return torch.func.vmap(fn)(asked.params), {}
+
+
+def ask_tell(variant, opt, state, n, fn=loss_fn):
+    for _ in range(n):
+        asked = opt.ask(state)
+        losses, extra = answer(variant, asked, fn)
+        state = opt.tell(state, asked, losses, **extra)
+    return state
+
+
+@variants
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ask_tell_is_update_bit_for_bit(variant, seed):
+    opt = variant.make()
+    state = opt.init(params(), key=fb.random.key(seed))
+    by_update = state
+    for _ in range(8):
+        by_update = opt.update(by_update, loss_fn)
+    assert_trees_equal(ask_tell(variant, opt, state, 8), by_update)
+
+
+@variants
+def test_asking_twice_gives_the_same_round_and_changes_nothing(variant):
+    opt = variant.make()
+    state = ask_tell(variant, opt, opt.init(params(), key=fb.random.key(3)), 2)
+    before = optree.tree_map(torch.clone, state)
+    first, second = opt.ask(state), opt.ask(state)
+    assert_trees_equal(first, second)
+    assert_trees_equal(state, before)
+    size = state.losses.shape[0]
+    rows = optree.tree_leaves(first.params)[0].shape[0]
+    assert rows % size == 0 and first.mask.shape == (rows,) and first.mask.dtype == torch.bool
+    # The mask marks exactly what num_evals counts.
+    losses, extra = answer(variant, first)
+    told = opt.tell(state, first, losses, **extra)
+    assert int(told.num_evals - state.num_evals) == int(first.mask.sum())
+
+
+def test_rows_outside_the_mask_are_ignored():
+    variant = next(v for v in VARIANTS if v.name == "adaptive_bfo_varying_population")
+    opt = variant.make()
+    state = ask_tell(variant, opt, opt.init(params(), key=fb.random.key(4)), 6)
+    asked = opt.ask(state)
+    assert not bool(asked.mask.all())  # some slots are out of play
+    losses = torch.func.vmap(loss_fn)(asked.params)
+    garbage = torch.where(asked.mask, losses, -1e30)  # would win if it were read
+    assert_trees_equal(opt.tell(state, asked, garbage), opt.tell(state, asked, losses))
+
+
+def test_losses_from_numpy_or_a_list_and_nan_ranks_last():
+    opt = fb.bfo(4, swim_length=1)
+    state = opt.init({"x": torch.zeros(2)}, key=fb.random.key(0))
+    asked = opt.ask(state)
+    values = [float(v) for v in torch.func.vmap(lambda p: p["x"].sum())(asked.params)]
+    by_tensor = opt.tell(state, asked, torch.tensor(values))
+    assert_trees_equal(opt.tell(state, asked, np.array(values)), by_tensor)
+    assert_trees_equal(opt.tell(state, asked, values), by_tensor)
+    nan = [float("nan")] + values[1:]
+    told = opt.tell(state, asked, nan)
+    assert torch.isfinite(told.best_loss) and float(told.best_loss) == min(values[1:])
+    assert float(opt.tell(state, asked, [float("nan")] * len(values)).best_loss) == np.inf
+
+
+def test_tell_refuses_what_does_not_answer_the_round():
+    opt = fb.bfo(4, swim_length=1)
+    state = opt.init({"x": torch.zeros(2)}, key=fb.random.key(0))
+    asked = opt.ask(state)
+    losses = torch.zeros(8)
+    with pytest.raises(ValueError, match=r"shape \(7,\); expected \(8,\)"):
+        opt.tell(state, asked, losses[:7])
+    with pytest.raises(ValueError, match=r"expected \(8,\)"):
+        opt.tell(state, asked, losses.reshape(8, 1))
+    with pytest.raises(TypeError, match="real numbers"):
+        opt.tell(state, asked, torch.zeros(8, dtype=torch.bool))
+    with pytest.raises(TypeError, match="numpy array or a list"):
+        opt.tell(state, asked, ["a"] * 8)
+    with pytest.raises(TypeError, match="takes the Ask"):
+        opt.tell(state, tuple(asked), losses)
+    later = opt.tell(state, asked, losses)
+    with pytest.raises(ValueError, match="round of update 0, but the state has made 1"):
+        opt.tell(later, asked, losses)
+    other = opt.init({"x": torch.zeros(2)}, key=fb.random.key(1))
+    with pytest.raises(ValueError, match="another state"):
+        opt.tell(other, asked, losses)
+    scored = fb.with_start_loss(state, 3.0)  # same key and step, another history
+    with pytest.raises(ValueError, match="another"):
+        opt.tell(scored, asked, losses)
+    with pytest.raises(TypeError, match="another optimizer"):
+        fb.adaptive_bfo(4, swim_length=1).tell(state, asked, losses)
+
+
+def test_hybrid_tell_needs_gradients_like_the_candidates():
+    opt = fb.hybrid_bfo(4, swim_length=1, grad_mask=True)
+    state = opt.init({"x": torch.zeros(2)}, key=fb.random.key(0))
+    asked = opt.ask(state)
+    losses = torch.zeros(8)
+    with pytest.raises(ValueError, match="needs grads="):
+        opt.tell(state, asked, losses)
+    with pytest.raises(ValueError, match="structure of asked.params"):
+        opt.tell(state, asked, losses, grads={"y": torch.zeros(8, 2)})
+    with pytest.raises(ValueError, match=r"shape \(4, 2\)"):
+        opt.tell(state, asked, losses, grads={"x": torch.zeros(4, 2)})
+    told = opt.tell(state, asked, losses, grads={"x": np.ones((8, 2))})
+    assert bool(told.grad_known.all())
+
+
+@variants
+def test_ask_and_tell_compile_without_graph_breaks_and_vmap_over_states(variant):
+    torch.compiler.reset()
+    opt = variant.make()
+    state = ask_tell(variant, opt, opt.init(params(), key=fb.random.key(5)), 1)
+    for fn, call in [(opt.ask, (state,)), (opt.tell, None)]:
+        if call is None:
+            asked = opt.ask(state)
+            losses, extra = answer(variant, asked)
+            call = (state, asked, losses, *extra.values())
+
+            def fn(s, a, v, *g, names=tuple(extra)):
+                return opt.tell(s, a, v, check=False, **dict(zip(names, g)))
+        explain = torch._dynamo.explain(fn)(*call)
+        assert explain.graph_break_count == 0, explain.break_reasons
+    compiled_ask = torch.compile(opt.ask, fullgraph=True)
+    compiled_tell = torch.compile(functools.partial(opt.tell, check=False), fullgraph=True)
+    eager = compiled = state
+    for _ in range(3):
+        asked = compiled_ask(compiled)
+        losses, extra = answer(variant, asked)
+        compiled = compiled_tell(compiled, asked, losses, **extra)
+        eager = ask_tell(variant, opt, eager, 1)
+    torch.testing.assert_close(compiled.best_loss, eager.best_loss, rtol=1e-4, atol=1e-6)
+    assert torch.equal(compiled.num_evals, eager.num_evals)
+
+    keys = torch.stack([fb.random.key(0), fb.random.key(1)])
+    states = torch.func.vmap(lambda k: opt.init(params(), key=k))(keys)
+    asked = torch.func.vmap(opt.ask)(states)
+    losses, extra = torch.func.vmap(lambda a: answer(variant, a))(asked)
+    batched = torch.func.vmap(lambda s, a, v, e: opt.tell(s, a, v, check=False, **e))(
+        states, asked, losses, extra)
+    for i, key in enumerate(keys):
+        one = ask_tell(variant, opt, opt.init(params(), key=key), 1)
+        torch.testing.assert_close(batched.best_loss[i], one.best_loss)
+
+
+def test_a_save_between_ask_and_tell_resumes_in_a_fresh_process(tmp_path):
+    opt = fb.hybrid_bfo(6, grad_mask=True, chemotaxis_steps=2)
+    variant = next(v for v in VARIANTS if v.name == "hybrid_bfo")
+    state = ask_tell(variant, opt, opt.init(params(), key=fb.random.key(6)), 3)
+    asked = opt.ask(state)  # then the process dies before it can tell
+    fb.save(state, tmp_path / "state.pt")
+    losses, extra = answer(variant, asked)
+    expected = ask_tell(variant, opt, opt.tell(state, asked, losses, **extra), 2)
+    torch.save(fb._state.to_dict(expected), tmp_path / "expected.pt")
+    script = textwrap.dedent(f"""
+        import torch
+        import functional_bfo as fb
+        from functional_bfo._state import to_dict
+        opt = fb.hybrid_bfo(6, grad_mask=True, chemotaxis_steps=2)
+        def loss_fn(p):
+            return ((p["w"] - 0.5).square().sum() + (p["b"][0] + 0.25).square().sum()
+                    + (p["b"][1] - 1.0).square())
+        like = opt.init({{"w": torch.zeros(3), "b": (torch.zeros(2, 2), torch.zeros(()))}},
+                        key=fb.random.key(0))
+        state = fb.load({str(tmp_path / "state.pt")!r}, like)
+        for _ in range(3):
+            asked = opt.ask(state)
+            grads, losses = torch.func.vmap(torch.func.grad_and_value(loss_fn))(asked.params)
+            state = opt.tell(state, asked, losses, grads=grads)
+        mine, want = to_dict(state), torch.load({str(tmp_path / "expected.pt")!r})
+        same = all(torch.equal(a.nan_to_num(), b.nan_to_num())
+                   for a, b in zip(mine["leaves"], want["leaves"]))
+        print("same" if same else "differs")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.strip() == "same", out.stderr
