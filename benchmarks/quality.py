@@ -19,11 +19,11 @@ Runs are deterministic per seed.
 
 The BBOB suite hands the optimizers the error ``f(x) - f(x*)``, whose minimum is 0.
 ``--offsets`` hands them COCO's own ``f(x)`` instead, as a user running COCO would (the
-reported errors are the same): an optimizer that compares losses only is unaffected, and
-one whose rules read the loss's size (``fb.black_box``'s ``restart_rtol``) is measured
-where a loss's minimum is not 0.
+reported errors are the same), and adds a constant in [-1000, 1000] to each of the eight:
+an optimizer that compares losses only is unaffected, and one whose rules read the loss's
+size is measured where a loss's minimum is not 0.
 
-    python benchmarks/quality.py [--suite bbob [--offsets]] [--quick] [--optimizers NAME ...]
+    python benchmarks/quality.py [--suite bbob] [--offsets] [--quick] [--optimizers NAME ...]
                                  [--rerun] [--report-only]
 
 The BBOB suite takes about 40 minutes on two cores (two processes, ``--optimizers``).
@@ -108,12 +108,18 @@ def problem(suite: str, name: str, dim: int, seed: int, offset: bool = False) ->
             return torch.tensor(f(params["x"].detach().numpy()), dtype=torch.float64)
 
         return Problem(loss, f, box, rows_of(f), optimum)
-    loss, box = make(name, dim, seed, rotate=True)
+    plain, box = make(name, dim, seed, rotate=True)
+    # With offsets, a constant in [-1000, 1000] (two decimals, as COCO's f_opt) is added.
+    optimum = float(np.round(np.random.default_rng([dim, seed, len(name)]).uniform(-1e3, 1e3),
+                             2)) if offset else 0.0
+
+    def loss(params):
+        return plain(params) + optimum
 
     def f(x: np.ndarray) -> float:
         return float(loss({"x": torch.from_numpy(x)}))
 
-    return Problem(loss, f, box, None)
+    return Problem(loss, f, box, None, optimum)
 
 
 def run_ours(label: str, task: Problem, dim: int, seed: int, budget: int,
@@ -211,7 +217,9 @@ def markdown(summary: dict, labels: list[str], names: list[str], dims: list[int]
             + ("; the optimizers see COCO's values f(x), minimum f(x*) != 0, and the errors "
                "are f(x) - f(x*)" if offsets else "")
             if suite == "bbob" else
-            "Shifted problems, rotated where a rotation is defined (`problems.py`)")
+            "Shifted problems, rotated where a rotation is defined (`problems.py`)"
+            + ("; the optimizers see f(x) + c, c in [-1000, 1000], and the errors are f(x) - "
+               "min f" if offsets else ""))
     lines = [f"# Quality vs peers: median error over {seeds} seeds at {budget_factor} x D "
              "evaluations", "",
              f"{what}; errors below {FLOOR:g} count as {FLOOR:g}; bold is the best median of "
@@ -266,10 +274,9 @@ def main() -> None:
     p.add_argument("--offsets", action="store_true",
                    help="BBOB: hand the optimizers COCO's values f(x), whose minimum f(x*) is "
                    "not 0, instead of the errors f(x) - f(x*) (the errors reported are the "
-                   "same); logged and reported apart, as quality_bbob_offsets")
+                   "same); the eight functions get a constant added; logged and reported "
+                   "apart, as quality[_bbob]_offsets")
     args = p.parse_args()
-    if args.offsets and args.suite != "bbob":
-        p.error("--offsets applies to --suite bbob (the eight functions have no offsets)")
     if args.device != "cpu":
         p.error("quality.py compares final errors, which do not depend on the device: use cpu")
     torch.set_num_threads(1)

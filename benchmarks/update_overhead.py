@@ -14,9 +14,9 @@ function on one update's lanes as the tensor reference and as the CPU kernel (nu
 docs/design.md).
 
 With ``--baseline ROOT`` it times instead this checkout's core against the ``functional_bfo``
-of another checkout ROOT (say ``git worktree add /tmp/old v0.3``; its CPU random kernel must
-be the same: copy the built ``_threefry`` extension over, or install ROOT), update for update
-in one process, eager and compiled: the cost of a change to the update itself.
+of another checkout ROOT (say ``git worktree add /tmp/old v0.3``; both draw with this
+checkout's ``random``), update for update in one process, eager and compiled: the cost of a
+change to the update itself.
 
     python benchmarks/update_overhead.py [--quick] [--device cuda] [--variants bfo,...]
                                          [--baseline ROOT]
@@ -226,21 +226,24 @@ def time_block_functions(repeats: int) -> dict:
 
 
 def baseline_core(root: pathlib.Path):
-    """The ``functional_bfo`` package of another checkout, imported beside ours."""
+    """The ``functional_bfo`` package of another checkout, imported beside ours.
+
+    Both draw with this checkout's ``random`` module (one custom op can be registered once
+    per process), so ROOT's must be the same file: only the update differs.
+    """
     folder = root / "functional_bfo"
     if not (folder / "__init__.py").exists():
         raise SystemExit(f"--baseline {root}: no functional_bfo/__init__.py there.")
+    if (folder / "random.py").read_text() != pathlib.Path(fbr.__file__).read_text():
+        raise SystemExit(f"--baseline {root}: its functional_bfo/random.py differs from this "
+                         "checkout's; the two cannot share one process.")
     spec = importlib.util.spec_from_file_location(
         "baseline_functional_bfo", folder / "__init__.py",
         submodule_search_locations=[str(folder)])
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
+    sys.modules[f"{spec.name}.random"] = fbr
     spec.loader.exec_module(module)
-    if module.random.CPU_KERNEL != fbr.CPU_KERNEL:
-        raise SystemExit(f"--baseline {root} draws with the {module.random.CPU_KERNEL} random "
-                         f"kernel and this checkout with {fbr.CPU_KERNEL}: build the same one "
-                         "in both (FUNCTIONAL_BFO_C=1 pip install -e ROOT, or copy the built "
-                         "_threefry extension) so that only the update differs.")
     return module
 
 

@@ -31,6 +31,17 @@ class Ask(NamedTuple):
     loss the update reads (bacteria out of play, with ``min_population_size``, have none);
     the losses of the other rows may be anything and are ignored. ``tag`` names the state
     and round asked, so that ``tell`` can refuse an answer to another one.
+
+    Examples:
+        >>> import numpy as np, torch, functional_bfo as fb
+        >>> opt = fb.bfo(population_size=8, swim_length=3)
+        >>> state = opt.init({"x": torch.ones(3)}, key=fb.random.key(0))
+        >>> for _ in range(20):
+        ...     asked = opt.ask(state)                  # 32 candidates: 4 points of 8 rays
+        ...     x = asked.params["x"].numpy()           # evaluated outside torch
+        ...     state = opt.tell(state, asked, np.square(x).sum(axis=1))
+        >>> tuple(asked.params["x"].shape), int(state.num_evals), bool(state.best_loss < 3)
+        ((32, 3), 640, True)
     """
 
     params: Params  # each leaf (R, *leaf.shape), R = (swim_length + 1) * population_size

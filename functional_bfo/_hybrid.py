@@ -291,7 +291,9 @@ def hybrid_bfo(
                 grads: Params | None = None, check: bool = True) -> HybridBFOState:
         check_state(state, size, HybridBFOState, "hybrid_bfo")
         costs = told_costs(state, asked, losses, static.sign, "hybrid_bfo", check)
-        aux = told_grads(asked, grads, "hybrid_bfo")
+        # Only the marked leaves take gradients, as update's differentiates through them only.
+        aux = optree.tree_map(lambda g, m: torch.where(m, g, torch.zeros_like(g)),
+                              told_grads(asked, grads, "hybrid_bfo"), state.grad_mask)
         steps = plan(state, None)
         return assemble(state, steps, steps.told(asked.params, costs, aux), None)
 
