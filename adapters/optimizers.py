@@ -51,7 +51,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
         module: the model, its buffers saved at a step's start, not at a candidate's first use.
         evaluator: ``fb.distributed.sharded()`` or ``.data_parallel(...)``: ranks share work.
         reevaluate: score the params as they stand first, so no stale best freezes them.
-        max_fe, target_loss, patience, min_delta: when ``should_stop`` (the core's Stopping).
+        max_fe: with ``target_loss``, ``patience``, ``min_delta``: when ``should_stop``.
         **settings: the class's ``DEFAULTS`` to change, for the groups that set no other.
     """
 

@@ -10,8 +10,9 @@ starts from the same kind of point: our bacterium 0 and CMA-ES's mean are unifor
 1e-8 (COCO's final precision), so no cell is decided by rounding noise.
 
 Each run appends one line to ``results/quality[_bbob]_runs.jsonl`` (error, evaluations,
-seconds and the best-so-far curve at fixed fractions of the budget); the tables are built
-from that file, the last line per (optimizer, function, D, seed) winning. Runs already in
+seconds and the best-so-far curve at fixed fractions of the budget; a local file, not kept
+in git: the summaries are); the tables are built from that file, the last line per
+(optimizer, function, D, seed) winning. Runs already in
 the file are skipped unless ``--rerun`` is given (rerun our optimizers after changing
 them), so an interrupted run resumes and the optimizers can run in separate processes
 (``--optimizers``).
@@ -125,7 +126,7 @@ def problem(suite: str, name: str, dim: int, seed: int, offset: bool = False) ->
 def run_ours(label: str, task: Problem, dim: int, seed: int, budget: int,
              **settings) -> dict:
     """One run of our optimizer ``label``; ``settings`` go to ``fb.black_box`` (its
-    defaults here; ``dev/ab_black_box.py`` tries others)."""
+    defaults here; other settings are how a change to them is measured)."""
     loss, box = task.loss, task.box
     generator = torch.Generator().manual_seed(10_000 + seed)
     start = (torch.rand(dim, generator=generator, dtype=torch.float64) * 2 - 1) * box[1]

@@ -37,16 +37,19 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "(`pip install coco-experiment`; `cocoex.BareProblem`, instance seed + 1, box [-5, 5]) "
      "with the same optimizers, budgets, seeds and rules as the table above; the run takes "
      "about 40 minutes on two cores. It is the suite the black-box setup was not tuned on."),
+    ("quality_offsets", "Quality vs peers with an offset added to the loss",
+     "`python benchmarks/quality.py --offsets --optimizers fb.black_box`: the eight "
+     "functions with a constant in [-1000, 1000] added to the loss (the errors are still "
+     "f(x) - min f). `fb.black_box` compares losses with each other only, so it gives the "
+     "errors of the first table up to the last bits the offset rounds away; the peers that "
+     "only compare losses do the same."),
     ("quality_bbob_offsets", "Quality vs peers on COCO's BBOB suite, with COCO's offsets",
-     "`python benchmarks/quality.py --suite bbob --offsets --dims 10`: the same runs at "
-     "D = 10, but the optimizers see COCO's own values f(x), whose minimum f(x*) lies between "
-     "-1000 and 1000, as a user running COCO hands them over; the errors are still "
-     "f(x) - f(x*). The tables above hand over f(x) - f(x*), whose minimum is 0. IPOP-CMA-ES, "
-     "pymetaheuristic's and mealpy's original BFO and our other optimizers only compare "
-     "losses and give the same errors; niapy's BFO and mealpy's ABFO move by a few percent. "
-     "`fb.black_box` restarts a swarm "
-     "when its best stops falling by 1% of itself (`restart_rtol`), which reads the loss's "
-     "size, so it is measured here where that size is not its distance to the minimum."),
+     "`python benchmarks/quality.py --suite bbob --offsets`: the same runs, but the "
+     "optimizers see COCO's own values f(x), whose minimum f(x*) lies between -1000 and "
+     "1000, as a user running COCO hands them over; the errors are still f(x) - f(x*). "
+     "IPOP-CMA-ES, pymetaheuristic's and mealpy's original BFO and our optimizers only "
+     "compare losses and give the same errors; niapy's BFO and mealpy's ABFO move by a few "
+     "percent (the peers were run at D = 10)."),
     ("speed", "Speed vs peers",
      "`python benchmarks/speed.py`: every optimizer on the same shifted Rastrigin in one run; "
      "ratios are to the fastest BFO peer of that run."),
@@ -56,6 +59,11 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
     ("update_overhead", "Update overhead vs the evaluation floor (CPU)",
      "`python benchmarks/update_overhead.py`: an update against the vmapped evaluations it "
      "performs, run the same way (targets: 2.0 eager, 1.3 compiled)."),
+    ("update_overhead_baseline", "Update time with ask/tell inside (CPU)",
+     "`python benchmarks/update_overhead.py --baseline ROOT`: this checkout's `update` "
+     "against another checkout's, back to back in one process (the same random kernel). "
+     "Against the update before it was defined through the ask/tell plan, every ratio is "
+     "within the machine's noise: ask/tell costs `update` nothing."),
     ("swim_batch", "Swim points per evaluation call (CPU)",
      "`python benchmarks/swim_batch.py`: `swim_batch=1` (the default) against the whole swim "
      "ray in one call; the trajectory is the same."),

@@ -211,7 +211,7 @@ def time_block_functions(repeats: int) -> dict:
     """The block function on an update's lanes: the tensor reference and the CPU kernels."""
     words = (torch.tensor(5), torch.tensor(7), torch.tensor(3))  # key and step counter
     paths = {"tensor": fbr._threefry_rounds, "numpy": fbr._threefry_numpy}
-    if fbr.CPU_KERNEL == "c":  # installed with FUNCTIONAL_BFO_C=1
+    if fbr.CPU_KERNEL == "c":  # built at install
         paths["c"] = fbr._threefry_c
     out = {}
     # One update's noise: P rows of ceil((2n + 3) / 2) lanes (random.normal_rows).

@@ -4,7 +4,8 @@ Rastrigin is a black box (a function of a box and nothing else), so it is run fi
 :func:`functional_bfo.black_box`, the setup to use on such problems, then by canonical
 :func:`functional_bfo.bfo` at the same budget: Passino's algorithm, the reference that the
 variants build on. The MLP is trained by canonical BFO through :func:`functional_bfo.run`.
-Everything prints progress and finishes in well under a minute on a laptop CPU.
+Everything shows progress (a bar with tqdm installed, lines otherwise) and finishes in
+well under a minute on a laptop CPU.
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ def rastrigin_demo() -> None:
     budget = 60_000
     print(f"-- fb.black_box: the setup for a black-box function (loss {rastrigin(start):.2f} "
           "at the start)")
-    found = fb.black_box(rastrigin, start, (-5.12, 5.12), max_evals=budget, key=fb.random.key(0))
-    for evals, best in found.history[:: max(1, len(found.history) // 6)]:
-        print(f"evals {evals:9d}  best {best:.6g}")
+    found = fb.black_box(rastrigin, start, (-5.12, 5.12), max_evals=budget, key=fb.random.key(0),
+                         progress=True)
     error = (found.params["x"] - shift).abs().max().item()
     print(f"black_box: loss {found.loss.item():.4g} in {found.num_evals} evaluations "
           f"({found.restarts} restarts); largest coordinate error {error:.2e}")

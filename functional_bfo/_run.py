@@ -63,7 +63,9 @@ def run(
         target_loss: stop once the best loss reaches it (``<=``, or ``>=`` when maximizing).
         patience: stop after this many updates without the best improving by ``min_delta``.
         min_delta: the improvement that resets ``patience``.
-        progress: True prints a line every ``log_every`` updates and a summary; a callable
+        progress: True shows a ``tqdm`` bar of the evaluations (or updates, without
+            ``max_evals``) and the best loss where tqdm is installed, else prints a line
+            every ``log_every`` updates; either way a summary at the end. A callable
             receives the same numbers as a dict instead.
         log_every: updates between progress reports.
         compile: run ``torch.compile(opt.update, fullgraph=True)``; a failure to compile is
@@ -114,7 +116,8 @@ def run(
                          f"{tuple(losses.shape)}): loop over "
                          "torch.func.vmap(opt.update, in_dims=(0, None)) yourself, or run "
                          "each state of the batch.")
-    report = _reporter(progress)
+    report = _reporter(progress, max_evals if max_evals is not None else max_steps,
+                       "evals" if max_evals is not None else "updates")
     evals, best = _read(state)[:2]
     rules = Stopping(maximize=opt.maximize, budget=max_evals, max_steps=max_steps,
                      target_loss=target_loss, patience=patience, min_delta=min_delta)
@@ -190,14 +193,31 @@ def _info(state: Any, steps: int, evals: int, best: float, mean: float, started:
             "mean_loss": mean, "seconds": time.perf_counter() - started}
 
 
-def _reporter(progress: Progress) -> Callable[[dict], None] | None:
+def _reporter(progress: Progress, total: int | None = None,
+              unit: str = "evals") -> Callable[[dict], None] | None:
+    """What reports progress: None, the user's callable, a tqdm bar, or printed lines."""
     if progress is False or progress is None:
         return None
     if callable(progress):
         return progress
-    if progress is True:
+    if progress is not True:
+        raise TypeError(f"Invalid progress: {progress!r}; expected a bool or a callable(dict).")
+    try:
+        from tqdm import tqdm
+    except ImportError:  # lines instead: tqdm is optional
         return _print_line
-    raise TypeError(f"Invalid progress: {progress!r}; expected a bool or a callable(dict).")
+    bar = tqdm(total=total, unit=f" {unit}", dynamic_ncols=True)
+
+    def show(info: dict) -> None:
+        bar.n = info["num_evals"] if unit == "evals" else info["updates"]
+        bar.set_postfix(best=f"{info['best_loss']:.6g}", refresh=False)
+        if "stopped" not in info:
+            bar.refresh()
+            return
+        bar.close()
+        _print_line(info)
+
+    return show
 
 
 def _print_line(info: dict) -> None:

@@ -1,7 +1,7 @@
 /* Threefry-2x32 for the CPU kernels of functional_bfo.random's ops, built at install time.
 
-   Opt-in: `FUNCTIONAL_BFO_C=1 pip install .` compiles this file into the package as
-   functional_bfo._threefry; without it the ops' CPU kernel is numpy. Both are tested bit for
+   `pip install .` compiles this file into the package as functional_bfo._threefry where a C
+   compiler is found; without it the ops' CPU kernel is numpy. Both are tested bit for
    bit against the tensor-op reference (tests/test_random.py). The functions are called
    through ctypes on tensors' data pointers; the module itself has no Python functions. */
 #define PY_SSIZE_T_CLEAN

@@ -18,10 +18,11 @@ supports too few ops, and signed 32-bit overflow is undefined behaviour in gener
 The block function, and the noise rows an update draws, are ``torch.library`` ops: the same
 program in every mode (eager, compiled, vmapped, traced). Their reference kernels are
 tensor ops on any device. On the CPU they run a faster kernel with the same bits:
-a C loop when the package was installed with ``FUNCTIONAL_BFO_C=1`` (built then, into the
-package; never at run time), else the same rounds in numpy's native ``uint32`` arithmetic
-(:data:`CPU_KERNEL` says which; ``benchmarks/update_overhead.py`` times them). The tests
-check each against the reference bit for bit.
+a C loop, built into the package at install time where a C compiler is found (never at run
+time), else the same rounds in numpy's native ``uint32`` arithmetic (:data:`CPU_KERNEL`
+says which; the environment variable ``FUNCTIONAL_BFO_CPU_KERNEL=numpy``, read at import,
+selects numpy; ``benchmarks/update_overhead.py`` times them). The tests check each against
+the reference bit for bit.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import ctypes
 import math
 import numbers
 import operator
+import os
 from typing import Any
 
 import numpy as np
@@ -39,9 +41,11 @@ from torch import Tensor
 
 from ._tree import unflatten_like
 
-try:  # the opt-in C kernel, compiled at install time (setup.py)
+try:  # the C kernel, compiled at install time where a compiler is found (setup.py)
     from . import _threefry as _c_module
 except ImportError:
+    _c_module = None
+if os.environ.get("FUNCTIONAL_BFO_CPU_KERNEL") == "numpy":  # chosen at run time
     _c_module = None
 
 __all__ = [
@@ -158,7 +162,8 @@ def _c_functions():
 
 _C_BLOCK, _C_ROWS = _c_functions() if _c_module is not None else (None, None)
 CPU_KERNEL = "c" if _c_module is not None else "numpy"
-"""Which kernel the CPU runs: ``"c"`` (installed with ``FUNCTIONAL_BFO_C=1``) or ``"numpy"``."""
+"""Which kernel the CPU runs: ``"c"`` (built at install) or ``"numpy"`` (no compiler then, or
+``FUNCTIONAL_BFO_CPU_KERNEL=numpy`` in the environment)."""
 
 
 def _threefry_c(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:

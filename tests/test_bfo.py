@@ -2,6 +2,7 @@
 the run driver, evaluators, hyperparameters and the module helper."""
 
 import functools
+import sys
 from typing import NamedTuple
 
 import optree
@@ -174,7 +175,18 @@ def test_run_respects_budgets_and_stopping_rules():
     assert int(stalled.step) == 4  # the first update improves on +inf, then 3 stall
 
 
-def test_run_progress_prints(capsys):
+def test_run_progress_shows_a_tqdm_bar_then_a_summary(capsys):
+    pytest.importorskip("tqdm")
+    opt = fb.bfo(population_size=4, swim_length=1)
+    state = opt.init({"x": torch.zeros(2)}, key=fb.random.key(7))
+    fb.run(opt, state, sq, max_evals=80, progress=True, log_every=2)
+    out = capsys.readouterr()
+    assert "80/80" in out.err and "best=" in out.err  # the bar, on stderr
+    assert out.out.startswith("stopped by max_evals after 10 updates (80 evaluations")
+
+
+def test_run_progress_prints_lines_without_tqdm(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # as if it were not installed
     opt = fb.bfo(population_size=4, swim_length=1)
     state = opt.init({"x": torch.zeros(2)}, key=fb.random.key(7))
     fb.run(opt, state, sq, max_steps=4, progress=True, log_every=2)

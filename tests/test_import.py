@@ -86,3 +86,11 @@ def test_the_variants_states_share_their_leading_fields():
     start = initial_population({"x": torch.zeros(2)}, fb.random.key(0), 3, None, 1.0)
     filled = start.state_fields(1.0, {}, lambda: None)
     assert tuple(k for k in filled if k != "hyperparams") == shared
+
+
+def test_the_api_reference_lists_every_public_name():
+    """docs/api.md renders each public name (mkdocs build --strict in CI fails on a stale one)."""
+    api = (pathlib.Path(__file__).parents[1] / "docs" / "api.md").read_text()
+    missing = [n for n in PUBLIC["functional_bfo"] - ALIASES
+               if f"::: functional_bfo.{n}\n" not in api]
+    assert not missing, f"add to docs/api.md: {missing}"

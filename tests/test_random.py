@@ -106,7 +106,7 @@ def test_threefry_matches_reference(k0, k1, x0, data):
     assert got == [ref_threefry2x32(k0, k1, a, b) for a, b in zip(x0, x1, strict=True)]
 
 
-needs_c = pytest.mark.skipif(R.CPU_KERNEL != "c", reason="installed without FUNCTIONAL_BFO_C=1")
+needs_c = pytest.mark.skipif(R.CPU_KERNEL != "c", reason="installed without the C kernel")
 KERNELS = [R._threefry_numpy, R._threefry_op,
            pytest.param(R._threefry_c, marks=needs_c, id="c")]
 
@@ -889,3 +889,31 @@ def test_number_bounds_and_shapes_stay_compilable_and_numpy_ints_are_ints():
 def test_a_bad_shape_is_named(draw, shape):
     with pytest.raises(ValueError, match=r"Invalid shape: .*expected a tuple of ints >= 0"):
         draw(R.key(0), shape)
+
+
+def test_the_numpy_kernel_chosen_at_run_time_gives_the_same_run():
+    """FUNCTIONAL_BFO_CPU_KERNEL=numpy (read at import) selects the numpy kernel in an
+    install that has the C one; an update's noise, hence the whole run, is bit for bit the
+    same with either."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, functional_bfo as fb\n"
+        "opt = fb.adaptive_bfo(16, chemotaxis_steps=3)\n"
+        "s = opt.init({'x': torch.linspace(-1, 1, 40)}, key=fb.random.key(4))\n"
+        "for _ in range(7):\n"
+        "    s = opt.update(s, lambda p: (p['x'] - 0.2).square().sum())\n"
+        "print(fb.random.CPU_KERNEL, s.population['x'].double().sum().item().hex(),\n"
+        "      s.best_loss.item().hex(), s.step_sizes.double().sum().item().hex())\n")
+    runs = {}
+    for choice in ("numpy", ""):
+        env = {**os.environ, "FUNCTIONAL_BFO_CPU_KERNEL": choice}
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             timeout=120, env=env)
+        assert out.returncode == 0, out.stderr
+        kernel, *values = out.stdout.split()
+        runs[kernel] = values
+    assert "numpy" in runs and runs.keys() <= {"numpy", "c"}
+    assert len(set(map(tuple, runs.values()))) == 1
