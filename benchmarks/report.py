@@ -81,6 +81,11 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "`python benchmarks/scaling.py --device cuda`: peak memory from the CUDA allocator."),
     ("adapter_paths", "The torch.optim adapters: closure vs fast path (CPU)",
      "`python benchmarks/adapter_paths.py`."),
+    ("adapter_shells", "The shell's own cost against the one it replaced (CPU)",
+     "`python benchmarks/adapter_paths.py --baseline ROOT`, ROOT a checkout of the previous "
+     "shell: both step the same problem over the same core, in turn. \"per evaluation\" "
+     "divides out the closure path's one extra evaluation (its call at the best "
+     "parameters)."),
     ("adapter_paths_cuda", "The torch.optim adapters on an NVIDIA H100",
      "`python benchmarks/adapter_paths.py --device cuda`."),
     ("adaptive_vs_bfo", "AdaptiveBFO vs canonical BFO",
