@@ -58,7 +58,7 @@ class Trace:
     @contextlib.contextmanager
     def scoring(self, hook: bool) -> Iterator[Any]:
         """Candidates are scored: watched through the hook, or the known layers set."""
-        token, flipped = _SCORING.set(True), []
+        token, flipped = _SCORING.set(True), list[torch.nn.Module]()
         for m in () if hook else list(self.known):
             self._seen(m, flipped)
         try:
@@ -67,7 +67,7 @@ class Trace:
                 yield handle  # the hook's, to remove it early
         finally:
             for m in flipped:
-                m.track_running_stats = True
+                m.track_running_stats = True  # type: ignore[assignment]
             _SCORING.reset(token)
 
     def _seen(self, module: torch.nn.Module, flipped: list[torch.nn.Module]) -> None:
@@ -76,7 +76,7 @@ class Trace:
             for b in module.buffers():
                 self.saved.setdefault(id(b), (b, b.detach().clone()))
         if module.training and getattr(module, "track_running_stats", False):
-            module.track_running_stats = False
+            module.track_running_stats = False  # type: ignore[assignment]  # BatchNorm's
             flipped.append(module)
 
 
@@ -115,7 +115,7 @@ class CandidateEvaluator:
             f = torch.func.grad_and_value(loss_fn) if self.with_grads else loss_fn
             out = batched(f, population, args, self.chunk_size)
             return out[::-1] if self.with_grads else out
-        losses, grads = [], [[] for _ in self.params]
+        losses, grads = [], [list[Tensor]() for _ in self.params]
         with torch.enable_grad(), self.trace.scoring(hook=True) as hook:
             for i in range(population[0].shape[0]):
                 if i == 1:  # the first candidate showed the modules; hooked calls are slower
@@ -132,7 +132,7 @@ class CandidateEvaluator:
                     slot.append(p.grad.detach().to(p.dtype).clone() if p.grad is not None
                                 else torch.full_like(p, torch.nan)
                                 if p.requires_grad and not backward else torch.zeros_like(p))
-        kw = {"dtype": torch.float64, "device": population[0].device}  # .item()s: one transfer
+        kw: Any = {"dtype": torch.float64, "device": population[0].device}  # one transfer
         out = (torch.tensor(losses, **kw) if all(type(v) is float for v in losses)
                else torch.stack([torch.as_tensor(v, **kw) for v in losses]))
         return (out, [torch.stack(slot) for slot in grads]) if self.with_grads else out

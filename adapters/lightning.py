@@ -90,7 +90,7 @@ class BFOCallback(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
         """Log each swarm's best loss, diversity, step length and evaluations."""
-        every = self.log_every_n_steps or trainer.log_every_n_steps
+        every = self.log_every_n_steps or trainer.log_every_n_steps  # type: ignore[attr-defined]
         if trainer.global_step % every:
             return
         for opt in _swarm_optimizers(trainer):

@@ -6,7 +6,7 @@ import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.distributed as dist
@@ -56,7 +56,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
     """
 
     factory: ClassVar[Callable[..., fb.Optimizer]]
-    Hyperparams: ClassVar[type]  # the settings a state holds as tensors: they may change
+    Hyperparams: ClassVar[Any]  # the settings a state holds as tensors: they may change
     LR: ClassVar[str]  # the core's name of torch's lr
     DEFAULTS: ClassVar[dict[str, Any]]
     uses_grads: ClassVar[bool] = False
@@ -100,12 +100,12 @@ class SwarmOptimizer(torch.optim.Optimizer):
         self._seed, self._distributed, self._trace = _agreed(seed), evaluator, Trace(module)
         self._dynamic = ["lr" if f == self.LR else f for f in self.Hyperparams._fields]
         self._swarms: dict[int, _Swarm] = {}  # the groups' cores: rebuilt after a load
-        self._best, self._closure, self._loading, self._warned = None, None, None, False
+        self._best, self._closure, self._loading, self._warned = cast(Any, (None,) * 3 + (False,))
         self.last_step_evals = 0  # what the last step() evaluated: 0 if paused or stopped
         super().__init__(params, {**self.DEFAULTS, **settings})
-        self.register_state_dict_post_hook(type(self)._saved)
-        self.register_load_state_dict_pre_hook(type(self)._check_load)
-        self.register_load_state_dict_post_hook(type(self)._finish_load)
+        self.register_state_dict_post_hook(type(self)._saved)  # type: ignore[arg-type]
+        self.register_load_state_dict_pre_hook(type(self)._check_load)  # type: ignore[arg-type]
+        self.register_load_state_dict_post_hook(type(self)._finish_load)  # type: ignore[arg-type]
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group (its own swarm); nothing is added unless it is valid."""
@@ -136,7 +136,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
         static = {k: group[k] for k in self.DEFAULTS if k not in self._dynamic}
         return _Swarm(static, core, evaluator, scorer, update)  # hyperparameters set at a step
 
-    def step(self, closure: Callable[[], Any] | None = None, *,
+    def step(self, closure: Callable[[], Any] | None = None, *,  # type: ignore[override]
              loss_fn: Callable[[Any], Tensor] | None = None) -> float:
         """One step of every group's swarm; the parameters end at the best, its loss returned.
 
@@ -206,7 +206,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
         per_update = settle + sum(
             groups[g]["population_size"] * (groups[g]["swim_length"] + 1) + self._reevaluate
             for g in live)
-        self._stopping.record(self.num_evals, self._best, per_update)
+        self._stopping.record(self.num_evals, self._best, per_update)  # type: ignore[arg-type]
         return per_update
 
     def _advance(self, g: int, group: dict[str, Any], closure: Any,
@@ -278,7 +278,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
         try:
             entries, groups = state_dict["state"], state_dict["param_groups"]
             record = dict(entries[0]["optimizer"])
-            bad = [k for k, kind in RECORD.items() if not isinstance(record.get(k), kind)]
+            bad = [k for k, kind in RECORD.items() if not isinstance(record.get(k), kind)]  # type: ignore[arg-type]
             if record["class"] != name or bad:
                 raise TypeError(f"its record is of {record['class']!r}, invalid: {bad}")
             for g, (group, saved) in enumerate(zip(self.param_groups, groups)):
@@ -384,7 +384,7 @@ class HybridBFO(SwarmOptimizer):
 def _loss_input(names: list[list[str] | None], values: list[list[Tensor]]) -> Any:
     """What ``loss_fn`` receives: ``{name: tensor}`` if built from named params, else a list."""
     if None not in names:
-        return {n: v for ns, vs in zip(names, values) for n, v in zip(ns, vs)}
+        return {n: v for ns, vs in zip(names, values) for n, v in zip(ns or [], vs)}
     return [v for vs in values for v in vs]
 
 

@@ -19,7 +19,7 @@ loss), so all candidates of a step see the same data.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 try:
     import transformers
@@ -75,7 +75,7 @@ class BFOTrainer(transformers.Trainer):
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
                 evaluator = fb.distributed.data_parallel(
                     weight=self.args.per_device_train_batch_size)
-            self.optimizer = HybridBFO(model.parameters(), lr=self.args.learning_rate,
+            self.optimizer = HybridBFO(model.parameters(), lr=self.args.learning_rate,  # type: ignore[union-attr]
                                        seed=self.args.seed, module=model, evaluator=evaluator)
         _swarm(self.optimizer)
         return self.optimizer
@@ -97,7 +97,7 @@ class BFOTrainer(transformers.Trainer):
             total = torch.zeros(())
             for batch in window:
                 with self.compute_loss_context_manager():
-                    loss = self.compute_loss(model, dict(batch)) / len(window)
+                    loss = cast(torch.Tensor, self.compute_loss(model, dict(batch))) / len(window)
                 if opt.uses_grads:  # HybridBFO reads the accumulated gradient
                     self.accelerator.backward(loss)
                 total = total.to(loss.device) + loss.detach().float()
@@ -105,7 +105,7 @@ class BFOTrainer(transformers.Trainer):
 
         opt.set_closure(closure)
         with self.compute_loss_context_manager():
-            loss = self.compute_loss(model, dict(inputs))
+            loss = cast(torch.Tensor, self.compute_loss(model, dict(inputs)))
         if loss.requires_grad:  # as the Trainer's own step: clipping, norms, a GradScaler
             self.accelerator.backward(loss)
         steps = getattr(self, "current_gradient_accumulation_steps",

@@ -40,7 +40,7 @@ class AdaptiveBFOHyperparams(NamedTuple):
     levy_beta: Tensor  # stability index of Lévy tumbles (used when tumble="levy")
 
     # (low, high, low_open) of each field, checked by adaptive_bfo() and with_hyperparams().
-    RANGES = {
+    RANGES = {  # type: ignore[misc]  # a class constant; mypy's NamedTuple has no ClassVar
         "step_size": (0.0, math.inf, False),
         "step_size_min": (0.0, math.inf, True),
         "step_size_max": (0.0, math.inf, False),
@@ -230,7 +230,7 @@ def adaptive_bfo(
         result = plan.told(asked.params, costs, None)
         return AdaptiveBFOState(**adaptive_fields(state, static, plan, result).fields)
 
-    update_fn.static = static  # for variants that drive adaptive_step themselves
+    update_fn.static = static  # type: ignore[attr-defined]  # read by adaptive_static
     return Optimizer(init_fn, update_fn, maximize, ask_fn, tell_fn)
 
 
@@ -257,7 +257,7 @@ def adaptive_static(opt: Optimizer) -> AdaptiveStatic:
     ``black_box``): they build an ``adaptive_bfo`` with their settings, which validates and
     completes them with its defaults, and read the result here.
     """
-    return opt.update.static
+    return opt.update.static  # type: ignore[attr-defined]
 
 
 class AdaptiveStep(NamedTuple):
@@ -314,7 +314,7 @@ class AdaptiveKeep(NamedTuple):
     cost: Tensor  # (P,) sign-adjusted losses after reproduction (NaN where unknown)
     step_sizes: Tensor  # (P,) clamped step sizes after reproduction and dispersal
     health: Tensor  # (P,) health after reproduction
-    count: Tensor  # () the active population size
+    active_size: Tensor  # () the active population size
     source: Tensor  # (P,) reproduction source of each slot
     known: Tensor  # (P,) whether each bacterium knew its loss before the swim
 
@@ -377,11 +377,11 @@ def adaptive_fields(state: Any, static: AdaptiveStatic, plan: Plan,
         best_loss=sign * result.best_cost,
         key=state.key,
         step=state.step + 1,
-        num_evals=state.num_evals + keep.count * (static.swims + 1),
+        num_evals=state.num_evals + keep.active_size * (static.swims + 1),
         step_sizes=torch.where(keep.known, adapted, keep.step_sizes),
         stall=torch.where(improved, torch.zeros_like(state.stall), state.stall + 1),
         reference_diversity=state.reference_diversity,
-        active_size=keep.count,
+        active_size=keep.active_size,
         hyperparams=hp,
     )
     return AdaptiveStep(fields, keep.source, keep.known, result.aux)

@@ -111,8 +111,8 @@ def told_grads(asked: Ask, grads: Any, variant: str) -> Params:
     except (ValueError, TypeError) as e:
         raise ValueError(f"grads does not match the structure of asked.params: {e}") from None
     out = []
-    for g, x in zip(given, leaves):
-        g = g.detach() if isinstance(g, Tensor) else torch.as_tensor(np.asarray(g))
+    for leaf, x in zip(given, leaves):
+        g = leaf.detach() if isinstance(leaf, Tensor) else torch.as_tensor(np.asarray(leaf))
         if tuple(g.shape) != tuple(x.shape):
             raise ValueError(f"Invalid grads: a leaf of shape {tuple(g.shape)} where "
                              f"asked.params has {tuple(x.shape)}.")

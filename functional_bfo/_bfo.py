@@ -49,7 +49,7 @@ class BFOHyperparams(NamedTuple):
     w_repel: Tensor  # J_cc repellent width
 
     # (low, high, low_open) of each field, checked by bfo() and by with_hyperparams().
-    RANGES = {
+    RANGES = {  # type: ignore[misc]  # a class constant; mypy's NamedTuple has no ClassVar
         "step_size": (0.0, math.inf, False),
         "elimination_prob": (0.0, 1.0, False),
         "init_scale": (0.0, math.inf, True),

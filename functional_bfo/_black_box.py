@@ -29,6 +29,7 @@ import contextlib
 import math
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import optree
@@ -236,7 +237,7 @@ def black_box(
 
     def step(state: AdaptiveBFOState, metric: TumbleMetric | None):
         """One AdaptiveBFO update with tumbles shaped by ``metric``, which learns from it."""
-        if metric is None:
+        if metric is None or width is None:
             return AdaptiveBFOState(**adaptive_step(state, static, evaluate).fields), None
         out = adaptive_step(state, static, evaluate, lambda direction, source, known:
                             shape_directions(metric, direction, width, params))
@@ -284,7 +285,8 @@ def black_box(
             handed = handed or (hand_over is not None and converging.failed >= hand_over)
             if handed and explorer is None:
                 explorer = _Explorer(opt, step, params, box, key, kick, sign)
-            if handed and not polishing and converging_after >= CONVERGING_SHARE * (after + 1):
+            if (explorer is not None and not polishing
+                    and converging_after >= CONVERGING_SHARE * (after + 1)):
                 evals += explorer.update()
             else:
                 evals += converging.update()
@@ -299,7 +301,7 @@ def black_box(
                 record(sign * min(best_cost, polisher.best_cost))
     except BaseException as e:  # the user's exception (or Ctrl-C), with what was found
         with contextlib.suppress(AttributeError):  # an exception type without a __dict__
-            e.partial_result = result()
+            e.partial_result = result()  # type: ignore[attr-defined]
         e.add_note(f"functional_bfo.black_box: interrupted after {evals} evaluations; the best "
                    "point found before is this exception's .partial_result.")
         raise
@@ -329,6 +331,12 @@ def _best(*swarms) -> tuple[Params, float]:
 
 class _Swarm:
     """What both kinds of swarm share: a state the driver advances, and the best it has seen."""
+
+    state: AdaptiveBFOState
+    step: Callable[..., tuple[AdaptiveBFOState, Any]]
+    sign: float
+    best_params: Params
+    best_cost: float
 
     def _advance(self, metric: TumbleMetric | None):
         """One update of ``self.state``: (evaluations spent, the metric after it, best cost)."""
@@ -434,9 +442,9 @@ class _Explorer(_Swarm):
         gaussian = spec.flatten_up_to(box_relative(z, self.box))
         no_spread = torch.zeros((), dtype=dtype, device=device)
         moved = []
-        for x, zi, k, r, b in zip(leaves, spec.flatten_up_to(z), gaussian,
-                                  spec.flatten_up_to(unflatten_like(redraw, self.params)),
-                                  self.box):
+        normals: list[Any] = spec.flatten_up_to(z)
+        redraws: list[Any] = spec.flatten_up_to(unflatten_like(redraw, self.params))
+        for x, zi, k, r, b in zip(leaves, normals, gaussian, redraws, self.box):
             kicked = project(x + (self.jitter * k).to(x.dtype), b, "clip")
             redrawn = sample_domain(kicked, zi.to(x.dtype), b, no_spread.to(x.dtype))
             moved.append(torch.where(r, redrawn, torch.where(rows(odd, x), x, kicked)))
@@ -528,7 +536,7 @@ class _Polisher(_Swarm):
         return self._advance(None)[0]
 
 
-def _in_float64(params: Params, loss_fn: LossFn, bounds: Any) -> tuple[Params, LossFn, Any]:
+def _in_float64(params: Params, loss_fn: LossFn, bounds: Any) -> tuple[Params, Any, Any]:
     """``params`` in float64, and ``loss_fn`` and ``bounds`` that go with them.
 
     ``loss_fn`` gets its params back in their own dtypes; ``bounds`` is rounded inward to

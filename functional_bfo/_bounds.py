@@ -105,7 +105,7 @@ def resolve(bounds: Any, params: Any, dtype: torch.dtype) -> list[LeafBounds | N
         except ValueError as e:
             raise ValueError(f"bounds does not match the structure of params: {e}. "
                              f"params is {spec}; {BOUNDS_FORM_MSG}.") from None
-    out = []
+    out: list[LeafBounds | None] = []
     for path, leaf, pair in zip(paths, leaves, pairs):
         if not _is_pair(pair):  # values were checked by check_bounds; this stays sync-free
             raise ValueError(f"Invalid bounds at {path_str(path)}: {pair!r}; {BOUNDS_FORM_MSG}.")

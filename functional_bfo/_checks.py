@@ -122,7 +122,7 @@ def compute_dtype(leaves: list[Tensor]) -> torch.dtype:
     return torch.float64 if any(x.dtype == torch.float64 for x in leaves) else torch.float32
 
 
-def check_state(state: Any, size: int, kind: type, variant: str) -> None:
+def check_state(state: Any, size: int, kind: type[Any], variant: str) -> None:
     """Static check that ``state`` was made by ``variant`` (state class ``kind``) of this size."""
     if not hasattr(state, "population") or not hasattr(state, "losses"):
         raise TypeError(f"Expected the state returned by init/update, got {type(state).__name__}.")

@@ -70,7 +70,8 @@ def ray_point(
     """
     leaves, spec = optree.tree_flatten(population)
     out = []
-    for x, d, b in zip(leaves, spec.flatten_up_to(direction), bounds):
+    directions: list[Any] = spec.flatten_up_to(direction)
+    for x, d, b in zip(leaves, directions, bounds):
         step = distance.reshape(distance.shape + (1,) * (x.dim() - 1)) * d
         point = project(x.to(d.dtype) + step, b, mode).to(x.dtype)
         if distance.dim() > 1:  # not -1: an empty leaf would leave it undetermined
@@ -155,10 +156,11 @@ class Plan(NamedTuple):
         """
         ray, carry = self.ray, self.carry
         ordered = numel(ray.population) >= ORDER_POINTS_FROM
-        raw, aux = None, None
+        raw: Tensor | None = None
+        aux: Any = None
         for first in range(0, ray.distances.shape[0], per_call):
             along = ray.distances[first:first + per_call]  # (G, P)
-            if ordered and first:  # after the previous points' losses and aux (gradients)
+            if ordered and raw is not None:  # after the previous points' losses and aux
                 along = after(along, raw, *optree.tree_leaves(aux))
             candidates = ray.points(along)
             raw, aux = evaluate(candidates)

@@ -104,9 +104,10 @@ def sample_population(
     They spread over the search domain around ``anchor`` (unbatched, like params).
     """
     leaves, spec = optree.tree_flatten(anchor)
+    normals: list[Any] = spec.flatten_up_to(z)
     out = [
         sample_domain(a.to(dtype), zi, b, scale.to(dtype)).to(a.dtype)
-        for a, zi, b in zip(leaves, spec.flatten_up_to(z), bounds)
+        for a, zi, b in zip(leaves, normals, bounds)
     ]
     return optree.tree_unflatten(spec, out)
 

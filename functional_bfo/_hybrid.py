@@ -75,7 +75,8 @@ class HybridBFOHyperparams(NamedTuple):
     gradient_weight: Tensor  # w: 0 = pure BFO tumble, 1 = pure negative-gradient direction
     momentum: Tensor  # beta of the gradient's exponential average (0 = none)
 
-    RANGES = {**AdaptiveBFOHyperparams.RANGES,
+    RANGES = {  # type: ignore[misc]  # a class constant; mypy's NamedTuple has no ClassVar
+              **AdaptiveBFOHyperparams.RANGES,
               "gradient_weight": (0.0, 1.0, False), "momentum": (0.0, 0.999, False)}
 
 
@@ -230,7 +231,7 @@ def hybrid_bfo(
                  grad: Params | None) -> HybridBFOState:
         hp, dtype, mask = state.hyperparams, state.losses.dtype, state.grad_mask
         step = adaptive_fields(state, static, plan, result)
-        fields = dict(step.fields, hyperparams=hp)
+        fields: dict[str, Any] = dict(step.fields, hyperparams=hp)
         if grad is not None:
             given = optree.tree_map(lambda x, p: x.to(p.dtype).expand_as(p), grad, state.grads)
             stats = _grad_stats(given, mask, dtype, vanishing_threshold, exploding_threshold)
@@ -271,6 +272,7 @@ def hybrid_bfo(
                     losses = batched(loss_fn, candidates, args, chunk_size)
                 grads = None
             else:
+                assert differentiable is not None  # no grad given: it was built above
                 grads, losses = batched(torch.func.grad_and_value(differentiable), candidates,
                                         args, chunk_size)
             count = optree.tree_leaves(candidates)[0].shape[0]  # stacked swim points
@@ -317,7 +319,7 @@ def _mask_tree(params: Params, grad_mask: Any) -> Params:
     """
     leaves, spec = optree.tree_flatten(params)
     if grad_mask is None:
-        flags = [bool(x.requires_grad) for x in leaves]
+        flags: list[Any] = [bool(x.requires_grad) for x in leaves]
         if not any(flags):
             raise ValueError(NO_GRAD_LEAF_MSG)
     elif isinstance(grad_mask, bool):
@@ -343,8 +345,8 @@ def _differentiable(loss_fn: LossFn, mask: Params, by_evaluator: bool = False) -
     masks, spec = optree.tree_flatten(mask)
 
     def loss(params: Params, *args: Any) -> Tensor:
-        leaves = spec.flatten_up_to(params)
-        leaves = [torch.where(m, x, x.detach()) for x, m in zip(leaves, masks)]
+        given: list[Any] = spec.flatten_up_to(params)
+        leaves = [torch.where(m, x, x.detach()) for x, m in zip(given, masks)]
         out = loss_fn(spec.unflatten(leaves), *args)
         if not isinstance(out, Tensor):
             raise TypeError(LOSS_TYPE_MSG.format(what=f"{type(out).__name__} {out!r:.60}"))
@@ -391,7 +393,7 @@ def _finite_rows(tree: Params) -> Tensor:
 
 
 def _grad_stats(grads: Params, mask: Params, dtype: torch.dtype, vanishing: float,
-                exploding: float) -> dict[str, Tensor]:
+                exploding: float) -> dict[str, Any]:
     """Gradient telemetry of a population of gradients, as tensors (no host sync)."""
     masked = _masked(grads, mask, dtype)
     norms = torch.sqrt(sum(torch.linalg.vector_norm(x.reshape(x.shape[0], -1), dim=1) ** 2

@@ -40,7 +40,7 @@ def reproduction_index(health: Tensor, reproduce: Tensor, active: Tensor | None 
         return torch.where(reproduce, split, slots)
     inside = slots < active
     order = torch.argsort(torch.where(inside, health, torch.inf), stable=True)
-    survivors = active - active // 2
-    copy = (slots - survivors).clamp_min(0)
-    split = torch.where(slots < survivors, order, order[copy])
+    kept = active - active // 2
+    copy = (slots - kept).clamp_min(0)
+    split = torch.where(slots < kept, order, order[copy])
     return torch.where(reproduce & inside, split, slots)

@@ -152,11 +152,11 @@ def run(
                     "follow; check loss_fn, the starting params and the bounds.",
                     RuntimeWarning, stacklevel=2)
                 break
-            if rules.record(evals, best, per_update) is None and log_now:
+            if rules.record(evals, best, per_update) is None and report and log_now:
                 report(_info(state, steps, evals, best, mean, started))
     except BaseException as e:
         with contextlib.suppress(AttributeError):  # an exception type without a __dict__
-            e.last_good_state = state
+            e.last_good_state = state  # type: ignore[attr-defined]
         where = ""
         if checkpoint is not None:
             where = f" and is saved to {os.fspath(checkpoint)}"

@@ -11,7 +11,7 @@ import hashlib
 import math
 import os
 import tempfile
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, cast
 
 import optree
 import torch
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ._checks import path_str
 
-State = TypeVar("State")
+State = TypeVar("State", bound=Any)  # a NamedTuple state of any variant
 FORMAT = "functional_bfo.state/1"
 PathOrFile = str | os.PathLike | IO[bytes]
 
@@ -241,4 +241,4 @@ def from_dict(data: Any, like: State) -> State:
             raise ValueError(f"Checkpoint leaf {name} is {x.dtype} {tuple(x.shape)} but like "
                              f"has {ref.dtype} {tuple(ref.shape)}; the optimizer (population "
                              "size) or params differ.")
-    return spec.unflatten([x.to(ref.device) for x, ref in zip(saved, leaves)])
+    return cast(State, spec.unflatten([x.to(ref.device) for x, ref in zip(saved, leaves)]))

@@ -171,6 +171,7 @@ class DataParallel(Sharded):
         for g in leaves:
             out.append(rest[offset:offset + g.numel()].reshape(g.shape).to(g.dtype))
             offset += g.numel()
+        assert spec is not None  # self.grads: grads were flattened
         return losses, spec.unflatten(out)
 
 

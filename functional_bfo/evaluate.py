@@ -67,7 +67,7 @@ class Evaluator(Protocol):
         ...
 
 
-def check_evaluator(evaluator: Evaluator | None,
+def check_evaluator(evaluator: Any,
                     form: str = "evaluator(loss_fn, population, *args) -> losses") -> Evaluator:
     """The default ``vmap()`` evaluator for None, else ``evaluator`` if it can be one.
 

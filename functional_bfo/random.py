@@ -42,7 +42,7 @@ from torch import Tensor
 from ._tree import unflatten_like
 
 try:  # the C kernel, compiled at install time where a compiler is found (setup.py)
-    from . import _threefry as _c_module
+    from . import _threefry as _c_module  # type: ignore[attr-defined]  # built C, no stub
 except ImportError:
     _c_module = None
 if os.environ.get("FUNCTIONAL_BFO_CPU_KERNEL") == "numpy":  # chosen at run time
@@ -107,19 +107,19 @@ def _threefry_numpy(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Ten
     """
     u32 = np.uint32
     shape = np.broadcast_shapes(k0.shape, k1.shape, x0.shape, x1.shape)  # torch's: ~200 us
-    k0, k1, x0, x1 = (np.broadcast_to(t.numpy(), shape).astype(u32).reshape(-1)
+    a0, a1, y0, y1 = (np.broadcast_to(t.numpy(), shape).astype(u32).reshape(-1)
                       for t in (k0, k1, x0, x1))
-    ks = (k0, k1, k0 ^ k1 ^ u32(_KS_PARITY))
-    x0, x1 = x0 + ks[0], x1 + ks[1]
+    ks = (a0, a1, a0 ^ a1 ^ u32(_KS_PARITY))
+    y0, y1 = y0 + ks[0], y1 + ks[1]
     for block in range(5):
         for r in _ROTATIONS[block % 2]:
-            x0 += x1
-            x1 = (x1 << u32(r)) | (x1 >> u32(32 - r))
-            x1 ^= x0
-        x0 += ks[(block + 1) % 3]
-        x1 += ks[(block + 2) % 3] + u32(block + 1)
-    return (torch.from_numpy(x0.astype(np.int64)).reshape(shape),
-            torch.from_numpy(x1.astype(np.int64)).reshape(shape))
+            y0 += y1
+            y1 = (y1 << u32(r)) | (y1 >> u32(32 - r))
+            y1 ^= y0
+        y0 += ks[(block + 1) % 3]
+        y1 += ks[(block + 2) % 3] + u32(block + 1)
+    return (torch.from_numpy(y0.astype(np.int64)).reshape(shape),
+            torch.from_numpy(y1.astype(np.int64)).reshape(shape))
 
 
 def _threefry_fake(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
@@ -160,6 +160,8 @@ def _c_functions():
     return block, rows
 
 
+_C_BLOCK: Any
+_C_ROWS: Any
 _C_BLOCK, _C_ROWS = _c_functions() if _c_module is not None else (None, None)
 CPU_KERNEL = "c" if _c_module is not None else "numpy"
 """Which kernel the CPU runs: ``"c"`` (built at install) or ``"numpy"`` (no compiler then, or
@@ -304,7 +306,7 @@ def _inverse_normal_cdf(u: Tensor, erfinv=torch.erfinv) -> Tensor:
 
 # torch.erfinv as an opaque op, so that a compiled graph runs eager's kernel (and its bits):
 # on the CPU inductor emits erfinv as a scalar loop of its own, which rounds differently.
-_erfinv_op = _define("erfinv(Tensor x) -> Tensor", torch.erfinv, torch.empty_like,
+_erfinv_op: Any = _define("erfinv(Tensor x) -> Tensor", torch.erfinv, torch.empty_like,
                      lambda info, in_dims, x: (_erfinv_op(x), in_dims[0]))
 
 
