@@ -94,3 +94,19 @@ def test_the_api_reference_lists_every_public_name():
     missing = [n for n in PUBLIC["functional_bfo"] - ALIASES
                if f"::: functional_bfo.{n}\n" not in api]
     assert not missing, f"add to docs/api.md: {missing}"
+
+
+def test_every_relative_link_in_the_docs_and_readme_points_at_a_file():
+    """mkdocs checks links between pages; links out of docs/ (scripts, results) are checked
+    here, so that a moved or deleted file breaks the build instead of the page."""
+    import re
+
+    root = pathlib.Path(__file__).parents[1]
+    pages = [*root.glob("docs/*.md"), root / "README.md", root / "CONTRIBUTING.md"]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            path = target.split("#")[0]
+            if path and "://" not in path and not (page.parent / path).exists():
+                broken.append(f"{page.name}: {target}")
+    assert not broken, broken
