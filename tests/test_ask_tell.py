@@ -10,20 +10,11 @@ import optree
 import pytest
 import torch
 from helpers import assert_trees_equal
-from variants import VARIANTS
+from variants import VARIANTS, loss_fn, params, run_updates
 
 import functional_bfo as fb
 
 variants = pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
-
-
-def params():
-    return {"w": torch.zeros(3), "b": (torch.zeros(2, 2), torch.zeros(()))}
-
-
-def loss_fn(p):
-    return ((p["w"] - 0.5).square().sum() + (p["b"][0] + 0.25).square().sum()
-            + (p["b"][1] - 1.0).square())
 
 
 def answer(variant, asked, fn=loss_fn):
@@ -55,12 +46,6 @@ def test_hybrid_grads_off_the_mask_are_ignored_as_update_ignores_them():
     opt = variant.make(grad_mask={"w": True, "b": (False, True)})
     state = opt.init(params(), key=fb.random.key(7))
     assert_trees_equal(ask_tell(variant, opt, state, 6), run_updates(opt, state, 6))
-
-
-def run_updates(opt, state, n):
-    for _ in range(n):
-        state = opt.update(state, loss_fn)
-    return state
 
 
 @variants

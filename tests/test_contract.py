@@ -4,28 +4,13 @@ import optree
 import pytest
 import torch
 from helpers import assert_trees_equal, clone, rastrigin, rosenbrock, sphere
-from variants import VARIANTS
+from variants import VARIANTS, loss_fn, params, run_updates
 
 import functional_bfo as fb
 
 variants = pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 
 
-def params(dtype=torch.float32):
-    return {"w": torch.zeros(3, dtype=dtype), "b": (torch.zeros(2, 2, dtype=dtype),
-                                                    torch.zeros((), dtype=dtype))}
-
-
-def loss_fn(p):
-    return ((p["w"] - 0.5).square().sum() + (p["b"][0] + 0.25).square().sum()
-            + (p["b"][1] - 1.0).square())
-
-
-
-def run_updates(opt, state, n, fn=loss_fn):
-    for _ in range(n):
-        state = opt.update(state, fn)
-    return state
 
 
 @variants

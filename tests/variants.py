@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 import functional_bfo as fb
 
 CANONICAL_CONVERGE = dict(population_size=20, chemotaxis_steps=20, reproduction_steps=4,
@@ -44,3 +46,20 @@ VARIANTS = [
             dict(population_size=20, gradient_weight=0.5, grad_mask=True),
             flags=dict(uses_gradients=True)),
 ]
+
+
+def params(dtype=torch.float32):
+    """The params every variant suite starts from: a pytree of three leaves, one 0-d."""
+    return {"w": torch.zeros(3, dtype=dtype), "b": (torch.zeros(2, 2, dtype=dtype),
+                                                    torch.zeros((), dtype=dtype))}
+
+
+def loss_fn(p):
+    return ((p["w"] - 0.5).square().sum() + (p["b"][0] + 0.25).square().sum()
+            + (p["b"][1] - 1.0).square())
+
+
+def run_updates(opt, state, n, fn=loss_fn):
+    for _ in range(n):
+        state = opt.update(state, fn)
+    return state
