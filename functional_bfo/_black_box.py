@@ -59,7 +59,7 @@ from .evaluate import check_evaluator
 JITTER_PERIOD = 10  # updates between the exploring swarm's kicks
 # A swarm that holds the best waits this many times restart_after before a restart: its
 # progress is measured against its own descent, which ends ill-conditioned swarms early
-# (BBOB with offsets, D = 10: f02 13 -> 535 at 1, 337 at 3 for f10; Rastrigin-10 19.9 either).
+# (offsets on, D = 10, BBOB f10 ellipsoid: 828 at 1, 337 at 3; Rastrigin-10 19.9 at both).
 HOLDING_PATIENCE = 3
 CONVERGING_SHARE = 0.1  # of the updates after the hand-over, kept by the converging swarms
 EXPLORER_STREAM = 2**31 - 1  # fold_in data of the exploring swarm's key (restarts use 0, 1, ...)
