@@ -24,7 +24,9 @@ from ._bfo import BFOHyperparams as BFOHyperparams
 from ._bfo import BFOState as BFOState
 from ._bfo import bfo as bfo
 from ._black_box import BlackBoxResult as BlackBoxResult
+from ._black_box import BlackBoxState as BlackBoxState
 from ._black_box import black_box as black_box
+from ._black_box import black_box_search as black_box_search
 from ._hybrid import HybridBFOHyperparams as HybridBFOHyperparams
 from ._hybrid import HybridBFOState as HybridBFOState
 from ._hybrid import hybrid_bfo as hybrid_bfo
@@ -48,6 +50,7 @@ __all__ = [
     "BFOHyperparams",
     "BFOState",
     "BlackBoxResult",
+    "BlackBoxState",
     "HybridBFOHyperparams",
     "HybridBFOState",
     "InitFn",
@@ -61,6 +64,7 @@ __all__ = [
     "adaptive_bfo",
     "bfo",
     "black_box",
+    "black_box_search",
     "distributed",
     "evaluate",
     "hybrid_bfo",

@@ -1,26 +1,22 @@
-"""The black-box setup: box-relative AdaptiveBFO swarms with restarts, driven to a budget.
+"""The black-box setup: box-relative AdaptiveBFO swarms with restarts, as an ask/tell pair.
 
-For a function of a box and nothing else (no gradients, no scale, no good start), two kinds
-of swarm share the budget:
+For a function of a box and nothing else (no gradients, no scale, no good start), a search
+is a sequence of phases over one :class:`BlackBoxState`, each round one swarm's update or
+one batch of face moves:
 
-- converging swarms: a small AdaptiveBFO swarm with steps measured in box widths (every
-  other one with a tumble metric learned from its own successful tumbles, ``_metric.py``),
-  restarted from a new uniform place whenever its best stops improving by more than
-  ``restart_rtol`` of itself; they find precise minima, one basin at a time;
-- an exploring swarm, started once ``explore_after`` converging swarms in a row have ended
-  without beating the best: the same swarm, but every ``JITTER_PERIOD`` updates each
-  bacterium is kicked and keeps the kick (population basin hopping, the mechanism behind
-  pymetaheuristic's BFO on Rastrigin): half by ``N(0, jitter)`` box widths per coordinate,
-  half by one coordinate redrawn in the box. It rides a global structure (Ackley's funnel
-  at D = 30) that restarts only sample, and switches a separable function's coordinates
-  between their basins one at a time (Styblinski-Tang, Schwefel).
+- converge: a small AdaptiveBFO swarm with steps in box widths (every other one tumbling
+  along a metric learned from its own successful tumbles, ``_metric.py``), restarted from a
+  new uniform place when it stops progressing; it finds precise minima, a basin at a time;
+- explore: once ``explore_after`` swarms in a row end without beating the best, a swarm
+  whose bacteria take a kept kick every ``JITTER_PERIOD`` updates (``_moves.kicked``) takes
+  all but ``CONVERGING_SHARE`` of the rounds: it rides a global structure that restarts
+  only sample (Ackley's funnel) and switches a separable function's basins;
+- polish: the last ``polish`` of the budget tries the best point on the box's faces
+  (``_moves.face_*``), then refines it with the swarm holding it, or a swarm started there.
 
-The last ``polish`` share of the budget refines the best point found, so that the explorer's
-kicks and a converging swarm ended before it fitted its basin do not cost the precision. It
-starts by trying the best point with its coordinates near a face of the box moved onto the
-face, so that an optimum on the boundary is found exactly.
-
-Each choice was measured against the peers in ``benchmarks/quality.py`` (benchmarks/NOTES.md).
+Every decision compares losses with each other, in float64, so ``f``, ``f + c`` and
+``a * f`` get the same run. The tuned constants are here, each with what chose it;
+docs/variants.md tables every default against its alternatives.
 """
 
 from __future__ import annotations
@@ -29,18 +25,27 @@ import contextlib
 import math
 import time
 import warnings
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import optree
 import torch
 from torch import Tensor
 
+from . import _moves as moves
 from . import random
-from ._adaptive import AdaptiveBFOState, adaptive_bfo, adaptive_static, adaptive_step
-from ._base import Key, LossFn, Params
-from ._bounds import LeafBounds, box_relative, project, resolve, sample_domain
-from ._checks import check_float, check_int, check_params
+from ._adaptive import (
+    AdaptiveBFOState,
+    AdaptiveStep,
+    adaptive_bfo,
+    adaptive_fields,
+    adaptive_plan,
+    adaptive_static,
+    adaptive_step,
+)
+from ._ask_tell import Ask, ask_round, told_costs
+from ._base import Key, LossFn, Optimizer, Params
+from ._bounds import resolve
+from ._checks import check_float, check_int, check_losses, check_params
 from ._chemotaxis import costs_by
 from ._metric import (
     MAX_METRIC_SIZE,
@@ -52,44 +57,80 @@ from ._metric import (
     widths,
 )
 from ._run import _reporter
-from ._stopping import Stopping
-from ._tree import numel, rows, take, unflatten_like
+from ._tree import numel, take
 from .evaluate import check_evaluator
 
-JITTER_PERIOD = 10  # updates between the exploring swarm's kicks
-# A swarm that holds the best waits this many times restart_after before a restart: its
-# progress is measured against its own descent, which ends ill-conditioned swarms early
+# A swarm holding the best waits HOLDING_PATIENCE * restart_after updates before a restart:
+# its progress is measured against its own descent, which ends ill-conditioned swarms early
 # (offsets on, D = 10, BBOB f10 ellipsoid: 828 at 1, 337 at 3; Rastrigin-10 19.9 at both).
 HOLDING_PATIENCE = 3
-CONVERGING_SHARE = 0.1  # of the updates after the hand-over, kept by the converging swarms
-EXPLORER_STREAM = 2**31 - 1  # fold_in data of the exploring swarm's key (restarts use 0, 1, ...)
+# The explorer kicks every JITTER_PERIOD of its updates, and the converging swarms keep
+# CONVERGING_SHARE of the rounds after it starts (1 : 1 instead: eight -0.23 at D = 10).
+JITTER_PERIOD = 10
+CONVERGING_SHARE = 0.1
+# The face moves spend at most FACE_SHARE of the polish, moving at most FACE_SCAN_SIZE
+# coordinates one at a time (BBOB f05, D = 2 / 10 / 30: 6e-6 / 0.017 / 29.7 -> exactly 0).
+FACE_SHARE = 0.1
+FACE_SCAN_SIZE = 2000
+EXPLORER_STREAM = 2**31 - 1  # fold_in data of the explorer's key (restarts use 0, 1, ...)
 POLISHER_STREAM = 2**31 - 2  # and of the polishing swarm's
-# Distances to a face (in box widths) within which the last evaluations move the best point's
-# coordinates onto the face: one candidate each, from a third of the box down to 1e-8.5.
-SNAP_WIDTHS = tuple(10 ** (-k / 2) for k in range(1, 18))
-FACE_SCAN_SIZE = 2000  # most coordinates moved onto their faces one at a time (2n rows of n)
-FACE_SHARE = 0.1  # of the polish evaluations, the most the face moves may spend
+PHASES = ("converge", "explore", "faces", "polish", "done")
+FACES_DONE = 3  # face move stages: 0 snaps, 1 single moves, 2 their union
+
+
+class FaceMoves(NamedTuple):
+    """How far the face moves have come."""
+
+    stage: int  # the next stage to ask (FACES_DONE: none left)
+    room: int  # evaluations they may spend
+    spent: int
+    base: Tensor  # (n,) float64: the point moved (the best at stage 0, then after it)
+    base_cost: float
+    single_costs: Tensor | None  # (2, n) stage 1's costs (inf where untried)
+
+
+class BlackBoxState(NamedTuple):
+    """The state of :func:`black_box_search`: its swarms, the best point, the counters."""
+
+    phase: str  # the next round's: "converge", "explore", "faces", "polish" or "done"
+    swarm: AdaptiveBFOState  # the converging swarm
+    metric: TumbleMetric | None  # its tumble metric (None: isotropic)
+    explorer: AdaptiveBFOState | None
+    polisher: AdaptiveBFOState | None
+    faces: FaceMoves | None
+    best_params: Params  # the best point evaluated (float64)
+    best_loss: Tensor  # () float64 (inf, or -inf when maximizing, before a finite loss)
+    num_evals: int
+    rounds: int  # rounds told
+    restarts: int  # converging swarms started after the first
+    failed: int  # converging swarms in a row that ended without beating the best before
+    entry_best: float  # the cost to beat: the best of the converging swarms before this one
+    converged_best: float  # the best cost of every converging swarm so far
+    first: float  # this swarm's first finite best cost
+    progress: float  # its best cost at its last progress
+    stalled: int  # its updates since
+    converging_after: int  # converging rounds since the explorer started
+    explorer_updates: int
+    start: Params  # the given params (float64): the explorer's start, open sides' place
+    width: Tensor  # (n,) each coordinate's box width (1 where open)
+    key: Key
 
 
 class BlackBoxResult(NamedTuple):
     """What :func:`black_box` found."""
 
     params: Params  # the best point evaluated, like the initial params
-    loss: Tensor  # () its loss
+    loss: Tensor  # () its loss, float64
     num_evals: int  # loss evaluations spent (never more than max_evals)
     restarts: int  # converging swarms started after the first
     explorer_updates: int  # updates given to the exploring swarm (0: it never started)
-    history: list[tuple[int, float]]  # (evaluations so far, best loss) after every update
-    # and after the face moves
+    history: list[tuple[int, float]]  # (evaluations so far, best loss) after every round
 
 
-def black_box(
-    loss_fn: LossFn,
-    params: Params,
+def black_box_search(
     bounds: Any,
-    *args: Any,
+    *,
     max_evals: int,
-    key: Key,
     population_size: int = 8,
     swim_length: int = 1,
     step_size_min: float = 1e-12,
@@ -99,46 +140,273 @@ def black_box(
     explore_after: int | None = 2,
     jitter: float = 0.01,
     polish: float = 0.1,
-    progress: bool = False,
     **adaptive_kwargs: Any,
-) -> BlackBoxResult:
+) -> Optimizer:
+    """:func:`black_box` as an ask/tell pair, for losses computed anywhere.
+
+    ``state = opt.init(params, key=...)``, then ``asked = opt.ask(state)`` and
+    ``state = opt.tell(state, asked, losses)`` (a loss per row of ``asked.params``) until
+    ``state.phase == "done"``: restarts, exploration and the polish happen inside ``tell``,
+    and ``state.best_params``, ``state.best_loss`` hold the best point. Candidates are
+    float64 whatever the params' dtype. ``opt.update(state, loss_fn, *args)`` is one round.
+    The settings are :func:`black_box`'s.
+
+    Examples:
+        >>> import numpy as np, torch, functional_bfo as fb
+        >>> opt = fb.black_box_search((-1.0, 1.0), max_evals=6000)
+        >>> state = opt.init({"x": torch.zeros(3)}, key=fb.random.key(0))
+        >>> while state.phase != "done":
+        ...     asked = opt.ask(state)
+        ...     x = asked.params["x"].numpy()               # evaluated outside torch
+        ...     state = opt.tell(state, asked, np.square(x - 0.3).sum(axis=1) + 1000)
+        >>> bool(state.best_loss - 1000 < 1e-8), state.num_evals <= 6000
+        (True, True)
+    """
+    if bounds is None:
+        raise ValueError("black_box needs bounds=(low, high) (or a pytree of them): its steps "
+                         "and restarts are relative to the box. Without a box use "
+                         "fb.adaptive_bfo with fb.run.")
+    if "relative_steps" in adaptive_kwargs:
+        raise TypeError("black_box got relative_steps=, which it sets itself: its steps are "
+                        "relative to the box it is given. For other steps use "
+                        "fb.adaptive_bfo with fb.run.")
+    budget = check_int("max_evals", max_evals, 1)
+    stall_limit = None if restart_after is None else check_int("restart_after", restart_after, 1)
+    rtol = check_float("restart_rtol", restart_rtol, 0.0)
+    rate = check_float("metric_rate", metric_rate, 0.0)
+    hand_over = None if explore_after is None else check_int("explore_after", explore_after, 1)
+    kick = check_float("jitter", jitter, 0.0, low_open=True)
+    polish_share = check_float("polish", polish, 0.0, 1.0)
+    opt = adaptive_bfo(population_size, bounds=bounds, relative_steps=True,
+                       swim_length=swim_length, step_size_min=step_size_min, **adaptive_kwargs)
+    static, sign = adaptive_static(opt), -1.0 if opt.maximize else 1.0
+    ask_swarm, tell_swarm = opt.ask, opt.tell
+    assert ask_swarm is not None and tell_swarm is not None  # adaptive_bfo has both
+    evaluator = check_evaluator(adaptive_kwargs.get("evaluator"))
+    per_round = population_size * (swim_length + 1)
+    if budget < per_round:
+        raise ValueError(f"Invalid max_evals: {max_evals}; one update costs population_size "
+                         f"* (swim_length + 1) = {per_round} evaluations, so give at least "
+                         "that or a smaller swarm.")
+    main_budget = budget - per_round * int(polish_share * budget / per_round)
+
+    def box(s: BlackBoxState) -> list:
+        return resolve(static.bounds, s.start, torch.float64)
+
+    def cost(loss: Tensor) -> float:
+        return sign * float(loss)
+
+    def steer(s: BlackBoxState):
+        """Tumbles along the converging swarm's metric (hybrid_bfo's seam), or None."""
+        if s.phase != "converge" or s.metric is None:
+            return None
+        return lambda direction, source, known: shape_directions(s.metric, direction,
+                                                                 s.width, s.start)
+
+    def init_fn(params: Params, *, key: Key) -> BlackBoxState:
+        check_params(params)
+        size = numel(params)
+        if rate > 0 and size > MAX_METRIC_SIZE:
+            raise ValueError(f"metric_rate={metric_rate} learns a {size} x {size} tumble "
+                             f"metric; it is limited to {MAX_METRIC_SIZE} parameters (n^2 "
+                             "memory, n^3 time per update). Pass metric_rate=0 for isotropic "
+                             "tumbles.")
+        start = optree.tree_map(lambda x: x.detach().to(torch.float64), params)
+        none = torch.tensor(sign * math.inf, dtype=torch.float64,
+                            device=optree.tree_leaves(start)[0].device)
+        width = widths(resolve(static.bounds, start, torch.float64), start)
+        s = BlackBoxState("converge", None, None, None, None, None, start,  # type: ignore[arg-type]
+                          none, 0, 0, 0, 0, math.inf, math.inf, math.inf, math.inf, 0, 0, 0,
+                          start, width, key)
+        return after(restarted(s, start, 0))
+
+    def ask_fn(state: BlackBoxState) -> Ask:
+        if state.phase == "done":
+            raise ValueError(f"black_box_search has spent its budget ({state.num_evals} of "
+                             f"{budget} evaluations; no round fits): the best point is "
+                             "state.best_params, its loss state.best_loss.")
+        if state.phase == "faces":
+            rows = face_rows(state)[0]
+            return Ask(moves.as_params(rows, state.start),
+                       torch.ones(len(rows), dtype=torch.bool, device=rows.device), _tag(state))
+        bend = steer(state)
+        asked = ask_swarm(_swarm(state)) if bend is None else ask_round(
+            state.swarm, adaptive_plan(state.swarm, static, bend))
+        return asked._replace(tag=_tag(state))
+
+    def tell_fn(state: BlackBoxState, asked: Ask, losses: Any, *,
+                check: bool = True) -> BlackBoxState:
+        _check_round(state, asked, check)
+        if state.phase == "faces":
+            return after(told_faces(state, asked, losses))
+        swarm, bend = _swarm(state), steer(state)
+        if bend is None:
+            return swarm_told(state, tell_swarm(swarm, asked, losses, check=False), None)
+        p = adaptive_plan(swarm, static, bend)
+        costs = told_costs(swarm, asked, losses, sign, "black_box_search", check=False)
+        return swarm_told(state, *learned(state, adaptive_fields(
+            swarm, static, p, p.told(asked.params, costs, None))))
+
+    def update_fn(state: BlackBoxState, loss_fn: LossFn, *args: Any) -> BlackBoxState:
+        """One round: ``tell(state, ask(state), losses)``, a swarm's plan made once."""
+        if state.phase in ("faces", "done"):
+            asked = ask_fn(state)
+            with torch.no_grad():
+                losses = check_losses(evaluator(loss_fn, asked.params, *args), len(asked.mask))
+            return tell_fn(state, asked, losses, check=False)
+        swarm, bend = _swarm(state), steer(state)
+        if bend is None:
+            return swarm_told(state, opt.update(swarm, loss_fn, *args), None)
+        evaluate = costs_by(evaluator, loss_fn, args, torch.float64, sign)
+        return swarm_told(state, *learned(state, adaptive_step(swarm, static, evaluate, bend)))
+
+    def learned(s: BlackBoxState, out: AdaptiveStep) -> tuple[AdaptiveBFOState, TumbleMetric]:
+        """The steered swarm after its round, and its metric moved toward its successes."""
+        assert s.metric is not None  # only a steered swarm learns
+        new = AdaptiveBFOState(**out.fields)
+        steps = flat_rows(new.population) - flat_rows(take(s.swarm.population, out.source))
+        return new, learn(s.metric, steps[out.known & (steps != 0).any(dim=1)], s.width, rate)
+
+    def swarm_told(state: BlackBoxState, new: AdaptiveBFOState, metric) -> BlackBoxState:
+        """After a swarm's round: the best point, the counters, the phase's own rule."""
+        s = better(state, new.best_params, new.best_loss)._replace(
+            rounds=state.rounds + 1,
+            num_evals=state.num_evals + int(new.num_evals - _swarm(state).num_evals))
+        if state.phase == "converge":
+            return after(converged(s, new, metric))
+        if state.phase == "polish":
+            return after(s._replace(polisher=new))
+        updates = s.explorer_updates + 1
+        if updates % JITTER_PERIOD == 0:  # a kick moves bacteria, never the best seen
+            new = moves.kicked(new, s.start, box(s), kick, random.fold_in(
+                random.fold_in(s.key, EXPLORER_STREAM), updates))
+        return after(s._replace(explorer=new, explorer_updates=updates))
+
+    def restarted(s: BlackBoxState, start: Params, restarts: int) -> BlackBoxState:
+        """``s`` with a new converging swarm at ``start``.
+
+        Even swarms learn a metric, odd ones tumble isotropically: a portfolio, because a
+        learned metric makes a swarm less likely to find Ackley's funnel.
+        """
+        learns = rate > 0 and restarts % 2 == 0
+        return s._replace(swarm=opt.init(start, key=random.fold_in(s.key, 2 * restarts)),
+                          metric=isotropic(numel(start), s.best_loss.device) if learns else None,
+                          restarts=restarts, entry_best=s.converged_best, first=math.inf,
+                          progress=math.inf, stalled=0)
+
+    def converged(s: BlackBoxState, new: AdaptiveBFOState, metric) -> BlackBoxState:
+        """After a converging round: a restart, once the swarm stopped progressing.
+
+        Progress is a gain of more than ``rtol`` of the way still to the best of the swarms
+        before or, while the swarm holds the best, of its own descent so far.
+        """
+        now = cost(new.best_loss)
+        behind = s.progress > s.entry_best
+        first, progress, stalled = s.first, s.progress, s.stalled + 1
+        if not math.isfinite(progress):  # its first finite loss is progress
+            if now < progress:
+                first, progress, stalled = now, now, 0
+        elif progress - now > rtol * (progress - s.entry_best if behind else first - progress):
+            progress, stalled = now, 0
+        s = s._replace(swarm=new, metric=metric, converged_best=min(s.converged_best, now),
+                       first=first, progress=progress, stalled=stalled,
+                       converging_after=s.converging_after + (s.explorer is not None))
+        if stall_limit is None or stalled < stall_limit * (1 if behind else HOLDING_PATIENCE):
+            return s
+        restarts = s.restarts + 1
+        place = moves.uniform_point(s.start, box(s), random.fold_in(s.key, 2 * restarts - 1))
+        return restarted(s._replace(failed=s.failed + 1 if now >= s.entry_best else 0), place,
+                         restarts)
+
+    def face_rows(s: BlackBoxState) -> tuple[Tensor, Tensor | None]:
+        """The rows of the face moves' next stage (within their room), and stage 1's mask."""
+        f, (low, high) = s.faces, moves.flat_box(s.start, box(s))
+        assert f is not None  # the faces phase has them
+        mask = None
+        if f.stage == 0:
+            rows = moves.face_snaps(f.base, low, high)
+        elif f.stage == 1 and len(f.base) <= FACE_SCAN_SIZE:
+            rows, mask = moves.face_singles(f.base, low, high)
+        elif f.stage == 2 and f.single_costs is not None:
+            rows = moves.face_union(f.base, low, high, f.single_costs, f.base_cost)
+        else:
+            rows = f.base.new_zeros((0, len(f.base)))
+        return rows[:f.room - f.spent], mask
+
+    def told_faces(s: BlackBoxState, asked: Ask, losses: Any) -> BlackBoxState:
+        f, (rows, mask) = s.faces, face_rows(s)
+        assert f is not None  # the faces phase has them
+        costs = told_costs(s.swarm, asked, losses, sign, "black_box_search", check=False)
+        row = int(costs.argmin())
+        point = optree.tree_map(lambda x: x[0], moves.as_params(rows[row:row + 1], s.start))
+        s = better(s, point, sign * costs[row])
+        single_costs = f.single_costs
+        if mask is not None:  # where each single move went (inf past the room)
+            single_costs = torch.full(mask.shape, torch.inf, dtype=costs.dtype)
+            single_costs[mask] = torch.cat([costs, costs.new_full(
+                (int(mask.sum()) - len(costs),), torch.inf)])
+        base = (moves.flat(s.best_params), cost(s.best_loss)) if f.stage == 0 else (
+            f.base, f.base_cost)
+        return s._replace(num_evals=s.num_evals + len(rows), rounds=s.rounds + 1, faces=FaceMoves(
+            f.stage + 1, f.room, f.spent + len(rows), *base, single_costs))
+
+    def after(s: BlackBoxState) -> BlackBoxState:
+        """``s`` with the phase of the next round, and the swarm or moves it needs."""
+        fits = s.num_evals + per_round <= budget
+        polishing = s.num_evals + per_round > main_budget
+        if s.faces is None and polishing and fits:
+            found = math.isfinite(float(s.best_loss))
+            s = s._replace(faces=FaceMoves(
+                0 if found else FACES_DONE, min(budget - s.num_evals, int(
+                    FACE_SHARE * (budget - main_budget))),
+                0, moves.flat(s.best_params), cost(s.best_loss), None))
+        while s.faces is not None and s.faces.stage < FACES_DONE:
+            if len(face_rows(s)[0]):
+                return s._replace(phase="faces")
+            s = s._replace(faces=s.faces._replace(stage=s.faces.stage + 1))
+        if not fits:
+            return s._replace(phase="done")
+        if s.polisher is None and polishing and cost(s.swarm.best_loss) > cost(s.best_loss):
+            if not math.isfinite(float(s.best_loss)):
+                return s._replace(phase="done")
+            state = opt.init(s.best_params, key=random.fold_in(s.key, POLISHER_STREAM))
+            s = s._replace(polisher=state._replace(  # every bacterium at the best point
+                population=optree.tree_map(lambda x: x.expand(population_size, *x.shape)
+                                           .clone(), s.best_params),
+                losses=torch.full_like(state.losses, float(s.best_loss)),
+                step_sizes=torch.full_like(state.step_sizes, kick)))
+        if s.polisher is not None or polishing:
+            return s._replace(phase="polish" if s.polisher is not None else "converge")
+        if s.explorer is None and hand_over is not None and s.failed >= hand_over:
+            s = s._replace(explorer=opt.init(s.start, key=random.fold_in(s.key,
+                                                                          EXPLORER_STREAM)))
+        explore = s.explorer is not None and s.converging_after >= CONVERGING_SHARE * (
+            s.converging_after + s.explorer_updates + 1)
+        return s._replace(phase="explore" if explore else "converge")
+
+    def better(s: BlackBoxState, params: Params, loss: Tensor) -> BlackBoxState:
+        """``s`` with ``params`` as its best point if their ``loss`` beats its best."""
+        loss = loss.to(torch.float64).reshape(())
+        return s._replace(best_params=params, best_loss=loss) if cost(loss) < cost(
+            s.best_loss) else s
+
+    return Optimizer(init_fn, update_fn, bool(opt.maximize), ask_fn, tell_fn)
+
+
+def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_evals: int,
+              key: Key, progress: bool = False, **settings: Any) -> BlackBoxResult:
     """Minimize ``loss_fn`` over the box ``bounds`` in at most ``max_evals`` evaluations.
 
-    Converging swarms run :func:`functional_bfo.adaptive_bfo` with ``relative_steps=True``
-    (steps in units of each coordinate's box width), ``population_size`` bacteria and
-    ``swim_length`` swim steps; the first has ``params`` as bacterium 0 and the rest uniform
-    in the box. The tumbles of the first swarm, and of every other one after it, follow a
-    metric learned from that swarm's successful tumbles, which turns a narrow rotated
-    valley into a round one; the swarms between tumble isotropically, because a learned
-    metric makes a swarm less likely to find a funnel like Ackley's. When a swarm's best
-    has not gained, for ``restart_after`` updates, more than ``restart_rtol`` of the way
-    still to the best of the swarms before it (a swarm converged into a worse local minimum
-    keeps improving by ever smaller amounts, which must not count as progress), or, while
-    it holds the best, for ``3 * restart_after`` updates more than ``restart_rtol`` of its
-    own descent so far, a new swarm starts from a
-    uniform random point of the box, with the key ``fold_in(key, 2 * restart)`` (its start
-    point from ``fold_in(key, 2 * restart - 1)``).
-
-    Once ``explore_after`` swarms in a row have ended without beating the best so far (the
-    restarts only keep sampling local minima), an exploring swarm starts at ``params``
-    (key ``fold_in(key, 2**31 - 1)``) and takes all but ``1/10`` of the remaining updates:
-    every 10 updates each of its bacteria moves and keeps that move, so it hops basins along
-    the function's global structure: half of them by ``jitter`` box widths times a standard
-    normal per coordinate, the other half by one coordinate redrawn uniformly in the box
-    (a separable function's basins are switched one coordinate at a time).
-
-    The last ``polish`` of the budget refines the best point. It first tries the best
-    point on the box's faces, in three evaluator calls within a tenth of the polish
-    budget: every coordinate within ``w`` box widths of a face moved onto that face, for
-    ``w`` from 10^-0.5 down to 10^-8.5 in half decades; then each coordinate alone on each
-    of its two faces (up to 2000 coordinates); then every single move that helped,
-    together (an optimum on the boundary is then found exactly). Then the swarm that
-    found the best goes on if it still runs and holds it, else a swarm started there (key
-    ``fold_in(key, 2**31 - 2)``, all bacteria at the best point, steps of ``jitter`` box
-    widths) takes the rest. The best point over all swarms is returned.
+    Drives :func:`black_box_search` (the same search as an ask/tell pair) round after round.
+    Converging swarms run :func:`functional_bfo.adaptive_bfo` with ``relative_steps=True``;
+    the first has ``params`` as bacterium 0 and the rest uniform in the box, and swarm ``r``
+    (key ``fold_in(key, 2 r)``) starts from a uniform point of the box (key
+    ``fold_in(key, 2 r - 1)``). The module docstring of ``functional_bfo._black_box`` and
+    docs/variants.md say how each phase works and how its settings were chosen.
 
     Args:
-        loss_fn: ``loss_fn(params, *args) -> 0-d tensor``, as for every optimizer here.
+        loss_fn: ``loss_fn(params, *args) -> 0-d tensor``, as for every optimizer here; it
+            gets params in their own dtypes, inside the box rounded inward to them.
         params: the first swarm's bacterium 0; its structure, shapes and dtypes.
         bounds: the box, as for :func:`functional_bfo.bfo`; coordinates with an open side
             take absolute steps and restart around ``params``.
@@ -146,42 +414,28 @@ def black_box(
         max_evals: the evaluation budget, at least one update
             (``population_size * (swim_length + 1)`` evaluations).
         key: the random key; the same key gives the same result.
-        population_size: bacteria per swarm.
-        swim_length: ``N_s`` of each swarm.
-        step_size_min: floor of the adapted step sizes, in box widths.
-        restart_after: updates without progress that end a converging swarm; None never
-            restarts (and so never explores).
-        restart_rtol: the share of the way to the best of the swarms before (or of its
-            own descent, while it holds the best) that a swarm must gain to count as
-            progressing; 0 counts every improvement. Every decision
-            compares losses with each other (and losses are compared in float64), so
-            ``f``, ``f + c`` and ``a * f`` (``a > 0``) give the same run.
-        metric_rate: how fast the tumble metric learns (``rate * successes / (n^2 + 12)``
-            per update for ``n`` parameters); 0 tumbles isotropically. The metric costs
-            ``n^2`` memory and ``n^3`` time per update, so it needs ``n <= 2000``.
-        explore_after: converging swarms in a row that end without beating the best before
-            the exploring swarm takes over; None never explores.
-        jitter: the exploring swarm's kick, in box widths.
-        polish: the share of the budget kept for the end: the face moves, then the swarm
-            that holds the best point if it still runs, else a last swarm whose bacteria
-            all start at the best point with steps of ``jitter`` box widths; 0 keeps none
-            (and tries no face moves).
         progress: show a ``tqdm`` bar of the evaluations and the best loss (lines where
             tqdm is not installed), and a summary at the end.
-        **adaptive_kwargs: further :func:`functional_bfo.adaptive_bfo` settings
-            (``maximize``, ``evaluator``, ``adaptation_rate``, ...).
+        **settings: ``population_size`` (8) bacteria per swarm and ``swim_length`` (1);
+            ``step_size_min`` (1e-12 box widths); ``restart_after`` (30; None never
+            restarts) updates without a gain of ``restart_rtol`` (0.01) of the way still to
+            the best of the swarms before (of its own descent while it holds the best, for
+            3x as long) end a converging swarm; ``metric_rate`` (2.0; 0 tumbles
+            isotropically, needed beyond 2000 parameters); ``explore_after`` (2; None never
+            explores) failed swarms in a row start the explorer, whose kicks are ``jitter``
+            (0.01) box widths; the last ``polish`` (0.1) of the budget polishes; and any
+            :func:`functional_bfo.adaptive_bfo` setting (``maximize``, ``evaluator``, ...).
 
     Returns:
         A :class:`BlackBoxResult`.
 
     Raises:
-        ValueError: no bounds, a bad budget, restart, metric or exploration setting, or a
-            bad AdaptiveBFO setting.
+        ValueError: no bounds, a bad budget or setting.
         TypeError: params that are not a pytree of floating tensors, or ``relative_steps``
-            (the setup's own) among ``adaptive_kwargs``.
+            (the setup's own) among the settings.
         BaseException: whatever ``loss_fn`` (or Ctrl-C) raised, with its type kept; its
-            attribute ``partial_result`` is a :class:`BlackBoxResult` of the best point
-            found before, and a note says so.
+            attribute ``partial_result`` is a :class:`BlackBoxResult` of the rounds before,
+            and a note says so.
 
     Warns:
         RuntimeWarning: every loss evaluated was NaN or infinite (the returned loss is then
@@ -195,345 +449,70 @@ def black_box(
         >>> bool(out.loss < 1e-8), out.num_evals <= 6000
         (True, True)
     """
-    if bounds is None:
-        raise ValueError("black_box needs bounds=(low, high) (or a pytree of them): its steps "
-                         "and restarts are relative to the box. Without a box use "
-                         "fb.adaptive_bfo with fb.run.")
     check_params(params)
-    if "relative_steps" in adaptive_kwargs:
-        raise TypeError("black_box got relative_steps=, which it sets itself: its steps are "
-                        "relative to the box it is given. For other steps use "
-                        "fb.adaptive_bfo with fb.run.")
-    budget = check_int("max_evals", max_evals, 1)
-    stall_limit = None if restart_after is None else check_int("restart_after", restart_after, 1)
-    rtol = check_float("restart_rtol", restart_rtol, 0.0)
-    rate = check_float("metric_rate", metric_rate, 0.0)
-    hand_over = None if explore_after is None else check_int("explore_after", explore_after, 1)
-    kick = check_float("jitter", jitter, 0.0, low_open=True)
-    polish_share = check_float("polish", polish, 0.0, 1.0)
-    given = params  # searched in float64, so that losses are compared in float64 too
-    if any(x.dtype != torch.float64 for x in optree.tree_leaves(params)):
+    given = params
+    if bounds is not None and any(x.dtype != torch.float64 for x in optree.tree_leaves(params)):
         params, loss_fn, bounds = _in_float64(params, loss_fn, bounds)
-    settings = dict(bounds=bounds, relative_steps=True, swim_length=swim_length,
-                    step_size_min=step_size_min, **adaptive_kwargs)
-    opt = adaptive_bfo(population_size, **settings)  # validates the swarm's settings
-    per_update = population_size * (swim_length + 1)
-    if budget < per_update:
-        raise ValueError(f"Invalid max_evals: {max_evals}; one update costs population_size "
-                         f"* (swim_length + 1) = {per_update} evaluations, so give at least "
-                         "that or a smaller swarm.")
-    size = numel(params)
-    if rate > 0 and size > MAX_METRIC_SIZE:
-        raise ValueError(f"metric_rate={metric_rate} learns a {size} x {size} tumble metric; "
-                         f"it is limited to {MAX_METRIC_SIZE} parameters (n^2 memory, n^3 time "
-                         "per update). Pass metric_rate=0 for isotropic tumbles.")
-    sign = -1.0 if adaptive_kwargs.get("maximize", False) else 1.0
-    dtype = torch.promote_types(optree.tree_leaves(params)[0].dtype, torch.float32)
-    box = resolve(bounds, params, dtype)
-    static = adaptive_static(opt)
-    evaluate = costs_by(check_evaluator(adaptive_kwargs.get("evaluator")), loss_fn, args,
-                        dtype, sign)
-    width = widths(box, params) if rate > 0 else None
-
-    def step(state: AdaptiveBFOState, metric: TumbleMetric | None):
-        """One AdaptiveBFO update with tumbles shaped by ``metric``, which learns from it."""
-        if metric is None or width is None:
-            return AdaptiveBFOState(**adaptive_step(state, static, evaluate).fields), None
-        out = adaptive_step(state, static, evaluate, lambda direction, source, known:
-                            shape_directions(metric, direction, width, params))
-        new = AdaptiveBFOState(**out.fields)
-        moves = flat_rows(new.population) - flat_rows(take(state.population, out.source))
-        return new, learn(metric, moves[out.known & (moves != 0).any(dim=1)], width, rate)
-
-    converging = _Converging(opt, step, params, box, key, stall_limit, rtol, rate > 0, sign)
-    explorer = None
-    evals, handed, after, converging_after = 0, False, 0, 0
+    search = black_box_search(bounds, max_evals=max_evals, **settings)
+    state = search.init(params, key=key)
     history: list[tuple[int, float]] = []
-    main_budget = budget - per_update * int(polish_share * budget / per_update)
-    rules = Stopping(maximize=sign < 0, budget=budget)  # fb.run's rules; one update fits
-    face_moves = polisher = None  # the best point tried on the box's faces, then polished
+    report, started = _reporter(progress, max_evals), time.perf_counter()
 
     def result() -> BlackBoxResult:
-        best_params, best_cost = _best(converging, explorer, face_moves, polisher)
-        best_params = optree.tree_map(lambda x, g: x.to(g.dtype), best_params, given)
-        loss = torch.tensor(sign * best_cost, dtype=torch.float64,
-                            device=converging.state.losses.device)
-        return BlackBoxResult(best_params, loss, evals, converging.restarts,
-                              0 if explorer is None else explorer.updates, history)
+        found = optree.tree_map(lambda x, g: x.to(g.dtype), state.best_params, given)
+        return BlackBoxResult(found, state.best_loss, state.num_evals, state.restarts,
+                              state.explorer_updates, history)
 
-    report, started = _reporter(progress, budget), time.perf_counter()
-
-    def record(loss: float) -> str | None:
-        """The best after ``evals`` evaluations: into the history, the rules, the progress."""
-        history.append((evals, loss))
-        if report is not None and len(history) % 10 == 0:
-            report(_progress(history, started))
-        return rules.record(evals, loss, per_update)
+    def info(**stopped: str) -> dict:
+        return {"step": state.rounds, "updates": state.rounds, "num_evals": state.num_evals,
+                "best_loss": float(state.best_loss), "mean_loss": math.nan,
+                "seconds": time.perf_counter() - started, **stopped}
 
     try:
-        while rules.reason is None:
-            polishing = evals + per_update > main_budget
-            if polishing and face_moves is None:
-                room = min(budget - evals, int(FACE_SHARE * (budget - main_budget)))
-                face_moves = _FaceMoves(*_best(converging, explorer), box, evaluate, room)
-                if face_moves.evals:
-                    evals += face_moves.evals
-                    if record(sign * _best(converging, explorer, face_moves)[1]) is not None:
-                        break
-            if polishing and not converging.holds(_best(converging, explorer, face_moves)[1]):
-                break  # the polisher takes the rest of the budget
-            handed = handed or (hand_over is not None and converging.failed >= hand_over)
-            if handed and explorer is None:
-                explorer = _Explorer(opt, step, params, box, key, kick, sign)
-            if (explorer is not None and not polishing
-                    and converging_after >= CONVERGING_SHARE * (after + 1)):
-                evals += explorer.update()
-            else:
-                evals += converging.update()
-                converging_after += handed
-            after += handed
-            record(sign * _best(converging, explorer, face_moves)[1])
-        best_params, best_cost = _best(converging, explorer, face_moves)
-        if rules.reason is None and math.isfinite(best_cost):
-            polisher = _Polisher(opt, step, best_params, best_cost, key, kick, sign)
-            while rules.reason is None:
-                evals += polisher.update()
-                record(sign * min(best_cost, polisher.best_cost))
+        while state.phase != "done":
+            state = search.update(state, loss_fn, *args)
+            history.append((state.num_evals, float(state.best_loss)))
+            if report is not None and state.rounds % 10 == 0:
+                report(info())
     except BaseException as e:  # the user's exception (or Ctrl-C), with what was found
         with contextlib.suppress(AttributeError):  # an exception type without a __dict__
             e.partial_result = result()  # type: ignore[attr-defined]
-        e.add_note(f"functional_bfo.black_box: interrupted after {evals} evaluations; the best "
-                   "point found before is this exception's .partial_result.")
+        e.add_note(f"functional_bfo.black_box: interrupted after {state.num_evals} "
+                   "evaluations; the best point found before is this exception's "
+                   ".partial_result.")
         raise
-    found = result()
     if report is not None:
-        report(_progress(history, started, rules.reason or "max_evals"))
-    if not math.isfinite(float(found.loss)):
-        warnings.warn(f"functional_bfo.black_box: every loss evaluated ({evals}) is NaN or "
-                      "infinite, so the search had nothing to follow; check loss_fn and the "
-                      "bounds.", RuntimeWarning, stacklevel=2)
-    return found
+        report(info(stopped="max_evals"))
+    if not math.isfinite(float(state.best_loss)):
+        warnings.warn(f"functional_bfo.black_box: every loss evaluated ({state.num_evals}) is "
+                      "NaN or infinite, so the search had nothing to follow; check loss_fn and "
+                      "the bounds.", RuntimeWarning, stacklevel=2)
+    return result()
 
 
-def _progress(history: list[tuple[int, float]], started: float, stopped: str | None = None):
-    """What ``fb.run``'s progress reports show, from the history (no mean loss here)."""
-    info = {"step": len(history), "updates": len(history), "num_evals": history[-1][0],
-            "best_loss": history[-1][1], "mean_loss": math.nan,
-            "seconds": time.perf_counter() - started}
-    return info if stopped is None else {**info, "stopped": stopped}
+def _swarm(state: BlackBoxState) -> AdaptiveBFOState:
+    """The swarm whose round is next."""
+    swarm = {"converge": state.swarm, "explore": state.explorer,
+             "polish": state.polisher}.get(state.phase)
+    assert swarm is not None, state.phase  # after() starts a phase's swarm with it
+    return swarm
 
 
-def _best(*swarms) -> tuple[Params, float]:
-    """The best point and cost any of ``swarms`` has seen (None skipped; ties: the first)."""
-    return min(((s.best_params, s.best_cost) for s in swarms if s is not None),
-               key=lambda found: found[1])
+def _tag(state: BlackBoxState) -> Tensor:
+    """The round ``state`` is in: rounds told, evaluations, key, phase."""
+    return torch.tensor([state.rounds, state.num_evals, int(state.key[0]), int(state.key[1]),
+                         PHASES.index(state.phase)])
 
 
-class _Swarm:
-    """What both kinds of swarm share: a state the driver advances, and the best it has seen."""
-
-    state: AdaptiveBFOState
-    step: Callable[..., tuple[AdaptiveBFOState, Any]]
-    sign: float
-    best_params: Params
-    best_cost: float
-
-    def _advance(self, metric: TumbleMetric | None):
-        """One update of ``self.state``: (evaluations spent, the metric after it, best cost)."""
-        before = int(self.state.num_evals)
-        self.state, metric = self.step(self.state, metric)
-        cost = self.sign * float(self.state.best_loss)
-        if cost < self.best_cost:
-            self.best_params, self.best_cost = self.state.best_params, cost
-        return int(self.state.num_evals) - before, metric, cost
-
-
-class _Converging(_Swarm):
-    """Converging swarms, one at a time: each restarted from a new place when it stalls."""
-
-    def __init__(self, opt, step, params, box, key, stall_limit, rtol, learns, sign):
-        self.opt, self.step, self.params, self.box, self.key = opt, step, params, box, key
-        self.stall_limit, self.rtol, self.learns, self.sign = stall_limit, rtol, learns, sign
-        self.best_params, self.best_cost = params, math.inf  # over every converging swarm
-        self.restarts = 0
-        self.failed = 0  # swarms in a row that ended without beating the best before them
-        self._start(params)
-
-    def _start(self, start: Params) -> None:
-        self.state = self.opt.init(start, key=random.fold_in(self.key, 2 * self.restarts))
-        size = numel(start)
-        device = optree.tree_leaves(self.state.population)[0].device
-        # A portfolio: even swarms learn a metric, odd ones tumble isotropically (a learned
-        # metric makes a swarm less likely to find Ackley's funnel; benchmarks/NOTES.md).
-        learns = self.learns and self.restarts % 2 == 0
-        self.metric = isotropic(size, device) if learns else None
-        self.entry_best = self.best_cost  # the best this swarm has to beat
-        self.progress, self.stalled = math.inf, 0  # best at its last progress; updates since
-        self.first = math.inf  # its first finite best
-
-    def holds(self, best_cost: float) -> bool:
-        """Whether the current swarm found a point as good as ``best_cost``."""
-        return self.sign * float(self.state.best_loss) <= best_cost
-
-    def update(self) -> int:
-        """One update of the current swarm (restarting it if it stalled); evaluations spent."""
-        spent, self.metric, cost = self._advance(self.metric)
-        # Progress is a gain of more than rtol of the way still to the best of the swarms
-        # before, or, while this swarm holds the best, of its own descent so far: losses
-        # compared with losses only, so f, f + c and a * f restart alike.
-        behind = self.progress > self.entry_best
-        if not math.isfinite(self.progress):  # its first finite loss is progress
-            if cost < self.progress:
-                self.first, self.progress, self.stalled = cost, cost, -1
-        elif self.progress - cost > self.rtol * (
-                self.progress - self.entry_best if behind else self.first - self.progress):
-            self.progress, self.stalled = cost, -1
-        self.stalled += 1
-        if self.stall_limit is not None and self.stalled >= self.stall_limit * (
-                1 if behind else HOLDING_PATIENCE):
-            self.failed = self.failed + 1 if cost >= self.entry_best else 0
-            self.restarts += 1
-            key = random.fold_in(self.key, 2 * self.restarts - 1)
-            self._start(_uniform_point(self.params, self.box, key))
-        return spent
-
-
-class _Explorer(_Swarm):
-    """The exploring swarm: every JITTER_PERIOD updates its bacteria take a kept random kick."""
-
-    def __init__(self, opt, step, params, box, key, jitter, sign):
-        self.step, self.params, self.box, self.jitter = step, params, box, jitter
-        self.sign = sign
-        self.key = random.fold_in(key, EXPLORER_STREAM)
-        self.state = opt.init(params, key=self.key)
-        self.best_params, self.best_cost = params, math.inf
-        self.updates = 0
-
-    def update(self) -> int:
-        """One update, then the kick when it is due; evaluations spent."""
-        spent, _, _ = self._advance(None)
-        self.updates += 1
-        if self.updates % JITTER_PERIOD == 0:  # a kick moves bacteria, never the best seen
-            self.state = self._kicked(self.state)
-        return spent
-
-    def _kicked(self, state: AdaptiveBFOState) -> AdaptiveBFOState:
-        """Every bacterium moved and kept there: by a Gaussian kick, or one coordinate redrawn.
-
-        Even rows move by ``N(0, jitter)`` box widths per coordinate, odd rows get one random
-        coordinate redrawn uniformly in the box.
-        The Gaussian kick hops to a neighbouring basin of a rotated landscape (Rastrigin,
-        Ackley); the redraw moves one coordinate of a separable function into another of its
-        basins without disturbing the rest (Styblinski-Tang, Schwefel). A coordinate with an
-        open side gets the Gaussian kick instead. Forgetting the losses makes the next tumble
-        of each bacterium be accepted whatever it costs (so the kick is not undone), and
-        steps below three kicks grow back to it.
-        """
-        dtype, size = state.losses.dtype, state.losses.shape[0]
-        kick_key = random.fold_in(self.key, self.updates)
-        z = random.tree_normal_like(kick_key, state.population, dtype)
-        n = numel(self.params)
-        which = (random.uniform(random.fold_in(kick_key, 1), (size,), dtype) * n).long()
-        device = which.device
-        odd = torch.arange(size, device=device) % 2 == 1
-        redraw = (torch.arange(n, device=device) == which.clamp(max=n - 1).unsqueeze(1)) \
-            & odd.unsqueeze(1)
-        leaves, spec = optree.tree_flatten(state.population)
-        gaussian = spec.flatten_up_to(box_relative(z, self.box))
-        no_spread = torch.zeros((), dtype=dtype, device=device)
-        moved = []
-        normals: list[Any] = spec.flatten_up_to(z)
-        redraws: list[Any] = spec.flatten_up_to(unflatten_like(redraw, self.params))
-        for x, zi, k, r, b in zip(leaves, normals, gaussian, redraws, self.box):
-            kicked = project(x + (self.jitter * k).to(x.dtype), b, "clip")
-            redrawn = sample_domain(kicked, zi.to(x.dtype), b, no_spread.to(x.dtype))
-            moved.append(torch.where(r, redrawn, torch.where(rows(odd, x), x, kicked)))
-        return state._replace(population=spec.unflatten(moved),
-                              losses=torch.full_like(state.losses, math.nan),
-                              step_sizes=state.step_sizes.clamp_min(3 * self.jitter))
-
-
-class _FaceMoves:
-    """The best point moved onto faces of the box, tried when the polish phase starts.
-
-    Tumbles that are reflected (or clipped) at a face only hover near an optimum on the
-    boundary (an active constraint), and a coordinate on the far side of the box stays
-    there while the others hold it back. Three evaluator calls, within ``room``
-    evaluations (``FACE_SHARE`` of the polish budget; rows past it are left out): every
-    coordinate within ``SNAP_WIDTHS[j]`` box widths of its nearest face moved onto it (a
-    row per width that moves a new set); then, from the best so far, each coordinate alone
-    moved onto each of its two faces (for at most ``FACE_SCAN_SIZE`` coordinates: 2n rows
-    of n); then every single move that helped, together. It keeps the best of them
-    (``best_cost`` inf if none beat the start) and the evaluations spent.
-    """
-
-    def __init__(self, best_params, best_cost, box, evaluate, room):
-        self.best_params, self.best_cost, self.evals = best_params, math.inf, 0
-        self.params, self.evaluate, self.room = best_params, evaluate, room
-        if not math.isfinite(best_cost):
-            return
-        low, high = _flat_box(best_params, box)
-        x = flat_rows(optree.tree_map(lambda v: v.unsqueeze(0), best_params))[0]
-        finite = torch.isfinite(high - low)
-        face = torch.where(x - low <= high - x, low, high)
-        gap = torch.where(finite, (x - face).abs() / (high - low), torch.inf)
-        masks = []
-        for width in SNAP_WIDTHS:
-            mask = (gap <= width) & (gap > 0)
-            if bool(mask.any()) and not any(torch.equal(mask, m) for m in masks):
-                masks.append(mask)
-        if masks:
-            self._try(torch.where(torch.stack(masks), face, x))
-        base = x if self.best_cost >= best_cost else self._flat_best
-        base_cost = min(best_cost, self.best_cost)
-        n = x.shape[0]
-        if n > FACE_SCAN_SIZE or not bool(finite.any()):
-            return
-        faces = torch.stack([low, high])  # (2, n)
-        singles = base.expand(2, n, n).clone()  # [f, j] = base with coordinate j on face f
-        singles.diagonal(dim1=1, dim2=2).copy_(torch.where(finite, faces, base))
-        moves = finite & (faces != base)  # (2, n): rows that change something
-        costs = torch.full((2, n), torch.inf, dtype=x.dtype, device=x.device)
-        costs[moves] = self._try(singles[moves])
-        better, side = costs.min(dim=0)
-        helped = better < base_cost
-        if int(helped.sum()) >= 2:
-            self._try(torch.where(helped, faces.gather(0, side.unsqueeze(0))[0], base)[None])
-
-    def _try(self, candidates: Tensor) -> Tensor:
-        """Costs of the flat ``candidates`` rows (inf past the room left); keeps the best."""
-        count = min(candidates.shape[0], self.room - self.evals)
-        costs = torch.full((candidates.shape[0],), torch.inf, dtype=candidates.dtype,
-                           device=candidates.device)
-        if count <= 0:
-            return costs
-        tried = candidates[:count]
-        costs[:count] = self.evaluate(_as_params(tried, self.params))[0].to(costs.dtype)
-        self.evals += count
-        cost, row = costs.min(dim=0)
-        if float(cost) < self.best_cost:
-            self.best_cost, self._flat_best = float(cost), tried[int(row)]
-            self.best_params = optree.tree_map(lambda v: v[0],
-                                               _as_params(tried[int(row)][None], self.params))
-        return costs
-
-
-class _Polisher(_Swarm):
-    """A last swarm whose bacteria all start at the best point, with steps of ``jitter``."""
-
-    def __init__(self, opt, step, best_params, best_cost, key, jitter, sign):
-        self.step, self.sign = step, sign
-        state = opt.init(best_params, key=random.fold_in(key, POLISHER_STREAM))
-        size = state.losses.shape[0]
-        self.state = state._replace(
-            population=optree.tree_map(lambda x: x.unsqueeze(0).expand(size, *x.shape).clone(),
-                                       best_params),
-            losses=torch.full_like(state.losses, sign * best_cost),
-            step_sizes=torch.full_like(state.step_sizes, jitter))
-        self.best_params, self.best_cost = best_params, best_cost
-
-    def update(self) -> int:
-        return self._advance(None)[0]
+def _check_round(state: BlackBoxState, asked: Any, check: bool) -> None:
+    """Refuse an answer to another round or state (``check=False`` skips the values)."""
+    if not isinstance(asked, Ask):
+        raise TypeError("black_box_search.tell takes the Ask that ask(state) returned, got "
+                        f"{type(asked).__name__}.")
+    if check and not torch.equal(asked.tag.cpu(), _tag(state)):
+        raise ValueError(f"asked answers round {int(asked.tag[0])} of a black_box_search, but "
+                         f"the state told is at round {state.rounds} (or of another run): tell "
+                         "the state that ask was called on, once per round.")
 
 
 def _in_float64(params: Params, loss_fn: LossFn, bounds: Any) -> tuple[Params, Any, Any]:
@@ -552,34 +531,3 @@ def _in_float64(params: Params, loss_fn: LossFn, bounds: Any) -> tuple[Params, A
         return loss_fn(optree.tree_map(lambda x, g: x.to(g.dtype), p, params), *args)
 
     return wide, in_given_dtypes, pairs
-
-
-def _flat_box(params: Params, box: list[LeafBounds | None]) -> tuple[Tensor, Tensor]:
-    """Each flattened coordinate's low and high (float64, -inf/inf where open), shape (n,)."""
-    lows, highs = [], []
-    for x, b in zip(optree.tree_leaves(params), box):
-        if b is None:
-            b_high = torch.full(x.shape, torch.inf, dtype=torch.float64, device=x.device)
-            b_low = -b_high
-        else:
-            b_low, b_high = (torch.broadcast_to(v.to(torch.float64), x.shape)
-                             for v in (b.low, b.high))
-        lows.append(b_low.reshape(-1))
-        highs.append(b_high.reshape(-1))
-    return torch.cat(lows), torch.cat(highs)
-
-
-def _as_params(flat: Tensor, template: Params) -> Params:
-    """Rows of flat coordinates (float64) as a population shaped and typed like ``template``."""
-    return optree.tree_map(lambda v, t: v.to(t.dtype), unflatten_like(flat, template),
-                           template)
-
-
-def _uniform_point(params: Params, box: list[LeafBounds | None], key: Key) -> Params:
-    """A point uniform in the resolved ``box`` (``params`` itself where a side is open)."""
-    leaves, spec = optree.tree_flatten(params)
-    dtype = torch.promote_types(leaves[0].dtype, torch.float32)
-    z = optree.tree_leaves(random.tree_normal_like(key, params, dtype))
-    scale = torch.zeros((), dtype=dtype)
-    return spec.unflatten([sample_domain(x.to(dtype), zi, b, scale.to(x.device)).to(x.dtype)
-                           for x, zi, b in zip(leaves, z, box)])

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -49,8 +50,8 @@ def test_never_exceeds_the_budget_and_counts_what_it_spent(budget, population, s
     assert out.num_evals <= budget < out.num_evals + per_update  # stops when no update fits
     evals = [0] + [e for e, _ in out.history]
     spent = [b - a for a, b in zip(evals, evals[1:])]
-    # One entry per update, and at most one for the face moves when polishing starts.
-    assert sum(n != per_update for n in spent) <= 1 and all(n > 0 for n in spent)
+    # One entry per round: updates, and at most three rounds of face moves.
+    assert sum(n != per_update for n in spent) <= 3 and all(n > 0 for n in spent)
     losses = [loss for _, loss in out.history]
     assert losses == sorted(losses, reverse=True)  # the best never gets worse
     assert float(out.loss) == losses[-1] == float(shifted_sphere(out.params))
@@ -331,21 +332,19 @@ def test_the_polish_share_goes_to_a_swarm_started_at_the_best():
 
 
 def test_an_explorer_kick_moves_even_bacteria_a_little_and_odd_ones_along_one_coordinate():
-    from functional_bfo._black_box import _Explorer
     from functional_bfo._bounds import resolve
+    from functional_bfo._moves import kicked
 
     params = {"w": torch.zeros(3, 2, dtype=torch.float64), "b": torch.zeros(2, dtype=torch.float64)}
     bounds = {"w": (-2.0, 2.0), "b": (torch.tensor(-1.0), torch.tensor(float("inf")))}
     opt = fb.adaptive_bfo(8, bounds=bounds, relative_steps=True)
     box = resolve(bounds, params, torch.float64)
-    explorer = _Explorer(opt, None, params, box, fb.random.key(3), 0.01, 1.0)
-    state = explorer.state
+    state = opt.init(params, key=fb.random.key(3))
     before = torch.cat([state.population["b"], state.population["w"].flatten(1)], dim=1)
     seen_open_redraw, odd_moves = False, 0
     for updates in range(1, 40):
-        explorer.updates = updates
-        kicked = explorer._kicked(state)
-        after = torch.cat([kicked.population["b"], kicked.population["w"].flatten(1)], dim=1)
+        out = kicked(state, params, box, 0.01, fb.random.fold_in(fb.random.key(3), updates))
+        after = torch.cat([out.population["b"], out.population["w"].flatten(1)], dim=1)
         moved = after != before
         # Gaussian kick: every boxed coordinate moves, by a few hundredths of the width.
         assert bool(moved[0::2, 2:].all())
@@ -357,7 +356,7 @@ def test_an_explorer_kick_moves_even_bacteria_a_little_and_odd_ones_along_one_co
         # An open-sided coordinate ("b") is kicked, not redrawn: it stays near where it was.
         assert bool(((after - before)[1::2, :2].abs() <= 6 * 0.01).all())
         seen_open_redraw |= bool(moved[1::2, :2].any())
-        assert torch.isnan(kicked.losses).all()
+        assert torch.isnan(out.losses).all()
     assert seen_open_redraw  # the open coordinates were picked sometimes
     assert odd_moves >= 0.9 * 39 * 4
 
@@ -379,8 +378,8 @@ def test_an_optimum_on_the_boundary_is_found_exactly(boundary):
 
 
 def test_the_face_moves_are_evaluated_once_within_the_budget():
-    """Three calls when polishing starts (the snaps, the single-coordinate face moves, their
-    combination), counted in num_evals and recorded as one history entry."""
+    """At most three rounds when polishing starts (the snaps, the single-coordinate face
+    moves, their union), counted in num_evals, a history entry each."""
     loss, seen = recording(corner_slope)
     budget = 16 * 50 + 7
     out = fb.black_box(loss, start(4), (-1.0, 1.0), max_evals=budget, key=fb.random.key(0),
@@ -389,55 +388,46 @@ def test_the_face_moves_are_evaluated_once_within_the_budget():
     evals = [0] + [e for e, _ in out.history]
     spent = [b - a for a, b in zip(evals, evals[1:])]
     moves = [k for k, n in enumerate(spent) if n != 16]
-    assert len(moves) == 1 and spent[moves[0]] <= len(fb._black_box.SNAP_WIDTHS) + 2 * 4 + 1
+    assert 1 <= len(moves) <= 3 and moves == list(range(moves[0], moves[0] + len(moves)))
+    assert sum(spent[k] for k in moves) <= len(fb._moves.SNAP_WIDTHS) + 2 * 4 + 1
     k = moves[0]
     assert evals[k] + 16 > budget - 16 * int(0.1 * budget / 16)  # when polishing starts
-    moved = torch.stack(seen[evals[k]:evals[k + 1]])
+    moved = torch.stack(seen[evals[k]:evals[moves[-1] + 1]])
     # Every candidate puts at least one coordinate exactly on a face.
     assert bool((moved.abs() == 1.0).any(dim=1).all())
-
-
-def evaluate_rows(loss, calls):
-    """A black-box ``evaluate``: (costs, None) of a population, recording each call's size."""
-    def evaluate(population):
-        calls.append(len(population["x"]))
-        rows = [{k: v[i] for k, v in population.items()} for i in range(len(population["x"]))]
-        return torch.stack([loss(p) for p in rows]), None
-    return evaluate
 
 
 def test_a_coordinate_on_the_far_face_is_moved_over_and_helping_moves_are_combined():
     """From (1, 1, 1, -0.2) the corner (1, -1, 1, -1) needs coordinate 1 moved across the
     box and coordinate 3 to a face: no snap does it, two single moves and their union do."""
-    box = fb._bounds.resolve((-1.0, 1.0), start(4), torch.float64)
-    best = {"x": torch.tensor([1.0, 1.0, 1.0, -0.2], dtype=torch.float64)}
-    calls = []
-    moved = fb._black_box._FaceMoves(best, float(corner_slope(best)), box,
-                                   evaluate_rows(corner_slope, calls), room=100)
-    assert calls == [5, 1]  # no snap (x[3] is 0.4 widths away), 5 single moves, their union
-    assert moved.evals == 6 and moved.best_cost == 0.0
-    assert moved.best_params["x"].tolist() == [1.0, -1.0, 1.0, -1.0]
-    short = fb._black_box._FaceMoves(best, float(corner_slope(best)), box,
-                                   evaluate_rows(corner_slope, calls), room=3)
-    assert short.evals == 3  # the room is never exceeded
+    from functional_bfo._moves import face_singles, face_snaps, face_union
+
+    x = torch.tensor([1.0, 1.0, 1.0, -0.2], dtype=torch.float64)
+    low, high = -torch.ones(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64)
+    assert face_snaps(x, low, high).shape == (0, 4)  # x[3] is 0.4 widths from its face
+    rows, mask = face_singles(x, low, high)
+    assert rows.shape == (5, 4) and mask.tolist() == [[True] * 3 + [True], [False] * 3 + [True]]
+    costs = torch.full((2, 4), torch.inf, dtype=torch.float64)
+    costs[mask] = torch.stack([corner_slope({"x": r}) for r in rows])
+    union = face_union(x, low, high, costs, float(corner_slope({"x": x})))
+    assert union.tolist() == [[1.0, -1.0, 1.0, -1.0]] and float(corner_slope({"x": union[0]})) == 0
+    assert face_union(x, low, high, costs, 0.0).shape == (0, 4)  # none helped: no row
 
 
 def test_no_face_moves_on_open_sides_or_at_an_infinite_best():
     """Open coordinates never move; a best that is not finite is not moved at all."""
-    box = {"x": (-float("inf"), float("inf")), "y": (-1.0, 1.0)}
-    params = {"x": torch.zeros(2, dtype=torch.float64), "y": torch.zeros(2, dtype=torch.float64)}
-    resolved = fb._bounds.resolve(box, params, torch.float64)
-    calls, seen = [], []
+    from functional_bfo._moves import face_singles, face_snaps
 
-    def loss(p):
-        seen.append(p["x"].clone())
-        return p["y"].sum()
-
-    evaluate = evaluate_rows(loss, calls)
-    fb._black_box._FaceMoves(params, math.inf, resolved, evaluate, room=100)
-    assert calls == []
-    fb._black_box._FaceMoves(params, 0.0, resolved, evaluate, room=100)
-    assert calls == [4, 1] and all(x.tolist() == [0.0, 0.0] for x in seen)
+    x = torch.tensor([0.0, 0.0, 0.999, 0.0], dtype=torch.float64)
+    low = torch.tensor([-torch.inf, -torch.inf, -1.0, -1.0], dtype=torch.float64)
+    high = torch.tensor([torch.inf, torch.inf, 1.0, 1.0], dtype=torch.float64)
+    assert face_snaps(x, low, high)[:, :2].eq(0).all()
+    rows, mask = face_singles(x, low, high)
+    assert rows.shape == (4, 4) and not mask[:, :2].any() and rows[:, :2].eq(0).all()
+    with pytest.warns(RuntimeWarning, match="NaN or infinite"):
+        out = fb.black_box(lambda p: p["x"].sum() * math.nan, start(), (-1.0, 1.0),
+                           max_evals=16 * 20, key=fb.random.key(0))
+    assert out.num_evals == 16 * 20 and all(e % 16 == 0 for e, _ in out.history)
 
 
 def test_progress_shows_a_bar_and_a_summary(capsys):
@@ -447,3 +437,46 @@ def test_progress_shows_a_bar_and_a_summary(capsys):
     out = capsys.readouterr()
     assert "evals" in out.err and "best=" in out.err
     assert out.out.startswith("stopped by max_evals after")
+
+
+def numpy_losses(asked, offset=0.0):
+    """The integer-valued loss of every row, computed in numpy (an outside objective)."""
+    x = np.round(asked.params["x"].numpy() * 1024)
+    return (np.round(x**2 / 64) + np.round(400 * (1 - np.cos(x / 128)))).sum(axis=1) + offset
+
+
+def test_ask_tell_is_the_black_box_with_restarts_inside_tell():
+    """Losses from numpy through ask/tell give fb.black_box's run, round for round, through
+    restarts, the explorer, the face moves and the polish; the state is left as it was."""
+    settings = dict(max_evals=6000, restart_after=8)
+    out = fb.black_box(integer_valued, start(4), (-1.0, 1.0), key=fb.random.key(3), **settings)
+    opt = fb.black_box_search((-1.0, 1.0), **settings)
+    state, phases, history = opt.init(start(4), key=fb.random.key(3)), set(), []
+    while state.phase != "done":
+        phases.add(state.phase)
+        asked = opt.ask(state)
+        assert torch.equal(opt.ask(state).params["x"], asked.params["x"])  # ask is pure
+        before = state.best_params["x"].clone()
+        new = opt.tell(state, asked, numpy_losses(asked, offset=-37.5))
+        assert torch.equal(state.best_params["x"], before)  # tell left its input alone
+        state = new
+        history.append((state.num_evals, float(state.best_loss) + 37.5))
+    assert phases == {"converge", "explore", "faces", "polish"}
+    assert (state.num_evals, state.restarts, state.explorer_updates) == (
+        out.num_evals, out.restarts, out.explorer_updates) and history == out.history
+    assert torch.equal(state.best_params["x"], out.params["x"])
+    with pytest.raises(ValueError, match="has spent its budget"):
+        opt.ask(state)
+
+
+def test_tell_refuses_another_rounds_answer():
+    opt = fb.black_box_search((-1.0, 1.0), max_evals=1000)
+    state = opt.init(start(2), key=fb.random.key(0))
+    stale = opt.ask(state)
+    state = opt.tell(state, stale, numpy_losses(stale))
+    with pytest.raises(ValueError, match=r"asked answers round 0 .* state told is at round 1"):
+        opt.tell(state, stale, numpy_losses(stale))
+    with pytest.raises(TypeError, match="takes the Ask that ask\\(state\\) returned"):
+        opt.tell(state, stale.params, numpy_losses(stale))
+    with pytest.raises(ValueError, match=r"Invalid losses: shape \(3,\)"):
+        opt.tell(state, opt.ask(state), [1.0, 2.0, 3.0])

@@ -6,9 +6,10 @@ import pathlib
 PUBLIC = {
     "functional_bfo": {
         "AdaptiveBFOHyperparams", "AdaptiveBFOState", "Ask", "AskFn", "BFOHyperparams", "BFOState",
-        "BlackBoxResult", "HybridBFOHyperparams", "HybridBFOState", "InitFn", "Key", "LossFn",
-        "Optimizer", "Params", "PyTree", "TellFn", "UpdateFn", "adaptive_bfo", "bfo", "black_box",
-        "distributed", "evaluate", "hybrid_bfo", "load", "materialize", "metrics",
+        "BlackBoxResult", "BlackBoxState", "HybridBFOHyperparams", "HybridBFOState", "InitFn",
+        "Key", "LossFn", "Optimizer", "Params", "PyTree", "TellFn", "UpdateFn", "adaptive_bfo",
+        "bfo", "black_box", "black_box_search", "distributed", "evaluate", "hybrid_bfo", "load",
+        "materialize", "metrics",
         "module_loss", "random", "run", "save", "with_grad_mask", "with_hyperparams",
         "with_start_loss",
     },
