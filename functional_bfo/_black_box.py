@@ -354,35 +354,38 @@ def black_box_search(
         """``s`` with the phase of the next round, and the swarm or moves it needs."""
         fits = s.num_evals + per_round <= budget
         polishing = s.num_evals + per_round > main_budget
-        if s.faces is None and polishing and fits:
+        if s.faces is None and polishing and fits:  # the polish opens with the face moves
             found = math.isfinite(float(s.best_loss))
-            s = s._replace(faces=FaceMoves(
-                0 if found else FACES_DONE, min(budget - s.num_evals, int(
-                    FACE_SHARE * (budget - main_budget))),
-                0, moves.flat(s.best_params), cost(s.best_loss), None))
+            room = min(budget - s.num_evals, int(FACE_SHARE * (budget - main_budget)))
+            s = s._replace(faces=FaceMoves(0 if found else FACES_DONE, room, 0, moves.flat(
+                s.best_params), cost(s.best_loss), None))
         while s.faces is not None and s.faces.stage < FACES_DONE:
             if len(face_rows(s)[0]):
                 return s._replace(phase="faces")
             s = s._replace(faces=s.faces._replace(stage=s.faces.stage + 1))
         if not fits:
             return s._replace(phase="done")
-        if s.polisher is None and polishing and cost(s.swarm.best_loss) > cost(s.best_loss):
-            if not math.isfinite(float(s.best_loss)):
-                return s._replace(phase="done")
-            state = opt.init(s.best_params, key=random.fold_in(s.key, POLISHER_STREAM))
-            s = s._replace(polisher=state._replace(  # every bacterium at the best point
-                population=optree.tree_map(lambda x: x.expand(population_size, *x.shape)
-                                           .clone(), s.best_params),
-                losses=torch.full_like(state.losses, float(s.best_loss)),
-                step_sizes=torch.full_like(state.step_sizes, kick)))
-        if s.polisher is not None or polishing:
-            return s._replace(phase="polish" if s.polisher is not None else "converge")
+        if polishing:  # by the swarm that holds the best, else by one started there
+            if s.polisher is None and cost(s.swarm.best_loss) > cost(s.best_loss):
+                if not math.isfinite(float(s.best_loss)):
+                    return s._replace(phase="done")
+                s = s._replace(polisher=polisher(s))
+            return s._replace(phase="converge" if s.polisher is None else "polish")
         if s.explorer is None and hand_over is not None and s.failed >= hand_over:
             s = s._replace(explorer=opt.init(s.start, key=random.fold_in(s.key,
                                                                           EXPLORER_STREAM)))
         explore = s.explorer is not None and s.converging_after >= CONVERGING_SHARE * (
             s.converging_after + s.explorer_updates + 1)
         return s._replace(phase="explore" if explore else "converge")
+
+    def polisher(s: BlackBoxState) -> AdaptiveBFOState:
+        """A swarm with every bacterium at the best point (its loss known), steps ``jitter``."""
+        state = opt.init(s.best_params, key=random.fold_in(s.key, POLISHER_STREAM))
+        return state._replace(
+            population=optree.tree_map(lambda x: x.expand(population_size, *x.shape).clone(),
+                                       s.best_params),
+            losses=torch.full_like(state.losses, float(s.best_loss)),
+            step_sizes=torch.full_like(state.step_sizes, kick))
 
     def better(s: BlackBoxState, params: Params, loss: Tensor) -> BlackBoxState:
         """``s`` with ``params`` as its best point if their ``loss`` beats its best."""
