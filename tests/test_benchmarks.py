@@ -19,7 +19,8 @@ QUICK = {"adapter_paths.py": "adapter_paths_quick",
          "swim_batch.py": "swim_batch_quick",
          "distributed.py": "distributed_quick",
          "quality.py": "quality_quick",
-         "quality.py --suite bbob": "quality_bbob_quick"}
+         "quality.py --suite bbob": "quality_bbob_quick",
+         "coco.py": "coco_quick"}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,8 @@ def finished(runs, script):
     return out
 
 
-@pytest.mark.parametrize("script", [s for s in QUICK if not s.startswith("quality.py")])
+@pytest.mark.parametrize("script", [s for s in QUICK
+                                    if not s.startswith(("quality.py", "coco.py"))])
 def test_quick_run_writes_results(script, quick_runs):
     out = finished(quick_runs, script)
     stem = QUICK[script]
@@ -69,6 +71,19 @@ def test_quality_quick_run_writes_results(quick_runs):
                     "--optimizers", "fb.bfo"], cwd=BENCHMARKS, check=True,
                    capture_output=True, timeout=900)
     assert (tmp_path / "quality_quick_runs.jsonl").read_text().splitlines() == runs
+
+
+def test_coco_quick_run_writes_a_coco_data_set_and_its_ecdf(quick_runs):
+    """cocoex's observer logs every run, cocopp draws the ECDF; docs/figures is untouched."""
+    figures = BENCHMARKS.parent / "docs" / "figures"
+    before = sorted(figures.glob("coco_ecdf_*"))
+    out = finished(quick_runs, "coco.py")
+    result = json.loads((out / "coco_quick.json").read_text())
+    cell = result["summary"]["fb.black_box"]["2"]
+    assert result["quick"] is True and cell["runs"] == 4 and 0 < cell["reached"] <= 1
+    assert (out / "coco" / "fb.black_box" / "bbobexp_f1.info").exists()
+    assert (out / "coco" / "coco_ecdf_2D.png").stat().st_size > 0
+    assert sorted(figures.glob("coco_ecdf_*")) == before
 
 
 @pytest.fixture

@@ -1,0 +1,204 @@
+"""COCO's bbob report: runs through cocoex's Observer, runtime ECDFs drawn by cocopp.
+
+The field's standard report for a black-box optimizer: each problem of COCO's noiseless
+``bbob`` suite (24 functions x its 15 standard instances) in D = 2, 3, 5, 10, 20 with
+2000 x D evaluations (``quality.py``'s budget), observed by ``cocoex``'s own Observer into a
+COCO data set, ``<out>/coco/<optimizer>``. ``fb.black_box`` starts from
+``problem.initial_solution`` (the centre of the box [-5, 5]^D; its other bacteria are uniform
+in the box), is seeded from (function, instance, D) and sees COCO's own ``f(x)``, whose
+minimum is not 0. A run stops at the final target ``f_opt + 1e-8`` (COCO's convention).
+``--optimizers fb.black_box cma.CMAES`` adds IPOP-CMA-ES (``peers.py``) as a reference.
+``--quick``: f1 and f5, D = 2, two instances, 200 x D evaluations (10 s).
+
+``cocopp`` draws the runtime ECDFs over all functions per D beside its best-2009 reference
+(``<out>/coco/ppdata``); a full run into ``benchmarks/results`` copies them to
+``docs/figures/coco_ecdf_<D>D.png`` (other runs: to ``<out>/coco``). ``results/coco.{json,md}``
+give per optimizer and D the share of (function, instance, target) triples reached, with
+COCO's 51 targets 10^[-8..2] on f - f_opt.
+
+    python benchmarks/coco.py [--quick] [--optimizers NAME ...] [--dims D ...]
+
+fb.black_box takes about 85 us an evaluation on one core: 1.5 / 3 / 5 / 10 / 21 minutes for
+D = 2 / 3 / 5 / 10 / 20 (3, 10, 20 extrapolated from two instances), cocopp 20 s per D:
+about 45 minutes in one process (a second core does not help); IPOP-CMA-ES adds about 20.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import socket
+import time
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from common import RESULTS, machine, parser, write
+from peers import run_peer
+
+import functional_bfo as fb
+
+BUDGET_PER_DIM = 2000
+TARGETS = np.logspace(2, -8, 51)  # COCO's standard targets on f - f_opt
+FIGURES = pathlib.Path(__file__).parents[1] / "docs" / "figures"
+
+
+class _TargetHit(Exception):
+    """Raised by the evaluation that hits the final target, to end the run there."""
+
+
+def objective(problem) -> Callable[[np.ndarray], float]:
+    """``problem`` on one numpy vector, raising ``_TargetHit`` once the final target is hit."""
+
+    def f(x: np.ndarray) -> float:
+        y = float(problem(x))
+        if problem.final_target_hit:
+            raise _TargetHit
+        return y
+
+    return f
+
+
+def run_black_box(problem, f: Callable, seed: int, budget: int) -> None:
+    """``fb.black_box`` from the initial solution, one ``f`` call per row (all observed)."""
+
+    def loss(params: dict) -> torch.Tensor:
+        return torch.tensor(f(params["x"].detach().numpy()), dtype=torch.float64)
+
+    def rows(loss_fn: Callable, population: dict) -> torch.Tensor:
+        x = population["x"]
+        return torch.tensor([f(row) for row in x.detach().numpy()], dtype=x.dtype)
+
+    x0 = torch.tensor(problem.initial_solution, dtype=torch.float64)
+    box = (torch.tensor(problem.lower_bounds), torch.tensor(problem.upper_bounds))
+    fb.black_box(loss, {"x": x0}, box, max_evals=budget, key=fb.random.key(seed),
+                 evaluator=rows)
+
+
+def run_cma(problem, f: Callable, seed: int, budget: int) -> None:
+    """IPOP-CMA-ES as ``peers.py`` runs it (uniform starts in the box)."""
+    run_peer("cma.CMAES", f, problem.dimension, float(problem.lower_bounds[0]),
+             float(problem.upper_bounds[0]), budget, None, seed)
+
+
+RUNNERS = {"fb.black_box": run_black_box, "cma.CMAES": run_cma}
+
+
+def experiment(name: str, suite, folder: pathlib.Path, budget_per_dim: int) -> list[dict]:
+    """Every problem of ``suite`` run by optimizer ``name``, observed into ``folder``."""
+    import cocoex
+
+    shutil.rmtree(folder, ignore_errors=True)  # else cocoex writes to <folder>-0001
+    observer = cocoex.Observer("bbob", f"outer_folder: {folder.parent} result_folder: "
+                               f"{folder.name} algorithm_name: {name}")
+    runs = []
+    for problem in suite:
+        dim, function, instance = problem.dimension, problem.id_function, problem.id_instance
+        optimum = cocoex.BareProblem("bbob", function, dim, instance).best_value()
+        problem.observe_with(observer)
+        started = time.perf_counter()
+        try:
+            RUNNERS[name](problem, objective(problem), 10_000 * dim + 100 * function + instance,
+                          budget_per_dim * dim)
+        except _TargetHit:
+            pass
+        error = problem.best_observed_fvalue1 - optimum
+        runs.append({"function": function, "dim": dim, "evals": problem.evaluations,
+                     "seconds": time.perf_counter() - started,
+                     "targets_hit": int((error <= TARGETS).sum())})
+        print(f"{name} {problem.id} error={error:.3g} evals={problem.evaluations} "
+              f"({runs[-1]['seconds']:.1f} s)", flush=True)
+        problem.free()
+    return runs
+
+
+def share(runs: list[dict]) -> float:
+    """The share of (function, instance, target) triples ``runs`` reached."""
+    return sum(r["targets_hit"] for r in runs) / (len(TARGETS) * len(runs))
+
+
+def summarize(runs: list[dict]) -> dict:
+    return {"runs": len(runs), "reached": share(runs),
+            "solved": sum(r["targets_hit"] == len(TARGETS) for r in runs),
+            "evals": sum(r["evals"] for r in runs), "seconds": sum(r["seconds"] for r in runs),
+            "reached_per_function": {f"f{f}": share([r for r in runs if r["function"] == f])
+                                     for f in sorted({r["function"] for r in runs})}}
+
+
+def ecdf_figures(folders: list[pathlib.Path], out: pathlib.Path, figures: pathlib.Path,
+                 quick: bool) -> dict[int, pathlib.Path]:
+    """cocopp's runtime ECDFs over all functions per D into ``out``, copied to ``figures``:
+    ``rungenericmany`` draws them for one optimizer too (``cocopp.main`` only for two or
+    more), here only the ECDFs, PNG at 300 dpi (--quick: 60, fewer bootstrap samples).
+    Importing cocopp looks for its online archives and warns when offline."""
+    socket.setdefaulttimeout(10)  # cocopp's import fetches its archive list with no timeout
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import cocopp
+
+        settings = cocopp.genericsettings
+        settings.figure_file_formats, settings.in_a_hurry = ["png"], 1000 if quick else 0
+        settings.isRldOnSingleFcts = settings.isTab = settings.isFig = False
+        shutil.rmtree(out, ignore_errors=True)
+        cocopp.rungenericmany.main([str(folder) for folder in folders], str(out))
+    figures.mkdir(parents=True, exist_ok=True)
+    copied = {}
+    for found in sorted(out.rglob("pprldmany_*D_noiselessall.png")):
+        dim = int(found.name.split("_")[1].removesuffix("D"))
+        copied[dim] = figures / f"coco_ecdf_{dim}D.png"
+        shutil.copy(found, copied[dim])
+    return copied
+
+
+def markdown(summary: dict, links: dict[int, str], where: object, budget_per_dim: int,
+             info: dict) -> list[str]:
+    lines = ["# COCO bbob: share of (function, instance, target) triples reached", "",
+             f"{budget_per_dim} x D evaluations per run, COCO's 51 targets 10^[-8..2] on "
+             f"f - f_opt, a run stopped at the final target (solved). Machine: {info}", "",
+             "| optimizer | D | runs | targets reached | solved | seconds |",
+             "|---|---|---|---|---|---|"]
+    for name, by_dim in summary.items():
+        for dim, cell in by_dim.items():
+            lines.append(f"| {name} | {dim} | {cell['runs']} | {cell['reached']:.1%} | "
+                         f"{cell['solved']} | {cell['seconds']:.0f} |")
+    return lines + ["", f"Runtime ECDFs over all functions, drawn by cocopp, in {where}: "
+                    + ", ".join(f"`{link}`" for link in links.values()) + "."]
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--optimizers", nargs="*", default=["fb.black_box"], choices=list(RUNNERS),
+                   help="default fb.black_box")
+    p.add_argument("--dims", nargs="*", type=int, help="default 2 3 5 10 20 (--quick: 2)")
+    args = p.parse_args()
+    if args.device != "cpu":
+        p.error("coco.py evaluates numpy functions row by row: use cpu")
+    import cocoex
+
+    torch.set_num_threads(1)
+    cocoex.log_level("warning")
+    dims = args.dims or ([2] if args.quick else [2, 3, 5, 10, 20])
+    budget_per_dim = 200 if args.quick else BUDGET_PER_DIM
+    selection = f"dimensions: {','.join(map(str, dims))} instance_indices: " + (
+        "1-2 function_indices: 1,5" if args.quick else "1-15")
+    summary, folders = {}, []
+    for name in args.optimizers:
+        folders.append(args.out / "coco" / name)
+        runs = experiment(name, cocoex.Suite("bbob", "", selection), folders[-1], budget_per_dim)
+        summary[name] = {dim: summarize([r for r in runs if r["dim"] == dim]) for dim in dims}
+    to_docs = not args.quick and args.out.resolve() == RESULTS.resolve()
+    where = FIGURES if to_docs else args.out / "coco"
+    figures = ecdf_figures(folders, args.out / "coco" / "ppdata", where, args.quick)
+    links = {dim: f"figures/{path.name}" if to_docs else str(path)
+             for dim, path in figures.items()}
+    info = machine("cpu")
+    result = {"quick": args.quick, "machine": info, "selection": selection,
+              "budget_per_dim": budget_per_dim, "targets": len(TARGETS), "summary": summary,
+              "figures": links}
+    write(args, "coco", result, markdown(summary, links, "docs/figures" if to_docs else where,
+                                         budget_per_dim, info))
+
+
+if __name__ == "__main__":
+    main()
