@@ -42,7 +42,7 @@ from ._adaptive import (
     adaptive_static,
     adaptive_step,
 )
-from ._ask_tell import Ask, ask_round, told_costs
+from ._ask_tell import Ask, ask_round, round_tag, told_costs
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import resolve
 from ._checks import check_float, check_int, check_losses, check_params
@@ -211,13 +211,16 @@ def black_box_search(
                              f"metric; it is limited to {MAX_METRIC_SIZE} parameters (n^2 "
                              "memory, n^3 time per update). Pass metric_rate=0 for isotropic "
                              "tumbles.")
-        start = optree.tree_map(lambda x: x.detach().to(torch.float64), params)
+        start = optree.tree_map(lambda x: x.detach().to(torch.float64, copy=True), params)
         none = torch.tensor(sign * math.inf, dtype=torch.float64,
                             device=optree.tree_leaves(start)[0].device)
         width = widths(resolve(static.bounds, start, torch.float64), start)
-        s = BlackBoxState("converge", None, None, None, None, None, start,  # type: ignore[arg-type]
-                          none, 0, 0, 0, 0, math.inf, math.inf, math.inf, math.inf, 0, 0, 0,
-                          start, width, key)
+        s = BlackBoxState(
+            phase="converge", swarm=None, metric=None, explorer=None,  # type: ignore[arg-type]
+            polisher=None, faces=None, best_params=start, best_loss=none, num_evals=0, rounds=0,
+            restarts=0, failed=0, entry_best=math.inf, converged_best=math.inf, first=math.inf,
+            progress=math.inf, stalled=0, converging_after=0, explorer_updates=0, start=start,
+            width=width, key=key)
         return after(restarted(s, start, 0))
 
     def ask_fn(state: BlackBoxState) -> Ask:
@@ -236,7 +239,11 @@ def black_box_search(
 
     def tell_fn(state: BlackBoxState, asked: Ask, losses: Any, *,
                 check: bool = True) -> BlackBoxState:
-        _check_round(state, asked, check)
+        if state.phase == "done":
+            ask_fn(state)  # raises: no round is left to tell
+        rows = len(face_rows(state)[0]) if state.phase == "faces" else (
+            static.swims + 1) * len(_swarm(state).losses)
+        _check_round(state, asked, rows, check)
         if state.phase == "faces":
             return after(told_faces(state, asked, losses))
         swarm, bend = _swarm(state), steer(state)
@@ -342,7 +349,8 @@ def black_box_search(
         s = better(s, point, sign * costs[row])
         single_costs = f.single_costs
         if mask is not None:  # where each single move went (inf past the room)
-            single_costs = torch.full(mask.shape, torch.inf, dtype=costs.dtype)
+            single_costs = torch.full(mask.shape, torch.inf, dtype=costs.dtype,
+                                      device=costs.device)
             single_costs[mask] = torch.cat([costs, costs.new_full(
                 (int(mask.sum()) - len(costs),), torch.inf)])
         base = (moves.flat(s.best_params), cost(s.best_loss)) if f.stage == 0 else (
@@ -367,9 +375,7 @@ def black_box_search(
             return s._replace(phase="done")
         if polishing:  # by the swarm that holds the best, else by one started there
             if s.polisher is None and cost(s.swarm.best_loss) > cost(s.best_loss):
-                if not math.isfinite(float(s.best_loss)):
-                    return s._replace(phase="done")
-                s = s._replace(polisher=polisher(s))
+                s = s._replace(polisher=polisher(s))  # the best is finite: the swarm lost it
             return s._replace(phase="converge" if s.polisher is None else "polish")
         if s.explorer is None and hand_over is not None and s.failed >= hand_over:
             s = s._replace(explorer=opt.init(s.start, key=random.fold_in(s.key,
@@ -502,20 +508,35 @@ def _swarm(state: BlackBoxState) -> AdaptiveBFOState:
 
 
 def _tag(state: BlackBoxState) -> Tensor:
-    """The round ``state`` is in: rounds told, evaluations, key, phase."""
+    """The round ``state`` is in: rounds told, evaluations, key, and a digest.
+
+    The digest mixes the phase, the best loss and the losses of the swarm whose round it is,
+    so that an ``Ask`` of another history with the same counters is refused.
+    """
+    swarm = state.swarm if state.phase in ("faces", "done") else _swarm(state)
+    best = int(state.best_loss.cpu().view(torch.int64))
+    digest = int(round_tag(swarm)[4]) * 31 + best * 7 + PHASES.index(state.phase)
     return torch.tensor([state.rounds, state.num_evals, int(state.key[0]), int(state.key[1]),
-                         PHASES.index(state.phase)])
+                         (digest + 2**63) % 2**64 - 2**63])
 
 
-def _check_round(state: BlackBoxState, asked: Any, check: bool) -> None:
-    """Refuse an answer to another round or state (``check=False`` skips the values)."""
+def _check_round(state: BlackBoxState, asked: Any, rows: int, check: bool) -> None:
+    """Refuse an answer of another size, or (``check``) to another round or state."""
     if not isinstance(asked, Ask):
         raise TypeError("black_box_search.tell takes the Ask that ask(state) returned, got "
                         f"{type(asked).__name__}.")
-    if check and not torch.equal(asked.tag.cpu(), _tag(state)):
+    if tuple(asked.mask.shape) != (rows,):
+        raise ValueError(f"asked has {len(asked.mask)} rows, but the state's round "
+                         f"{state.rounds} ({state.phase}) has {rows}: tell the Ask that "
+                         "ask(state) returned for this state.")
+    if not check or torch.equal(asked.tag.cpu(), _tag(state)):
+        return
+    if int(asked.tag[0]) != state.rounds:
         raise ValueError(f"asked answers round {int(asked.tag[0])} of a black_box_search, but "
-                         f"the state told is at round {state.rounds} (or of another run): tell "
-                         "the state that ask was called on, once per round.")
+                         f"the state told is at round {state.rounds}: tell the state that ask "
+                         "was called on, once per round.")
+    raise ValueError("asked comes from another state (another run, key or history than the one "
+                     "told): tell takes the state that ask was called on.")
 
 
 def _in_float64(params: Params, loss_fn: LossFn, bounds: Any) -> tuple[Params, Any, Any]:

@@ -480,3 +480,47 @@ def test_tell_refuses_another_rounds_answer():
         opt.tell(state, stale.params, numpy_losses(stale))
     with pytest.raises(ValueError, match=r"Invalid losses: shape \(3,\)"):
         opt.tell(state, opt.ask(state), [1.0, 2.0, 3.0])
+    asked = opt.ask(state)  # two histories from one state: an Ask of one is not the other's
+    one = opt.tell(state, asked, numpy_losses(asked))
+    other = opt.tell(state, asked, numpy_losses(asked) + np.arange(16.0))
+    with pytest.raises(ValueError, match="asked comes from another state"):
+        opt.tell(other, opt.ask(one), numpy_losses(opt.ask(one)))
+
+
+def test_a_round_of_another_size_is_refused_even_unchecked_and_done_is_done():
+    opt = fb.black_box_search((-1.0, 1.0), max_evals=16 * 10, polish=0.5)
+    state = opt.init(start(2), key=fb.random.key(0))
+    swarm_ask = opt.ask(state)
+    while state.phase != "faces":
+        state = opt.tell(state, opt.ask(state), numpy_losses(opt.ask(state)))
+    with pytest.raises(ValueError, match=r"asked has 16 rows, but the state's round .* \(faces\)"):
+        opt.tell(state, swarm_ask, numpy_losses(swarm_ask), check=False)
+    while state.phase != "done":
+        state = opt.tell(state, opt.ask(state), numpy_losses(opt.ask(state)))
+    with pytest.raises(ValueError, match="has spent its budget"):
+        opt.tell(state, swarm_ask, numpy_losses(swarm_ask))
+
+
+def test_the_state_keeps_its_own_copy_of_the_params():
+    params = start(2)
+    state = fb.black_box_search((-1.0, 1.0), max_evals=100).init(params, key=fb.random.key(0))
+    params["x"].add_(0.5)
+    assert state.start["x"].eq(0).all() and state.best_params["x"].eq(0).all()
+
+
+def test_a_pickled_state_resumes_the_same_run(tmp_path):
+    """Saved between ask and tell (torch.save, the documented way), the run goes on as if
+    never stopped, with a search rebuilt from the same settings."""
+    settings = dict(max_evals=16 * 60, restart_after=4)
+    opt = fb.black_box_search((-1.0, 1.0), **settings)
+    state = opt.init(start(3), key=fb.random.key(2))
+    for _ in range(25):
+        state = opt.tell(state, opt.ask(state), numpy_losses(opt.ask(state)))
+    torch.save(state, tmp_path / "state.pt")
+    resumed = torch.load(tmp_path / "state.pt", weights_only=False)
+    again = fb.black_box_search((-1.0, 1.0), **settings)
+    while state.phase != "done":
+        state = opt.tell(state, opt.ask(state), numpy_losses(opt.ask(state)))
+        resumed = again.tell(resumed, again.ask(resumed), numpy_losses(again.ask(resumed)))
+    assert resumed.phase == "done" and resumed.num_evals == state.num_evals
+    assert torch.equal(resumed.best_params["x"], state.best_params["x"])
