@@ -109,6 +109,10 @@ def run(
             raise ValueError(f"Invalid checkpoint: {os.fspath(checkpoint)!r}; its folder "
                              f"{folder!r} does not exist. Create it first.")
     losses = getattr(state, "losses", None)
+    if hasattr(state, "phase"):  # a BlackBoxState
+        raise TypeError("run does not drive fb.black_box_search: its budget is its own, so "
+                        "loop state = opt.tell(state, opt.ask(state), losses) (or "
+                        "opt.update) until state.phase == 'done', or call fb.black_box.")
     if not isinstance(losses, torch.Tensor):
         raise TypeError(f"Expected the state returned by init/update, got {type(state).__name__}.")
     if losses.dim() != 1:

@@ -524,3 +524,10 @@ def test_a_pickled_state_resumes_the_same_run(tmp_path):
         resumed = again.tell(resumed, again.ask(resumed), numpy_losses(again.ask(resumed)))
     assert resumed.phase == "done" and resumed.num_evals == state.num_evals
     assert torch.equal(resumed.best_params["x"], state.best_params["x"])
+
+
+def test_run_names_the_loop_a_black_box_search_needs():
+    opt = fb.black_box_search((-1.0, 1.0), max_evals=100)
+    state = opt.init(start(2), key=fb.random.key(0))
+    with pytest.raises(TypeError, match="run does not drive fb.black_box_search"):
+        fb.run(opt, state, shifted_sphere, max_evals=100)
