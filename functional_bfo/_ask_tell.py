@@ -79,7 +79,7 @@ def told_costs(state: Any, asked: Any, losses: Any, sign: float, variant: str,
         raise TypeError(f"{variant}.tell takes the Ask that {variant}.ask(state) returned, "
                         f"got {type(asked).__name__}.")
     rows = asked.mask.shape[-1]
-    _check_tag(state, asked.tag, variant, check)
+    check_tag(round_tag(state), asked.tag, variant, check)
     if isinstance(losses, Tensor):
         values = losses.detach()
     else:
@@ -120,9 +120,11 @@ def told_grads(asked: Ask, grads: Any, variant: str) -> Params:
     return spec.unflatten(out)
 
 
-def _check_tag(state: Any, tag: Tensor, variant: str, check: bool) -> None:
-    """Refuse a tag of another state or round (its values read on the host if ``check``)."""
-    expected = round_tag(state)
+def check_tag(expected: Tensor, tag: Tensor, variant: str, check: bool) -> None:
+    """Refuse a tag other than ``expected``, the round's (its values read if ``check``).
+
+    Both start with the number of rounds told, so a stale answer is named as one.
+    """
     if tuple(tag.shape) != tuple(expected.shape):
         raise ValueError(f"asked.tag has shape {tuple(tag.shape)}, not {tuple(expected.shape)}: "
                          f"pass the Ask that {variant}.ask(state) returned for this state.")

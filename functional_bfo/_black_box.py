@@ -42,7 +42,7 @@ from ._adaptive import (
     adaptive_static,
     adaptive_step,
 )
-from ._ask_tell import Ask, ask_round, round_tag, told_costs
+from ._ask_tell import Ask, ask_round, check_tag, round_tag, told_costs
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import resolve
 from ._checks import check_float, check_int, check_losses, check_params
@@ -241,11 +241,11 @@ def black_box_search(
                 check: bool = True) -> BlackBoxState:
         if state.phase == "done":
             ask_fn(state)  # raises: no round is left to tell
-        rows = len(face_rows(state)[0]) if state.phase == "faces" else (
-            static.swims + 1) * len(_swarm(state).losses)
-        _check_round(state, asked, rows, check)
         if state.phase == "faces":
-            return after(told_faces(state, asked, losses))
+            rows, mask = face_rows(state)
+            _check_round(state, asked, len(rows), check)
+            return after(told_faces(state, asked, losses, rows, mask))
+        _check_round(state, asked, (static.swims + 1) * len(_swarm(state).losses), check)
         swarm, bend = _swarm(state), steer(state)
         if bend is None:
             return swarm_told(state, tell_swarm(swarm, asked, losses, check=False), None)
@@ -340,8 +340,10 @@ def black_box_search(
             rows = f.base.new_zeros((0, len(f.base)))
         return rows[:f.room - f.spent], mask
 
-    def told_faces(s: BlackBoxState, asked: Ask, losses: Any) -> BlackBoxState:
-        f, (rows, mask) = s.faces, face_rows(s)
+    def told_faces(s: BlackBoxState, asked: Ask, losses: Any, rows: Tensor,
+                   mask: Tensor | None) -> BlackBoxState:
+        """After a round of face moves (``rows``, ``mask``: ``face_rows(s)``)."""
+        f = s.faces
         assert f is not None  # the faces phase has them
         costs = told_costs(s.swarm, asked, losses, sign, "black_box_search", check=False)
         row = int(costs.argmin())
@@ -529,14 +531,7 @@ def _check_round(state: BlackBoxState, asked: Any, rows: int, check: bool) -> No
         raise ValueError(f"asked has {len(asked.mask)} rows, but the state's round "
                          f"{state.rounds} ({state.phase}) has {rows}: tell the Ask that "
                          "ask(state) returned for this state.")
-    if not check or torch.equal(asked.tag.cpu(), _tag(state)):
-        return
-    if int(asked.tag[0]) != state.rounds:
-        raise ValueError(f"asked answers round {int(asked.tag[0])} of a black_box_search, but "
-                         f"the state told is at round {state.rounds}: tell the state that ask "
-                         "was called on, once per round.")
-    raise ValueError("asked comes from another state (another run, key or history than the one "
-                     "told): tell takes the state that ask was called on.")
+    check_tag(_tag(state), asked.tag.cpu(), "black_box_search", check)
 
 
 def _in_float64(params: Params, loss_fn: LossFn, bounds: Any) -> tuple[Params, Any, Any]:
