@@ -474,8 +474,8 @@ def test_tell_refuses_another_rounds_answer():
     state = opt.init(start(2), key=fb.random.key(0))
     stale = opt.ask(state)
     state = opt.tell(state, stale, numpy_losses(stale))
-    with pytest.raises(ValueError,
-                       match=r"asked answers the round of update 0, but the state has made 1 updates"):
+    stale_answer = r"asked answers the round of update 0, but the state has made 1 updates"
+    with pytest.raises(ValueError, match=stale_answer):
         opt.tell(state, stale, numpy_losses(stale))
     with pytest.raises(TypeError, match="takes the Ask that ask\\(state\\) returned"):
         opt.tell(state, stale.params, numpy_losses(stale))
