@@ -23,7 +23,7 @@ from ._cycle import cycle_ends
 from ._dispersal import dispersal_mask, initial_population, sample_population
 from ._noise import bacterium_noise
 from ._reproduction import reproduction_index
-from ._tree import diversity, take, where
+from ._tree import diversity, first_min, take, where
 from .evaluate import Evaluator, check_evaluator
 
 
@@ -300,7 +300,7 @@ def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: 
     else:
         woken = torch.zeros_like(slots, dtype=torch.bool)
     active = slots < count
-    leader = torch.where(torch.isnan(cost) | ~active, torch.inf, cost).argmin()
+    leader = first_min(torch.where(torch.isnan(cost) | ~active, torch.inf, cost))[1]
     dispersed = (dispersal_mask(coins, p_ed, flag) & active & (slots != leader)) | woken
     fresh = sample_population(places, best_params, box, hp.init_scale, dtype)
     population = where(dispersed, fresh, population)

@@ -24,7 +24,7 @@ from torch import Tensor
 from ._base import Params
 from ._bounds import LeafBounds, project
 from ._checks import check_losses
-from ._tree import numel, rows, sq_norms, take, where
+from ._tree import first_min, numel, rows, sq_norms, take, where
 
 TUMBLES = ("gaussian", "levy")
 LEVY_MAX_LENGTH = 1e3  # Mantegna's ratio has no finite variance; cap it so f16 stays finite
@@ -298,8 +298,8 @@ def best_row(candidates: Params, costs: Tensor) -> tuple[Tensor, Params]:
 
     The first of equal costs, as ``keep_best`` would take it.
     """
-    cost, i = costs.min(dim=0, keepdim=True)
-    return cost, take(candidates, i)
+    cost, i = first_min(costs)
+    return cost.reshape(1), take(candidates, i.reshape(1))
 
 
 def keep_best(best_params: Params, best_cost: Tensor, candidates: Params, costs: Tensor):

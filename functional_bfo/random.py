@@ -28,6 +28,7 @@ the reference bit for bit.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import numbers
 import operator
@@ -428,6 +429,35 @@ def _normal_rows_c(key: Tensor, counter: Tensor, rows: int, cols: int,
 
 if _c_module is not None:
     _LIB.impl("normal_rows", _normal_rows_c, "CPU")
+
+
+@functools.cache
+def _cuda_kernels():
+    """The Triton kernels (``_threefry_cuda``), imported at first use; None without triton."""
+    try:
+        from . import _threefry_cuda
+    except ImportError:
+        return None
+    return _threefry_cuda
+
+
+def _threefry_cuda(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
+    kernels = _cuda_kernels()
+    return (_threefry_rounds if kernels is None else kernels.threefry)(k0, k1, x0, x1)
+
+
+def _normal_rows_cuda(key: Tensor, counter: Tensor, rows: int, cols: int,
+                      compute: torch.dtype) -> Tensor:
+    kernels = _cuda_kernels()
+    if kernels is None or key.dim() != 1 or counter.dim() != 0:  # as the C kernel
+        return _normal_rows(key, counter, rows, cols, compute)
+    return kernels.normal_rows(key, counter, rows, cols, compute)
+
+
+# CUDA: one Triton program per call where triton imports (torch's CUDA wheels ship it),
+# instead of the reference's ~100 int64 kernels over every lane.
+_LIB.impl("threefry2x32", _threefry_cuda, "CUDA")
+_LIB.impl("normal_rows", _normal_rows_cuda, "CUDA")
 
 
 def tree_normal_like(key: Tensor, tree, dtype: torch.dtype | None = None):

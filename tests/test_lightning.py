@@ -65,7 +65,8 @@ def loader(batches=3):
 
 def fit(model, tmp_path, callbacks=(), **trainer):
     logger = CSVLogger(tmp_path, name="run")
-    t = L.Trainer(accelerator="cpu", max_epochs=1, logger=logger, callbacks=list(callbacks),
+    trainer = {"accelerator": "cpu", **trainer}
+    t = L.Trainer(max_epochs=1, logger=logger, callbacks=list(callbacks),
                   enable_progress_bar=False, enable_model_summary=False,
                   enable_checkpointing=False, log_every_n_steps=1, **trainer)
     with warnings.catch_warnings():
@@ -115,6 +116,27 @@ def test_a_grad_scaler_precision_is_refused_with_the_alternative(tmp_path):
     plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
     with pytest.raises(ValueError, match="bf16-mixed"):
         fit(Regression(), tmp_path, [BFOCallback()], plugins=[plugin])
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@CUDA
+@pytest.mark.parametrize("cls", [BFO, HybridBFO])
+def test_bf16_mixed_on_cuda_trains(cls, tmp_path):
+    model = Regression(cls)
+    rows = fit(model, tmp_path, [BFOCallback()], accelerator="gpu", devices=1,
+               precision="bf16-mixed")
+    assert all(math.isfinite(v) for v in column(rows, "train_loss"))
+    assert next(model.parameters()).is_cuda and model.best[-1] <= model.best[0]
+
+
+@CUDA
+def test_16_mixed_on_cuda_is_refused_with_the_alternative(tmp_path):
+    """Lightning's 16-mixed steps through a GradScaler, which cannot run our closure."""
+    with pytest.raises(ValueError, match="bf16-mixed"):
+        fit(Regression(), tmp_path, [BFOCallback()], accelerator="gpu", devices=1,
+            precision="16-mixed")
 
 
 def test_the_callback_gives_the_module_its_log_back(tmp_path):

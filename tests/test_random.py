@@ -139,6 +139,49 @@ def test_the_c_row_kernel_is_bitwise_the_reference(seed, counter, rows, cols, dt
     assert torch.equal(R._normal_rows_c(k, c, rows, cols, dtype), expected)
 
 
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or R._cuda_kernels() is None,
+                                reason="needs CUDA and triton")
+
+
+@needs_cuda
+@HYP
+@given(seed=seeds, counter=st.integers(0, 2**40), rows=st.integers(1, 40),
+       cols=st.integers(1, 300), dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_the_cuda_row_kernel_is_bitwise_the_reference(seed, counter, rows, cols, dtype):
+    k, c = R.key(seed, device="cuda"), torch.tensor(counter, device="cuda")
+    expected = R._normal_rows(k, c, rows, cols, dtype)
+    assert torch.equal(R._normal_rows_op(k, c, rows, cols, dtype), expected)
+
+
+@needs_cuda
+@HYP
+@given(k0=words, k1=words, rows=st.integers(1, 4), cols=st.integers(1, 3000),
+       broadcast=st.sampled_from(["none", "x1_row", "key_vector", "transposed"]))
+def test_the_cuda_block_kernel_is_bitwise_the_reference(k0, k1, rows, cols, broadcast):
+    x0 = torch.randint(0, 2**32, (rows, cols), device="cuda")
+    if broadcast == "transposed":
+        x0 = torch.randint(0, 2**32, (cols, rows), device="cuda").T
+    x1 = torch.randint(0, 2**32, (1, cols) if broadcast == "x1_row" else (rows, cols),
+                       device="cuda")
+    a = torch.tensor(k0) if broadcast != "key_vector" else torch.full((cols,), k0)
+    a, b = a.cuda(), torch.tensor(k1, device="cuda")
+    for e, g in zip(R._threefry_rounds(a, b, x0, x1), R._threefry_op(a, b, x0, x1)):
+        assert e.shape == g.shape and g.dtype == torch.int64 and torch.equal(e, g)
+
+
+@needs_cuda
+def test_cuda_graphs_replay_the_kernel_with_each_calls_counter():
+    """The Triton kernel reads key and counter on the device, so a CUDA graph replays it."""
+    key = R.key(7, device="cuda")
+    draw = torch.compile(lambda k, c: R.normal_rows(k, c, 64, 63), fullgraph=True,
+                         mode="reduce-overhead")
+    for step in range(4):
+        torch.compiler.cudagraph_mark_step_begin()
+        counter = torch.tensor(step, device="cuda")
+        got = draw(key, counter).clone()
+        assert torch.equal(got, R._normal_rows(key, counter, 64, 63, torch.float32))
+
+
 def test_the_reference_kernel_runs_where_the_cpu_kernel_does_not():
     """Meta tensors (and any device without a kernel of its own) take the tensor reference."""
     x = torch.arange(4)

@@ -64,7 +64,8 @@ def train(model, args, resume=None, **kwargs):
 def full_loss(model):
     data = Data()
     with torch.no_grad():
-        return float(nn.functional.mse_loss(model.net(data.x), data.y))
+        x, y = (t.to(next(model.parameters()).device) for t in (data.x, data.y))
+        return float(nn.functional.mse_loss(model.net(x), y))
 
 
 def test_the_default_optimizer_is_hybrid_bfo_and_it_trains(tmp_path):
@@ -117,6 +118,21 @@ def test_bf16_on_the_cpu(tmp_path):
     trainer = train(model, arguments(tmp_path, bf16=True))
     assert all(torch.isfinite(torch.tensor(e["loss"])) for e in trainer.state.log_history
                if "loss" in e)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cls", [BFO, HybridBFO])
+def test_fp16_with_its_grad_scaler_on_cuda_trains(cls, tmp_path):
+    """fp16=True makes the Trainer scale the loss through a GradScaler on CUDA."""
+    model = Tiny().cuda()
+    before = full_loss(model)
+    optimizer = cls(model.parameters(), population_size=4, seed=0, module=model)
+    trainer = train(model, arguments(tmp_path, fp16=True, use_cpu=False, max_steps=8),
+                    optimizers=(optimizer, None))
+    assert trainer.accelerator.scaler is not None
+    assert all(torch.isfinite(torch.tensor(e["loss"])) for e in trainer.state.log_history
+               if "loss" in e)
+    assert full_loss(model) < before
 
 
 def test_the_default_scheduler_decays_lr_the_largest_step(tmp_path):

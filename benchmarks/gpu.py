@@ -1,0 +1,323 @@
+"""Every GPU measurement in one command: updates against the population, a peer, adapters, glue.
+
+- **Updates.** ``fb.bfo``, ``fb.adaptive_bfo`` and ``fb.hybrid_bfo`` on a shifted 30-D
+  Rastrigin (swim length 4: five evaluations per bacterium per update) at populations from
+  256 to 65,536, eager, compiled (``torch.compile(fullgraph=True)``) and compiled with CUDA
+  graphs (``mode="reduce-overhead"``). Time per update over chained updates as a user runs
+  them (each state fed to the next call); evaluations/s; the floor, the update's N_s + 1
+  vmapped evaluations of the population in one function run the same way, and update /
+  floor; peak memory of one update above what was held before it.
+- **Peer.** EvoX's PSO (``pip install evox``; measured only) on the same function and
+  populations, its step compiled as EvoX documents it.
+- **Noise.** The update's random numbers (``fb.random.normal_rows``) from the Triton kernel
+  against the tensor reference every other device runs.
+- **Adapters.** ``adapter_paths.bench``: the closure path and the vmapped fast path (eager
+  and compiled) of ``BFO``, ``AdaptiveBFO`` and ``HybridBFO`` on an MLP.
+- **Glue.** Training steps through Lightning (``precision="bf16-mixed"``) and the
+  Transformers ``BFOTrainer`` (``fp16=True``, which scales the loss by a ``GradScaler``).
+
+Rows run in order of importance until ``--budget`` seconds have passed; the rest are listed
+as skipped. Writes ``results/gpu[_quick]_cuda.{json,md}`` with the commit, torch and device.
+
+    python benchmarks/gpu.py [--quick] [--budget 480]
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import time
+import traceback
+import warnings
+
+import optree
+import torch
+from common import machine, median_ms, paired_ms, parser, peak_bytes, sync, write
+from update_overhead import CYCLE, rastrigin_problem
+
+import functional_bfo as fb
+from functional_bfo import random as fbr
+
+SWIM = 4
+DEVICE = "cuda"
+MODES = {"eager": None, "compiled": "default", "graphs": "reduce-overhead"}
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "log", "-1", "--format=%h"], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.abspath(__file__)))
+    return out.stdout.strip() or os.environ.get("FB_COMMIT", "unknown")
+
+
+def compiled(fn, mode: str):
+    return fn if MODES[mode] is None else torch.compile(fn, fullgraph=True, mode=MODES[mode])
+
+
+def update_row(variant: str, population: int, mode: str, repeats: int) -> dict:
+    """One update of ``variant`` at ``population`` in ``mode`` against its floor."""
+    params, loss, extra = rastrigin_problem(30, DEVICE)
+    kwargs = dict(population_size=population, swim_length=SWIM, chemotaxis_steps=CYCLE, **extra)
+    if variant == "hybrid_bfo":
+        kwargs["grad_mask"] = True
+    opt = getattr(fb, variant)(**kwargs)
+    state = opt.update(opt.init(params, key=fb.random.key(0)), loss)
+    one = torch.func.vmap(torch.func.grad_and_value(loss) if variant == "hybrid_bfo" else loss)
+    candidates = state.population
+    torch.compiler.reset()
+    floor = compiled(lambda c: [one(c) for _ in range(SWIM + 1)], mode)
+    update = compiled(opt.update, mode)
+    sync(DEVICE)
+    start = time.perf_counter()
+    floor(candidates)
+    after_two = update(update(state, loss), loss)  # CUDA graphs record on the second call
+    sync(DEVICE)
+    compile_s = time.perf_counter() - start
+    current = [optree.tree_map(torch.clone, after_two)]
+
+    def chained():
+        """CYCLE updates, each fed the last one's state, as a training loop runs them."""
+        s = current[0]
+        for _ in range(CYCLE):
+            s = update(s, loss)
+        # A CUDA graph's outputs live until its next replay: keep this cycle's end past the
+        # floor's replays (one copy per CYCLE updates).
+        current[0] = optree.tree_map(torch.clone, s)
+
+    floor_ms, ms, ratio = paired_ms(lambda: floor(candidates), chained, repeats, DEVICE, CYCLE)
+    row = {"variant": variant, "population": population, "mode": mode, "ms": ms,
+           "floor_ms": floor_ms, "over_floor": ratio, "compile_s": compile_s,
+           "evals_per_s": population * (SWIM + 1) / (ms / 1e3)}
+    if mode != "graphs":  # a graph's memory is its pool, held between replays
+        held = sum(x.numel() * x.element_size() for x in optree.tree_leaves(candidates))
+        row["peak_mb"] = peak_bytes(lambda: update(state, loss), DEVICE) / 2**20
+        row["floor_peak_mb"] = (held + peak_bytes(lambda: one(candidates), DEVICE)) / 2**20
+    best = current[0].best_loss
+    row["best_loss"] = float(best)
+    return row
+
+
+def evox_row(population: int, repeats: int) -> dict:
+    """EvoX's PSO step on the same function, compiled as EvoX documents it."""
+    from evox.algorithms import PSO
+    from evox.core import Problem
+    from evox.workflows import StdWorkflow
+
+    class Rastrigin(Problem):
+        def evaluate(self, pop):
+            x = pop - 0.5
+            return 10 * x.shape[1] + (x.square() - 10 * torch.cos(2 * math.pi * x)).sum(1)
+
+    torch.compiler.reset()
+    box = torch.full((30,), 5.12, device=DEVICE)
+    algorithm = PSO(population, -box, box, device=DEVICE)
+    workflow = StdWorkflow(algorithm, Rastrigin(), device=DEVICE)
+    workflow.init_step()
+    step = torch.compile(workflow.step)
+    start = time.perf_counter()
+    step()
+    sync(DEVICE)
+    compile_s = time.perf_counter() - start
+
+    def steps():
+        for _ in range(CYCLE):
+            step()
+
+    ms = median_ms(steps, repeats, DEVICE) / CYCLE
+    return {"variant": "evox PSO", "population": population, "mode": "compiled", "ms": ms,
+            "evals_per_s": population / (ms / 1e3), "compile_s": compile_s,
+            "best_loss": float(algorithm.global_best_fit)}
+
+
+def noise_row(population: int, repeats: int) -> dict:
+    """One update's noise (P rows of 2n + 3 = 63 normals): Triton kernel vs tensor reference."""
+    key, counter = fb.random.key(0, device=DEVICE), torch.tensor(7, device=DEVICE)
+    args = (key, counter, population, 63, torch.float32)
+    return {"population": population,
+            "reference_ms": median_ms(lambda: fbr._normal_rows(*args), repeats, DEVICE),
+            "kernel_ms": median_ms(lambda: fbr._normal_rows_op(*args), repeats, DEVICE)}
+
+
+def glue_rows(steps: int) -> list[dict]:
+    """ms per training step through Lightning (bf16-mixed) and Transformers (fp16 + scaler)."""
+    import lightning as L
+    import transformers
+
+    from functional_bfo.adapters import HybridBFO
+    from functional_bfo.adapters.lightning import BFOCallback
+    from functional_bfo.adapters.transformers import BFOTrainer
+
+    torch.manual_seed(0)
+    x = torch.randn(64 * steps, 32)
+    y = x[:, :4].sum(1, keepdim=True)
+    net = lambda: torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(),  # noqa: E731
+                                      torch.nn.Linear(64, 1))
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = net()
+
+        def training_step(self, batch, batch_idx):
+            loss = torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return HybridBFO(self.parameters(), population_size=16, seed=0, module=self)
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net()
+
+        def forward(self, x, labels=None):
+            out = self.net(x)
+            return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(x)
+
+        def __getitem__(self, i):
+            return {"x": x[i], "labels": y[i]}
+
+    rows = []
+    with warnings.catch_warnings(), __import__("tempfile").TemporaryDirectory() as folder:
+        warnings.simplefilter("ignore")
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64)
+        module = Module()
+        trainer = L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_epochs=1,
+                            logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                            enable_model_summary=False, callbacks=[BFOCallback()])
+        start = time.perf_counter()
+        trainer.fit(module, loader)
+        sync(DEVICE)
+        rows.append({"glue": "Lightning, bf16-mixed", "steps": steps,
+                     "ms_per_step": 1e3 * (time.perf_counter() - start) / steps,
+                     "loss": float(trainer.callback_metrics["train_loss"])})
+        model = Tiny().to(DEVICE)
+        args = transformers.TrainingArguments(
+            output_dir=folder, per_device_train_batch_size=64, max_steps=steps, fp16=True,
+            save_strategy="no", report_to=[], seed=0, remove_unused_columns=False,
+            disable_tqdm=True, logging_steps=steps)
+        optimizer = HybridBFO(model.parameters(), population_size=16, seed=0, module=model)
+        hf = BFOTrainer(model=model, args=args, train_dataset=Data(), optimizers=(optimizer, None))
+        start = time.perf_counter()
+        hf.train()
+        sync(DEVICE)
+        rows.append({"glue": "Transformers, fp16 + GradScaler", "steps": steps,
+                     "ms_per_step": 1e3 * (time.perf_counter() - start) / steps,
+                     "loss": [e["loss"] for e in hf.state.log_history if "loss" in e][-1],
+                     "scaler": hf.accelerator.scaler is not None})
+    return rows
+
+
+def plan(quick: bool) -> list[tuple[str, tuple]]:
+    """Every row, the targets' first."""
+    big, small = (4096, 256) if quick else (65536, 256)
+    rows: list[tuple[str, tuple]] = [("noise", (small,)), ("noise", (big,))]
+    rows += [("update", ("bfo", big, m)) for m in MODES]
+    rows += [("evox", (big,)), ("evox", (small,))]
+    rows += [("update", ("bfo", small, m)) for m in MODES]
+    for variant in ("adaptive_bfo", "hybrid_bfo"):
+        rows += [("update", (variant, big, m)) for m in MODES]
+    rows += [("glue", ())]
+    if not quick:
+        rows += [("adapters", ())]
+        for variant in ("adaptive_bfo", "hybrid_bfo"):
+            rows += [("update", (variant, small, m)) for m in MODES]
+        rows += [("update", ("bfo", 4096, m)) for m in MODES]
+    return rows
+
+
+def markdown(result: dict) -> list[str]:
+    m = result["machine"]
+    md = [f"# GPU: updates against the population, EvoX's PSO, adapters and glue "
+          f"({'quick' if result['quick'] else 'full'} run)", "",
+          f"Commit `{result['commit']}`, torch {m['torch']}, {m.get('gpu')}; "
+          f"{result['seconds']:.0f} s.", "",
+          "Shifted 30-D Rastrigin, swim length 4 (5 evaluations per bacterium per update). "
+          "ms per update over chained updates (each state fed to the next call); the floor is "
+          "the 5 vmapped evaluations of the population in one function, run the same way; "
+          "update / floor is the median of per-repeat ratios. Peak MB: one update above what "
+          "was held (graphs: the pool is held between replays, n/a).", "",
+          "| variant | P | mode | ms / update | evaluations/s | floor ms | update / floor | "
+          "peak MB | floor peak MB | compile s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["updates"]:
+        peak = (f"{r['peak_mb']:.1f} | {r['floor_peak_mb']:.1f}" if "peak_mb" in r
+                else "n/a | n/a")
+        md.append(f"| {r['variant']} | {r['population']} | {r['mode']} | {r['ms']:.3f} | "
+                  f"{r['evals_per_s']:,.0f} | {r['floor_ms']:.3f} | {r['over_floor']:.2f} | "
+                  f"{peak} | {r['compile_s']:.0f} |")
+    if result["peer"]:
+        md += ["", "EvoX's PSO (one evaluation per particle per step), its `workflow.step` "
+               "compiled as EvoX documents it (with `mode=\"reduce-overhead\"` its module-held "
+               "state is a CUDA graph's output that the next replay overwrites, and torch "
+               "raises):", "", "| peer | P | ms / step | evaluations/s | compile s |",
+               "|---|---|---|---|---|"]
+        md += [f"| {r['variant']} | {r['population']} | {r['ms']:.3f} | "
+               f"{r['evals_per_s']:,.0f} | {r['compile_s']:.0f} |" for r in result["peer"]]
+    if result["noise"]:
+        md += ["", "One update's noise, `normal_rows` of P rows of 63 normals:", "",
+               "| P | tensor reference ms | Triton kernel ms |", "|---|---|---|"]
+        md += [f"| {r['population']} | {r['reference_ms']:.3f} | {r['kernel_ms']:.3f} |"
+               for r in result["noise"]]
+    if result["adapters"]:
+        md += ["", "Adapters on an MLP 64-128-10 (256 samples, P = 64), ms per `step`:", "",
+               "| class | closure | fast eager | fast compiled | compile s |",
+               "|---|---|---|---|---|"]
+        md += [f"| {r['class']} | {r['closure_ms']:.1f} | {r['fast_eager_ms']:.2f} | "
+               f"{r['fast_compiled_ms']:.2f} | {r['compile_s']:.0f} |" for r in result["adapters"]]
+    if result["glue"]:
+        md += ["", "Glue, `HybridBFO` (P = 16) on an MLP 32-64-1, batches of 64: ms per "
+               "step is the whole `fit` / `train` over its steps, the framework's start-up "
+               "included:", "",
+               "| glue | steps | ms / step | last loss |", "|---|---|---|---|"]
+        md += [f"| {r['glue']} | {r['steps']} | {r['ms_per_step']:.1f} | {r['loss']:.4f} |"
+               for r in result["glue"]]
+    if result["skipped"] or result["failed"]:
+        md += ["", f"Skipped (past the budget): {result['skipped'] or 'none'}. "
+               f"Failed: {result['failed'] or 'none'}."]
+    return md
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--budget", type=float, default=480.0, help="seconds before skipping rows")
+    args = p.parse_args()
+    args.device = DEVICE
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu.py needs a CUDA device.")
+    repeats = 5 if args.quick else 15
+    start = time.perf_counter()
+    result: dict = {"machine": machine(DEVICE), "commit": commit(), "quick": args.quick,
+                    "updates": [], "peer": [], "noise": [], "adapters": [], "glue": [],
+                    "skipped": [], "failed": []}
+    for kind, what in plan(args.quick):
+        if time.perf_counter() - start > args.budget:
+            result["skipped"].append(f"{kind} {what}")
+            continue
+        try:
+            if kind == "update":
+                result["updates"].append(update_row(*what, repeats))
+            elif kind == "evox":
+                result["peer"].append(evox_row(*what, repeats))
+            elif kind == "noise":
+                result["noise"].append(noise_row(*what, repeats))
+            elif kind == "glue":
+                result["glue"] = glue_rows(10 if args.quick else 30)
+            else:
+                from adapter_paths import BFO, AdaptiveBFO, HybridBFO, bench
+                result["adapters"] = [bench(c, (64, 128, 10), 256, 64, 10, DEVICE)
+                                      for c in (BFO, AdaptiveBFO, HybridBFO)]
+        except Exception as e:  # a row that fails is reported, the others still run
+            traceback.print_exc()
+            result["failed"].append(f"{kind} {what}: {type(e).__name__}: {e}"[:300])
+        print(f"[{time.perf_counter() - start:5.0f} s] {kind} {what}", flush=True)
+    result["seconds"] = time.perf_counter() - start
+    write(args, "gpu", result, markdown(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""The CUDA kernels of :mod:`functional_bfo.random`'s ops: Threefry in one Triton program.
+
+The tensor reference runs the 20 rounds as about a hundred int64 kernels, each reading and
+writing every lane: at a population of 65,536 on a 30-D problem that is most of an update.
+Here each lane's rounds stay in registers (32-bit words, whose arithmetic wraps natively)
+and the words go out once, as the C kernel does on the CPU; the inverse normal CDF is
+torch's own ``erfinv``, so the numbers are the reference's bit for bit (tests/test_random.py
+checks every kernel against it). Key and counter are read on the device: no host sync, so
+the op runs inside CUDA graphs. Triton ships with torch's CUDA wheels; ``random`` registers
+these kernels only where it imports.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+BLOCK = 1024
+
+
+@triton.jit
+def _mix(x0, x1, r: tl.constexpr):
+    x0 = x0 + x1
+    x1 = ((x1 << r) | (x1 >> (32 - r))) ^ x0
+    return x0, x1
+
+
+@triton.jit
+def _rounds(a, b, x0, x1):
+    """Threefry-2x32's 20 rounds on uint32 words (``random._threefry_rounds``)."""
+    k2 = a ^ b ^ 0x1BD11BDA
+    x0, x1 = x0 + a, x1 + b
+    x0, x1 = _mix(x0, x1, 13)
+    x0, x1 = _mix(x0, x1, 15)
+    x0, x1 = _mix(x0, x1, 26)
+    x0, x1 = _mix(x0, x1, 6)
+    x0, x1 = x0 + b, x1 + k2 + 1
+    x0, x1 = _mix(x0, x1, 17)
+    x0, x1 = _mix(x0, x1, 29)
+    x0, x1 = _mix(x0, x1, 16)
+    x0, x1 = _mix(x0, x1, 24)
+    x0, x1 = x0 + k2, x1 + a + 2
+    x0, x1 = _mix(x0, x1, 13)
+    x0, x1 = _mix(x0, x1, 15)
+    x0, x1 = _mix(x0, x1, 26)
+    x0, x1 = _mix(x0, x1, 6)
+    x0, x1 = x0 + a, x1 + b + 3
+    x0, x1 = _mix(x0, x1, 17)
+    x0, x1 = _mix(x0, x1, 29)
+    x0, x1 = _mix(x0, x1, 16)
+    x0, x1 = _mix(x0, x1, 24)
+    x0, x1 = x0 + b, x1 + k2 + 4
+    x0, x1 = _mix(x0, x1, 13)
+    x0, x1 = _mix(x0, x1, 15)
+    x0, x1 = _mix(x0, x1, 26)
+    x0, x1 = _mix(x0, x1, 6)
+    return x0 + k2, x1 + a + 5
+
+
+@triton.jit
+def _word(p, i, step: tl.constexpr):
+    """Word ``i`` of an input held as int64 (``step`` 0: the one word of a scalar)."""
+    return tl.load(p + i * step).to(tl.uint32)
+
+
+@triton.jit
+def _block_kernel(k0, k1, c0, c1, y0, y1, n, s0: tl.constexpr, s1: tl.constexpr,
+                  s2: tl.constexpr, s3: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = i < n
+    i = tl.where(live, i, 0)
+    x0, x1 = _rounds(_word(k0, i, s0), _word(k1, i, s1), _word(c0, i, s2), _word(c1, i, s3))
+    tl.store(y0 + i, x0.to(tl.int64), mask=live)
+    tl.store(y1 + i, x1.to(tl.int64), mask=live)
+
+
+def threefry(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
+    """``random._threefry_rounds`` on broadcast int64 words of a CUDA device."""
+    shape = torch.broadcast_shapes(k0.shape, k1.shape, x0.shape, x1.shape)
+    inputs, steps = [], []
+    for t in (k0, k1, x0, x1):
+        t = t.to(torch.int64)
+        scalar = t.numel() == 1  # any shape of one word: read in place
+        if not scalar and (t.shape != shape or not t.is_contiguous()):
+            t = t.expand(shape).contiguous()
+        inputs.append(t)
+        steps.append(0 if scalar else 1)
+    y0 = torch.empty(shape, dtype=torch.int64, device=x0.device)
+    y1 = torch.empty_like(y0)
+    n = y0.numel()
+    if n:
+        _block_kernel[(triton.cdiv(n, BLOCK),)](*inputs, y0, y1, n, *steps, BLOCK=BLOCK)
+    return y0, y1
+
+
+@triton.jit
+def _unit(w):
+    """``2u - 1`` from 23 bits of a word, u in the open (0, 1): every step exact."""
+    return 2.0 * (((w >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07) - 1.0
+
+
+@triton.jit
+def _unit_rows_kernel(key, counter, out, lanes, h, cols, WIDE: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    """Row ``r`` of ``cols`` values from the words of counters ``(counter, r * h + k)``.
+
+    float32 (the C kernel's ``unit_rows``): value ``k < h`` from lane k's first word, value
+    ``h + k`` from its second. float64 (``WIDE``): value k takes 52 bits of lane k's words.
+    """
+    lane = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = lane < lanes
+    a = tl.load(key).to(tl.uint32)
+    b = tl.load(key + 1).to(tl.uint32)
+    c = tl.load(counter).to(tl.uint32)
+    x0, x1 = _rounds(a, b, tl.zeros_like(lane).to(tl.uint32) + c, lane.to(tl.uint32))
+    row = lane // h
+    k = lane - row * h
+    at = out + row * cols + k
+    if WIDE:
+        bits = ((x0 >> 12).to(tl.uint64) << 32) | x1.to(tl.uint64)
+        tl.store(at, 2.0 * ((bits.to(tl.float64) + 0.5) * 2.220446049250313e-16) - 1.0,
+                 mask=live)
+    else:
+        tl.store(at, _unit(x0), mask=live)
+        tl.store(at + h, _unit(x1), mask=live & (h + k < cols))
+
+
+def normal_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
+                compute: torch.dtype) -> Tensor:
+    """``random._normal_rows`` for one key and counter on a CUDA device."""
+    out = torch.empty((rows, cols), dtype=compute, device=key.device)
+    wide = compute == torch.float64
+    h = cols if wide else (cols + 1) // 2
+    lanes = rows * h
+    if lanes:
+        _unit_rows_kernel[(triton.cdiv(lanes, BLOCK),)](
+            key, counter.to(torch.int64), out, lanes, h, cols, WIDE=wide, BLOCK=BLOCK)
+    return out.erfinv_().mul_(math.sqrt(2.0))
