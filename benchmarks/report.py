@@ -63,6 +63,13 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
     ("speed", "Speed vs peers",
      "`python benchmarks/speed.py`: every optimizer on the same shifted Rastrigin in one run; "
      "ratios are to the fastest BFO peer of that run."),
+    ("gpu_cuda", "On an NVIDIA H100: updates from P = 256 to 65,536, EvoX's PSO, glue",
+     "`python benchmarks/gpu.py` (about 6 minutes on one GPU; EvoX installed beside): the "
+     "current GPU figures, every mode side by side in one process. With CUDA graphs "
+     "(`mode=\"reduce-overhead\"`) a compiled update at P = 65,536 costs its 5 evaluations' "
+     "floor (1.03x) and scores 2.9x the evaluations per second of EvoX's compiled PSO; "
+     "compiled without graphs it is bound by the host's launches on this machine "
+     "(0.93x EvoX). The sections after this one were recorded with older code."),
     ("speed_cuda", "Speed vs peers on an NVIDIA H100 machine",
      "`python benchmarks/speed.py --device cuda`: our updates on the machine's H100, the "
      "peers (numpy libraries) on the same machine's 16 CPU threads, in one run."),
