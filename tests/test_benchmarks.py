@@ -157,3 +157,24 @@ def test_bbob_offsets_hand_over_coco_values_and_report_the_same_errors(benchmark
         assert plain.optimum == 0.0 and offset.optimum != 0.0
         assert offset.f(x) - offset.optimum == pytest.approx(plain.f(x), rel=1e-12, abs=1e-9)
         assert float(offset.loss({"x": torch.from_numpy(x)})) == pytest.approx(offset.f(x))
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="runs where there is none")
+def test_the_gpu_script_says_it_needs_cuda():
+    run = subprocess.run([sys.executable, "gpu.py", "--quick"], cwd=BENCHMARKS, text=True,
+                         capture_output=True, timeout=300)
+    assert run.returncode != 0 and "gpu.py needs a CUDA device" in run.stderr
+
+
+def test_the_gpu_tables_render_the_recorded_run():
+    """gpu.py's Markdown from its JSON: every recorded row appears in the committed table."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import gpu
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    result = json.loads((BENCHMARKS / "results" / "gpu_cuda.json").read_text())
+    lines = gpu.markdown(result)
+    assert lines[1:] == (BENCHMARKS / "results" / "gpu_cuda.md").read_text().splitlines()[1:]
+    rows = [line for line in lines if line.startswith("| bfo | 65536 |")]
+    assert len(rows) == 3 and len(result["updates"]) + 3 <= len(lines)
