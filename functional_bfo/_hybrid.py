@@ -260,7 +260,8 @@ def hybrid_bfo(
 
         def evaluate(candidates: Params):
             if evaluator is not None:
-                out = evaluator(differentiable or loss_fn, candidates, *args)
+                out = evaluator(loss_fn if differentiable is None else differentiable, candidates,
+                                *args)  # not `or`: dynamo 2.11 cannot test a function's truth
                 if not (isinstance(out, tuple) and len(out) == 2):
                     raise TypeError("hybrid_bfo's evaluator must return (losses, grads); got "
                                     f"{type(out).__name__}. The evaluators of "
