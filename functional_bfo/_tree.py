@@ -73,8 +73,10 @@ def first_min(costs: Tensor) -> tuple[Tensor, Tensor]:
 
     Two plain reductions, not ``argmin``: compiled for a GPU, inductor spreads a plain
     reduction over the chip but runs an argmin in one thread block (at P = 65,536 that was
-    40% of a compiled ``bfo`` update on an H100). A NaN never wins (index P - 1 then).
+    40% of a compiled ``bfo`` update on an H100). The value is the element at that index,
+    so of tied 0.0 and -0.0 it is the first, as ``min(dim=0)``. Callers pass no NaN (their
+    costs come from ``rank_costs``, which makes them +inf).
     """
-    least = costs.min()
     slots = torch.arange(costs.shape[0], device=costs.device)
-    return least, torch.where(costs == least, slots, costs.shape[0] - 1).min()
+    first = torch.where(costs == costs.min(), slots, costs.shape[0] - 1).min()
+    return costs.index_select(0, first.reshape(1)).reshape(()), first  # -0.0 stays -0.0

@@ -432,8 +432,14 @@ if _c_module is not None:
 
 
 @functools.cache
-def _cuda_kernels():
-    """The Triton kernels (``_threefry_cuda``), imported at first use; None without triton."""
+def _cuda_kernels(index: int):
+    """The Triton kernels (``_threefry_cuda``) for CUDA device ``index``, or None.
+
+    None without triton, or on a GPU older than Volta, which Triton does not compile for:
+    the tensor reference serves there. Imported at first use.
+    """
+    if torch.cuda.get_device_capability(index) < (7, 0):
+        return None
     try:
         from . import _threefry_cuda
     except ImportError:
@@ -442,16 +448,19 @@ def _cuda_kernels():
 
 
 def _threefry_cuda(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
-    kernels = _cuda_kernels()
-    return (_threefry_rounds if kernels is None else kernels.threefry)(k0, k1, x0, x1)
+    device = next(t.device for t in (k0, k1, x0, x1) if t.is_cuda)  # 0-d CPU words may join
+    kernels = _cuda_kernels(device.index)
+    if kernels is None:
+        return _threefry_rounds(k0, k1, x0, x1)
+    return kernels.threefry(*(t.to(device) for t in (k0, k1, x0, x1)))
 
 
 def _normal_rows_cuda(key: Tensor, counter: Tensor, rows: int, cols: int,
                       compute: torch.dtype) -> Tensor:
-    kernels = _cuda_kernels()
+    kernels = _cuda_kernels(key.device.index)
     if kernels is None or key.dim() != 1 or counter.dim() != 0:  # as the C kernel
         return _normal_rows(key, counter, rows, cols, compute)
-    return kernels.normal_rows(key, counter, rows, cols, compute)
+    return kernels.normal_rows(key.contiguous(), counter.to(key.device), rows, cols, compute)
 
 
 # CUDA: one Triton program per call where triton imports (torch's CUDA wheels ship it),

@@ -299,3 +299,23 @@ def test_global_torch_rng_is_never_read_nor_advanced(case, seed_a, seed_b):
         run_updates(opt, opt.init(case.params, key=fb.random.key(case.seed)))
         fb_random_draws(case.seed)
         assert torch.equal(torch.get_rng_state(), rng)
+
+
+@given(st.lists(st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.5, math.inf, -math.inf]),
+                min_size=1, max_size=12),
+       st.sampled_from([torch.float32, torch.float64]))
+def test_first_min_is_min_dim_0_bit_for_bit(values, dtype):
+    """The population's best by two plain reductions equals ``min(dim=0)``: the first of
+    equal costs, the element itself (the sign of a tied zero), eager and under vmap."""
+    from functional_bfo._tree import first_min
+
+    costs = torch.tensor(values, dtype=dtype)
+    value, index = costs.min(dim=0)
+    got_value, got_index = first_min(costs)
+    assert int(got_index) == int(index)
+    assert torch.equal(got_value, value) and got_value.signbit() == value.signbit()
+    batch = torch.stack([costs, costs.flip(0)])
+    values_v, index_v = torch.func.vmap(first_min)(batch)
+    expected_v, expected_i = batch.min(dim=1)
+    assert torch.equal(index_v, expected_i) and torch.equal(values_v.signbit(),
+                                                           expected_v.signbit())

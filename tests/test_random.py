@@ -139,7 +139,7 @@ def test_the_c_row_kernel_is_bitwise_the_reference(seed, counter, rows, cols, dt
     assert torch.equal(R._normal_rows_c(k, c, rows, cols, dtype), expected)
 
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or R._cuda_kernels() is None,
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or R._cuda_kernels(0) is None,
                                 reason="needs CUDA and triton")
 
 
@@ -149,8 +149,12 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or R._cuda_kernels
        cols=st.integers(1, 300), dtype=st.sampled_from([torch.float32, torch.float64]))
 def test_the_cuda_row_kernel_is_bitwise_the_reference(seed, counter, rows, cols, dtype):
     k, c = R.key(seed, device="cuda"), torch.tensor(counter, device="cuda")
-    expected = R._normal_rows(k, c, rows, cols, dtype)
+    with pytest.MonkeyPatch.context() as m:  # the tensor reference all the way down
+        m.setattr(R, "_cuda_kernels", lambda index: None)
+        expected = R._normal_rows_op(k, c, rows, cols, dtype)
     assert torch.equal(R._normal_rows_op(k, c, rows, cols, dtype), expected)
+    strided = torch.stack([k, k], dim=1)[:, 0]  # a key that is not contiguous
+    assert torch.equal(R._normal_rows_op(strided, c, rows, cols, dtype), expected)
 
 
 @needs_cuda
@@ -158,7 +162,8 @@ def test_the_cuda_row_kernel_is_bitwise_the_reference(seed, counter, rows, cols,
 @given(k0=words, k1=words, rows=st.integers(1, 4), cols=st.integers(1, 3000),
        broadcast=st.sampled_from(["none", "x1_row", "key_vector", "transposed"]))
 def test_the_cuda_block_kernel_is_bitwise_the_reference(k0, k1, rows, cols, broadcast):
-    x0 = torch.randint(0, 2**32, (rows, cols), device="cuda")
+    """Words outside [0, 2**32) too: both keep their low 32 bits."""
+    x0 = torch.randint(-2**40, 2**40, (rows, cols), device="cuda")
     if broadcast == "transposed":
         x0 = torch.randint(0, 2**32, (cols, rows), device="cuda").T
     x1 = torch.randint(0, 2**32, (1, cols) if broadcast == "x1_row" else (rows, cols),
