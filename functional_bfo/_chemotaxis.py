@@ -183,8 +183,9 @@ class SwimCarry(NamedTuple):
     raw_cost: Tensor  # (P,) there
     cost: Tensor  # (P,) there (raw_cost plus J_cc when swarming)
     aux: Any  # there
-    best_params: Params
+    best_params: Params  # the best before this swim
     best_cost: Tensor
+    seen: tuple[Tensor, ...] = ()  # every batch's raw costs so far, point-major
 
 
 class Ray(NamedTuple):
@@ -222,7 +223,6 @@ class Ray(NamedTuple):
              aux: Any) -> SwimCarry:
         """The carry after the points ``along`` scored ``raw`` (and ``aux``)."""
         size = carry.previous.shape[0]
-        best_params, best_cost = keep_best(carry.best_params, carry.best_cost, candidates, raw)
         running, previous = carry.running, carry.previous
         end = (carry.distance, carry.raw_cost, carry.cost, carry.aux)
         for g in range(along.shape[0]):
@@ -235,17 +235,31 @@ class Ray(NamedTuple):
             end = where(improved if self.greedy else running, (along[g], point_raw, cost,
                                                                point_aux), end)
             running, previous = improved, cost
-        return SwimCarry(running, previous, *end, best_params, best_cost)
+        return SwimCarry(running, previous, *end, carry.best_params, carry.best_cost,
+                         carry.seen + (raw,))
 
     def finish(self, carry: SwimCarry) -> SwimResult:
-        """Where each bacterium ends: the greedy ones that never improved stay."""
+        """Where each bacterium ends (the greedy ones that never improved stay), and the best.
+
+        The best point of the whole ray is found once, over every point's cost: the first
+        of equal costs in point-major order, as batch after batch would keep it, and its
+        row rebuilt from the ray, as the final positions are.
+        """
         final = ray_point(self.population, self.direction, carry.distance, self.bounds,
                           self.boundary)
         moved = ~torch.isnan(carry.distance)
         if self.greedy:  # NaN rows (those that stay) are replaced whole
             final = where(moved, final, self.population)
-        return SwimResult(final, carry.raw_cost, carry.cost, carry.aux, carry.best_params,
-                          carry.best_cost, moved)
+        cost, at = first_min(torch.cat(carry.seen) if len(carry.seen) > 1 else carry.seen[0])
+        bacterium = at % self.distances.shape[1]
+        row = ray_point(take(self.population, bacterium), take(self.direction, bacterium),
+                        self.distances.reshape(-1).index_select(0, at), self.bounds,
+                        self.boundary)
+        better = cost[0] < carry.best_cost
+        best_params = optree.tree_map(lambda b, x: torch.where(better, x[0], b),
+                                      carry.best_params, row)
+        return SwimResult(final, carry.raw_cost, carry.cost, carry.aux, best_params,
+                          torch.where(better, cost[0], carry.best_cost), moved)
 
 
 def after(x: Tensor, *events: Tensor) -> Tensor:
@@ -291,22 +305,3 @@ def rank_costs(losses: Tensor, sign: float) -> Tensor:
     """
     costs = losses if sign == 1 else -losses
     return costs.nan_to_num(nan=torch.inf, posinf=torch.inf, neginf=torch.inf)
-
-
-def best_row(candidates: Params, costs: Tensor) -> tuple[Tensor, Params]:
-    """The cheapest candidate of one evaluated batch: its cost (1,) and its rows (1, ...).
-
-    The first of equal costs, as ``keep_best`` would take it.
-    """
-    cost, i = first_min(costs)
-    return cost.reshape(1), take(candidates, i.reshape(1))
-
-
-def keep_best(best_params: Params, best_cost: Tensor, candidates: Params, costs: Tensor):
-    """The elitist best after one evaluated batch (ties keep the earlier best)."""
-    cost, row = best_row(candidates, costs)
-    cost = cost.squeeze(0)
-    better = cost < best_cost
-    best_params = optree.tree_map(lambda b, x: torch.where(better, x.squeeze(0), b),
-                                  best_params, row)
-    return best_params, torch.where(better, cost, best_cost)

@@ -69,7 +69,7 @@ def sq_norms(tree: PyTree, dtype: torch.dtype) -> Tensor:
 
 
 def first_min(costs: Tensor) -> tuple[Tensor, Tensor]:
-    """The least of ``costs`` (P,) and the first index that holds it, both 0-d.
+    """The least of ``costs`` (P,) and the first index that holds it, shape (1,) each.
 
     Two plain reductions, not ``argmin``: compiled for a GPU, inductor spreads a plain
     reduction over the chip but runs an argmin in one thread block (at P = 65,536 that was
@@ -78,5 +78,5 @@ def first_min(costs: Tensor) -> tuple[Tensor, Tensor]:
     costs come from ``rank_costs``, which makes them +inf).
     """
     slots = torch.arange(costs.shape[0], device=costs.device)
-    first = torch.where(costs == costs.min(), slots, costs.shape[0] - 1).min()
-    return costs.index_select(0, first.reshape(1)).reshape(()), first  # -0.0 stays -0.0
+    first = torch.where(costs == costs.min(), slots, costs.shape[0] - 1).amin(0, keepdim=True)
+    return costs.index_select(0, first), first  # the element: a tied -0.0 stays -0.0

@@ -312,10 +312,12 @@ def test_first_min_is_min_dim_0_bit_for_bit(values, dtype):
     costs = torch.tensor(values, dtype=dtype)
     value, index = costs.min(dim=0)
     got_value, got_index = first_min(costs)
+    assert got_value.shape == got_index.shape == (1,)
+    got_value, got_index = got_value[0], got_index[0]
     assert int(got_index) == int(index)
     assert torch.equal(got_value, value) and got_value.signbit() == value.signbit()
     batch = torch.stack([costs, costs.flip(0)])
-    values_v, index_v = torch.func.vmap(first_min)(batch)
+    values_v, index_v = (x.squeeze(1) for x in torch.func.vmap(first_min)(batch))
     expected_v, expected_i = batch.min(dim=1)
     assert torch.equal(index_v, expected_i) and torch.equal(values_v.signbit(),
                                                            expected_v.signbit())
