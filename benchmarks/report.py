@@ -39,9 +39,7 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "with the same optimizers, budgets, seeds and rules as the table above. The optimizers "
      "see COCO's own values f(x), whose minimum f(x*) lies between -1000 and 1000, as a user "
      "running COCO hands them over; the errors are f(x) - f(x*). It is the suite the "
-     "black-box setup was not tuned on. D = 2 and 10 here: the peers' runs at D = 30 with "
-     "offsets take hours on two cores; the table at minimum 0 below has every optimizer at "
-     "D = 30, where `fb.black_box`'s errors are the same (it compares losses only)."),
+     "black-box setup was not tuned on."),
     ("quality_at_zero", "Quality vs peers, the eight functions at minimum 0",
      "`python benchmarks/quality.py --at-zero`: the first table's runs handed f(x) - min f "
      "itself, as most benchmark tables do. `fb.black_box` and every peer that compares "
