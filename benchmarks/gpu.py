@@ -28,6 +28,7 @@ import functools
 import math
 import os
 import subprocess
+import tempfile
 import time
 import traceback
 import warnings
@@ -200,7 +201,7 @@ def glue_rows(steps: int) -> list[dict]:
             return {"x": x[i], "labels": y[i]}
 
     rows = []
-    with warnings.catch_warnings(), __import__("tempfile").TemporaryDirectory() as folder:
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory() as folder:
         warnings.simplefilter("ignore")
         loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64)
         module = Module()

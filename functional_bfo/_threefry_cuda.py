@@ -30,34 +30,22 @@ def _mix(x0, x1, r: tl.constexpr):
 
 
 @triton.jit
+def _four(x0, x1, r0: tl.constexpr, r1: tl.constexpr, r2: tl.constexpr, r3: tl.constexpr):
+    x0, x1 = _mix(x0, x1, r0)
+    x0, x1 = _mix(x0, x1, r1)
+    x0, x1 = _mix(x0, x1, r2)
+    return _mix(x0, x1, r3)
+
+
+@triton.jit
 def _rounds(a, b, x0, x1):
     """Threefry-2x32's 20 rounds on uint32 words (``random._threefry_rounds``)."""
     k2 = a ^ b ^ 0x1BD11BDA
-    x0, x1 = x0 + a, x1 + b
-    x0, x1 = _mix(x0, x1, 13)
-    x0, x1 = _mix(x0, x1, 15)
-    x0, x1 = _mix(x0, x1, 26)
-    x0, x1 = _mix(x0, x1, 6)
-    x0, x1 = x0 + b, x1 + k2 + 1
-    x0, x1 = _mix(x0, x1, 17)
-    x0, x1 = _mix(x0, x1, 29)
-    x0, x1 = _mix(x0, x1, 16)
-    x0, x1 = _mix(x0, x1, 24)
-    x0, x1 = x0 + k2, x1 + a + 2
-    x0, x1 = _mix(x0, x1, 13)
-    x0, x1 = _mix(x0, x1, 15)
-    x0, x1 = _mix(x0, x1, 26)
-    x0, x1 = _mix(x0, x1, 6)
-    x0, x1 = x0 + a, x1 + b + 3
-    x0, x1 = _mix(x0, x1, 17)
-    x0, x1 = _mix(x0, x1, 29)
-    x0, x1 = _mix(x0, x1, 16)
-    x0, x1 = _mix(x0, x1, 24)
-    x0, x1 = x0 + b, x1 + k2 + 4
-    x0, x1 = _mix(x0, x1, 13)
-    x0, x1 = _mix(x0, x1, 15)
-    x0, x1 = _mix(x0, x1, 26)
-    x0, x1 = _mix(x0, x1, 6)
+    x0, x1 = _four(x0 + a, x1 + b, 13, 15, 26, 6)
+    x0, x1 = _four(x0 + b, x1 + k2 + 1, 17, 29, 16, 24)
+    x0, x1 = _four(x0 + k2, x1 + a + 2, 13, 15, 26, 6)
+    x0, x1 = _four(x0 + a, x1 + b + 3, 17, 29, 16, 24)
+    x0, x1 = _four(x0 + b, x1 + k2 + 4, 13, 15, 26, 6)
     return x0 + k2, x1 + a + 5
 
 
@@ -78,22 +66,14 @@ def _block_kernel(k0, k1, c0, c1, y0, y1, n, s0: tl.constexpr, s1: tl.constexpr,
     tl.store(y1 + i, x1.to(tl.int64), mask=live)
 
 
-def threefry(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
-    """``random._threefry_rounds`` on broadcast int64 words of a CUDA device."""
-    shape = torch.broadcast_shapes(k0.shape, k1.shape, x0.shape, x1.shape)
-    inputs, steps = [], []
-    for t in (k0, k1, x0, x1):
-        t = t.to(torch.int64)
-        scalar = t.numel() == 1  # any shape of one word: read in place
-        if not scalar and (t.shape != shape or not t.is_contiguous()):
-            t = t.expand(shape).contiguous()
-        inputs.append(t)
-        steps.append(0 if scalar else 1)
-    y0 = torch.empty(shape, dtype=torch.int64, device=x0.device)
+def threefry(shape: tuple[int, ...], inputs: list[Tensor], strides: list[int]
+             ) -> tuple[Tensor, Tensor]:
+    """``random._threefry_rounds`` on the int64 words ``random._lanes`` laid out on a GPU."""
+    y0 = torch.empty(shape, dtype=torch.int64, device=inputs[0].device)
     y1 = torch.empty_like(y0)
     n = y0.numel()
     if n:
-        _block_kernel[(triton.cdiv(n, BLOCK),)](*inputs, y0, y1, n, *steps, BLOCK=BLOCK)
+        _block_kernel[(triton.cdiv(n, BLOCK),)](*inputs, y0, y1, n, *strides, BLOCK=BLOCK)
     return y0, y1
 
 

@@ -169,17 +169,28 @@ CPU_KERNEL = "c" if _c_module is not None else "numpy"
 ``FUNCTIONAL_BFO_CPU_KERNEL=numpy`` in the environment)."""
 
 
-def _threefry_c(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
-    """The CPU kernel with the C loop: ``_threefry_rounds`` on broadcast int64 words."""
-    shape = tuple(np.broadcast_shapes(k0.shape, k1.shape, x0.shape, x1.shape))
+def _lanes(device: torch.device, *words: Tensor) -> tuple[tuple[int, ...], list[Tensor],
+                                                           list[int]]:
+    """The block function's inputs as a kernel reads them, and their broadcast shape.
+
+    Each input becomes int64 words on ``device``: a contiguous array of the shape (stride 1),
+    or, holding one word, read in place (stride 0).
+    """
+    shape = tuple(np.broadcast_shapes(*(t.shape for t in words)))  # torch's: ~200 us
     inputs, strides = [], []
-    for t in (k0, k1, x0, x1):
-        t = t.to(torch.int64)  # the loop reads int64 words
-        scalar = t.numel() == 1  # any shape of one word: read in place, stride 0
+    for t in words:
+        t = t.to(device=device, dtype=torch.int64)
+        scalar = t.numel() == 1  # any shape of one word
         if not scalar and (t.shape != shape or not t.is_contiguous()):
             t = t.expand(shape).contiguous()
         inputs.append(t)
         strides.append(0 if scalar else 1)
+    return shape, inputs, strides
+
+
+def _threefry_c(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
+    """The CPU kernel with the C loop: ``_threefry_rounds`` on broadcast int64 words."""
+    shape, inputs, strides = _lanes(torch.device("cpu"), k0, k1, x0, x1)
     y0 = torch.empty(shape, dtype=torch.int64)
     y1 = torch.empty(shape, dtype=torch.int64)
     _C_BLOCK(*(t.data_ptr() for t in inputs), *strides, y0.data_ptr(), y1.data_ptr(),
@@ -452,7 +463,7 @@ def _threefry_cuda(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tens
     kernels = _cuda_kernels(device.index)
     if kernels is None:
         return _threefry_rounds(k0, k1, x0, x1)
-    return kernels.threefry(*(t.to(device) for t in (k0, k1, x0, x1)))
+    return kernels.threefry(*_lanes(device, k0, k1, x0, x1))
 
 
 def _normal_rows_cuda(key: Tensor, counter: Tensor, rows: int, cols: int,
