@@ -1,22 +1,20 @@
 """The black-box setup: box-relative AdaptiveBFO swarms with restarts, as an ask/tell pair.
 
 For a function of a box and nothing else (no gradients, no scale, no good start), a search
-is a sequence of phases over one :class:`BlackBoxState`, each round one swarm's update or
-one batch of face moves:
+is a sequence of phases over one :class:`BlackBoxState`, a round each: one swarm's update
+or one batch of face moves.
 
 - converge: a small AdaptiveBFO swarm with steps in box widths (every other one tumbling
-  along a metric learned from its own successful tumbles, ``_metric.py``), restarted from a
-  new uniform place when it stops progressing; it finds precise minima, a basin at a time;
+  along a metric learned from its successful tumbles, ``_metric.py``), restarted from a
+  uniform place when it stops progressing: precise minima, a basin at a time;
 - explore: once ``explore_after`` swarms in a row end without beating the best, a swarm
-  whose bacteria take a kept kick every ``JITTER_PERIOD`` updates (``_moves.kicked``) takes
-  all but ``CONVERGING_SHARE`` of the rounds: it rides a global structure that restarts
-  only sample (Ackley's funnel) and switches a separable function's basins;
-- polish: the last ``polish`` of the budget tries the best point on the box's faces
-  (``_moves.face_*``), then refines it with the swarm holding it, or a swarm started there.
+  kicked every ``JITTER_PERIOD`` updates (``_moves.kicked``) takes all but
+  ``CONVERGING_SHARE`` of the rounds: it rides a global structure that restarts only sample;
+- polish: the last ``polish`` of the budget moves the best point onto the box's faces
+  (``_moves.face_*``), then refines it with the swarm holding it, or one started there.
 
 Every decision compares losses with each other, in float64, so ``f``, ``f + c`` and
-``a * f`` get the same run. The tuned constants are here, each with what chose it;
-docs/variants.md tables every default against its alternatives.
+``a * f`` get the same run. docs/variants.md tables each constant against its alternatives.
 """
 
 from __future__ import annotations
@@ -31,37 +29,21 @@ import optree
 import torch
 from torch import Tensor
 
+from . import _adaptive as adaptive
+from . import _metric as metric
 from . import _moves as moves
 from . import random
-from ._adaptive import (
-    AdaptiveBFOState,
-    AdaptiveStep,
-    adaptive_bfo,
-    adaptive_fields,
-    adaptive_plan,
-    adaptive_static,
-    adaptive_step,
-)
+from ._adaptive import AdaptiveBFOState
 from ._ask_tell import Ask, ask_round, check_tag, round_tag, told_costs
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import resolve
 from ._checks import check_float, check_int, check_losses, check_params
 from ._chemotaxis import costs_by
-from ._metric import (
-    MAX_METRIC_SIZE,
-    TumbleMetric,
-    flat_rows,
-    isotropic,
-    learn,
-    shape_directions,
-    widths,
-)
 from ._run import _reporter
-from ._tree import numel, take
+from ._tree import numel, take, unflatten_like
 from .evaluate import check_evaluator
 
-# A swarm holding the best waits HOLDING_PATIENCE * restart_after updates before a restart:
-# its progress is measured against its own descent, which ends ill-conditioned swarms early
+# A swarm holding the best waits HOLDING_PATIENCE * restart_after updates before a restart
 # (offsets on, D = 10, BBOB f10 ellipsoid: 828 at 1, 337 at 3; Rastrigin-10 19.9 at both).
 HOLDING_PATIENCE = 3
 # The explorer kicks every JITTER_PERIOD of its updates, and the converging swarms keep
@@ -86,7 +68,7 @@ class FaceMoves(NamedTuple):
     spent: int
     base: Tensor  # (n,) float64: the point moved (the best at stage 0, then after it)
     base_cost: float
-    single_costs: Tensor | None  # (2, n) stage 1's costs (inf where untried)
+    single_costs: Tensor | None  # (2, n): stage 1's costs (inf where untried)
 
 
 class BlackBoxState(NamedTuple):
@@ -94,7 +76,7 @@ class BlackBoxState(NamedTuple):
 
     phase: str  # the next round's: "converge", "explore", "faces", "polish" or "done"
     swarm: AdaptiveBFOState  # the converging swarm
-    metric: TumbleMetric | None  # its tumble metric (None: isotropic)
+    metric: metric.TumbleMetric | None  # its tumble metric (None: isotropic)
     explorer: AdaptiveBFOState | None
     polisher: AdaptiveBFOState | None
     faces: FaceMoves | None
@@ -127,29 +109,20 @@ class BlackBoxResult(NamedTuple):
     history: list[tuple[int, float]]  # (evaluations so far, best loss) after every round
 
 
-def black_box_search(
-    bounds: Any,
-    *,
-    max_evals: int,
-    population_size: int = 8,
-    swim_length: int = 1,
-    step_size_min: float = 1e-12,
-    restart_after: int | None = 30,
-    restart_rtol: float = 1e-2,
-    metric_rate: float = 2.0,
-    explore_after: int | None = 2,
-    jitter: float = 0.01,
-    polish: float = 0.1,
-    **adaptive_kwargs: Any,
-) -> Optimizer:
+def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
+                     swim_length: int = 1, step_size_min: float = 1e-12,
+                     restart_after: int | None = 30, restart_rtol: float = 1e-2,
+                     metric_rate: float = 2.0, explore_after: int | None = 2,
+                     jitter: float = 0.01, polish: float = 0.1,
+                     **adaptive_kwargs: Any) -> Optimizer:
     """:func:`black_box` as an ask/tell pair, for losses computed anywhere.
 
     ``state = opt.init(params, key=...)``, then ``asked = opt.ask(state)`` and
     ``state = opt.tell(state, asked, losses)`` (a loss per row of ``asked.params``) until
-    ``state.phase == "done"``: restarts, exploration and the polish happen inside ``tell``,
-    and ``state.best_params``, ``state.best_loss`` hold the best point. Candidates are
-    float64 whatever the params' dtype. ``opt.update(state, loss_fn, *args)`` is one round.
-    The settings are :func:`black_box`'s.
+    ``state.phase == "done"``: restarts, exploration and the polish happen inside ``tell``;
+    ``state.best_params`` and ``state.best_loss`` hold the best point. Candidates are
+    float64. ``opt.update(state, loss_fn, *args)`` is one round. The settings are
+    :func:`black_box`'s.
 
     Examples:
         >>> import numpy as np, torch, functional_bfo as fb
@@ -177,11 +150,10 @@ def black_box_search(
     hand_over = None if explore_after is None else check_int("explore_after", explore_after, 1)
     kick = check_float("jitter", jitter, 0.0, low_open=True)
     polish_share = check_float("polish", polish, 0.0, 1.0)
-    opt = adaptive_bfo(population_size, bounds=bounds, relative_steps=True,
-                       swim_length=swim_length, step_size_min=step_size_min, **adaptive_kwargs)
-    static, sign = adaptive_static(opt), -1.0 if opt.maximize else 1.0
-    ask_swarm, tell_swarm = opt.ask, opt.tell
-    assert ask_swarm is not None and tell_swarm is not None  # adaptive_bfo has both
+    opt = adaptive.adaptive_bfo(population_size, bounds=bounds, relative_steps=True,
+                                swim_length=swim_length, step_size_min=step_size_min,
+                                **adaptive_kwargs)
+    static, sign = adaptive.adaptive_static(opt), -1.0 if opt.maximize else 1.0
     evaluator = check_evaluator(adaptive_kwargs.get("evaluator"))
     per_round = population_size * (swim_length + 1)
     if budget < per_round:
@@ -190,37 +162,33 @@ def black_box_search(
                          "that or a smaller swarm.")
     main_budget = budget - per_round * int(polish_share * budget / per_round)
 
-    def box(s: BlackBoxState) -> list:
-        return resolve(static.bounds, s.start, torch.float64)
-
     def cost(loss: Tensor) -> float:
         return sign * float(loss)
+
+    def box(s: BlackBoxState) -> list:
+        return resolve(static.bounds, s.start, torch.float64)
 
     def steer(s: BlackBoxState):
         """Tumbles along the converging swarm's metric (hybrid_bfo's seam), or None."""
         if s.phase != "converge" or s.metric is None:
             return None
-        return lambda direction, source, known: shape_directions(s.metric, direction,
-                                                                 s.width, s.start)
+        return lambda direction, *_: metric.shape_directions(s.metric, direction, s.width,
+                                                             s.start)
 
     def init_fn(params: Params, *, key: Key) -> BlackBoxState:
         check_params(params)
-        size = numel(params)
-        if rate > 0 and size > MAX_METRIC_SIZE:
-            raise ValueError(f"metric_rate={metric_rate} learns a {size} x {size} tumble "
-                             f"metric; it is limited to {MAX_METRIC_SIZE} parameters (n^2 "
-                             "memory, n^3 time per update). Pass metric_rate=0 for isotropic "
-                             "tumbles.")
+        if rate > 0 and numel(params) > metric.MAX_METRIC_SIZE:
+            raise ValueError(f"metric_rate={metric_rate} learns a {numel(params)} x "
+                             f"{numel(params)} tumble metric; it is limited to "
+                             f"{metric.MAX_METRIC_SIZE} parameters (n^2 memory, n^3 time per "
+                             "update). Pass metric_rate=0 for isotropic tumbles.")
         start = optree.tree_map(lambda x: x.detach().to(torch.float64, copy=True), params)
         none = torch.tensor(sign * math.inf, dtype=torch.float64,
                             device=optree.tree_leaves(start)[0].device)
-        width = widths(resolve(static.bounds, start, torch.float64), start)
         s = BlackBoxState(
-            phase="converge", swarm=None, metric=None, explorer=None,  # type: ignore[arg-type]
-            polisher=None, faces=None, best_params=start, best_loss=none, num_evals=0, rounds=0,
-            restarts=0, failed=0, entry_best=math.inf, converged_best=math.inf, first=math.inf,
-            progress=math.inf, stalled=0, converging_after=0, explorer_updates=0, start=start,
-            width=width, key=key)
+            "converge", None, None, None, None, None, start, none, 0, 0,  # type: ignore[arg-type]
+            0, 0, math.inf, math.inf, math.inf, math.inf, 0, 0, 0, start,
+            metric.widths(resolve(static.bounds, start, torch.float64), start), key)
         return after(restarted(s, start, 0))
 
     def ask_fn(state: BlackBoxState) -> Ask:
@@ -230,11 +198,11 @@ def black_box_search(
                              "state.best_params, its loss state.best_loss.")
         if state.phase == "faces":
             rows = face_rows(state)[0]
-            return Ask(moves.as_params(rows, state.start),
+            return Ask(as_params(rows, state.start),
                        torch.ones(len(rows), dtype=torch.bool, device=rows.device), _tag(state))
         bend = steer(state)
-        asked = ask_swarm(_swarm(state)) if bend is None else ask_round(
-            state.swarm, adaptive_plan(state.swarm, static, bend))
+        asked = opt.ask(_swarm(state)) if bend is None else ask_round(  # type: ignore[misc]
+            state.swarm, adaptive.adaptive_plan(state.swarm, static, bend))
         return asked._replace(tag=_tag(state))
 
     def tell_fn(state: BlackBoxState, asked: Ask, losses: Any, *,
@@ -245,14 +213,14 @@ def black_box_search(
             rows, mask = face_rows(state)
             _check_round(state, asked, len(rows), check)
             return after(told_faces(state, asked, losses, rows, mask))
-        _check_round(state, asked, (static.swims + 1) * len(_swarm(state).losses), check)
         swarm, bend = _swarm(state), steer(state)
+        _check_round(state, asked, (static.swims + 1) * len(swarm.losses), check)
         if bend is None:
-            return swarm_told(state, tell_swarm(swarm, asked, losses, check=False), None)
-        p = adaptive_plan(swarm, static, bend)
+            return swarm_told(state, opt.tell(swarm, asked, losses, check=False))  # type: ignore
+        plan = adaptive.adaptive_plan(swarm, static, bend)
         costs = told_costs(swarm, asked, losses, sign, "black_box_search", check=False)
-        return swarm_told(state, *learned(state, adaptive_fields(
-            swarm, static, p, p.told(asked.params, costs, None))))
+        return swarm_told(state, *learned(state, adaptive.adaptive_fields(
+            swarm, static, plan, plan.told(asked.params, costs, None))))
 
     def update_fn(state: BlackBoxState, loss_fn: LossFn, *args: Any) -> BlackBoxState:
         """One round: ``tell(state, ask(state), losses)``, a swarm's plan made once."""
@@ -263,24 +231,26 @@ def black_box_search(
             return tell_fn(state, asked, losses, check=False)
         swarm, bend = _swarm(state), steer(state)
         if bend is None:
-            return swarm_told(state, opt.update(swarm, loss_fn, *args), None)
+            return swarm_told(state, opt.update(swarm, loss_fn, *args))
         evaluate = costs_by(evaluator, loss_fn, args, torch.float64, sign)
-        return swarm_told(state, *learned(state, adaptive_step(swarm, static, evaluate, bend)))
+        return swarm_told(state, *learned(state, adaptive.adaptive_step(swarm, static,
+                                                                        evaluate, bend)))
 
-    def learned(s: BlackBoxState, out: AdaptiveStep) -> tuple[AdaptiveBFOState, TumbleMetric]:
+    def learned(s: BlackBoxState, out: adaptive.AdaptiveStep) -> tuple:
         """The steered swarm after its round, and its metric moved toward its successes."""
-        assert s.metric is not None  # only a steered swarm learns
         new = AdaptiveBFOState(**out.fields)
-        steps = flat_rows(new.population) - flat_rows(take(s.swarm.population, out.source))
-        return new, learn(s.metric, steps[out.known & (steps != 0).any(dim=1)], s.width, rate)
+        steps = metric.flat_rows(new.population) - metric.flat_rows(
+            take(s.swarm.population, out.source))
+        successes = steps[out.known & (steps != 0).any(dim=1)]
+        return new, metric.learn(s.metric, successes, s.width, rate)  # type: ignore[arg-type]
 
-    def swarm_told(state: BlackBoxState, new: AdaptiveBFOState, metric) -> BlackBoxState:
+    def swarm_told(state: BlackBoxState, new: AdaptiveBFOState, learnt=None) -> BlackBoxState:
         """After a swarm's round: the best point, the counters, the phase's own rule."""
         s = better(state, new.best_params, new.best_loss)._replace(
             rounds=state.rounds + 1,
             num_evals=state.num_evals + int(new.num_evals - _swarm(state).num_evals))
         if state.phase == "converge":
-            return after(converged(s, new, metric))
+            return after(converged(s, new, learnt))
         if state.phase == "polish":
             return after(s._replace(polisher=new))
         updates = s.explorer_updates + 1
@@ -296,12 +266,13 @@ def black_box_search(
         learned metric makes a swarm less likely to find Ackley's funnel.
         """
         learns = rate > 0 and restarts % 2 == 0
-        return s._replace(swarm=opt.init(start, key=random.fold_in(s.key, 2 * restarts)),
-                          metric=isotropic(numel(start), s.best_loss.device) if learns else None,
-                          restarts=restarts, entry_best=s.converged_best, first=math.inf,
-                          progress=math.inf, stalled=0)
+        return s._replace(
+            swarm=opt.init(start, key=random.fold_in(s.key, 2 * restarts)),
+            metric=metric.isotropic(numel(start), s.best_loss.device) if learns else None,
+            restarts=restarts, entry_best=s.converged_best, first=math.inf,
+            progress=math.inf, stalled=0)
 
-    def converged(s: BlackBoxState, new: AdaptiveBFOState, metric) -> BlackBoxState:
+    def converged(s: BlackBoxState, new: AdaptiveBFOState, learnt) -> BlackBoxState:
         """After a converging round: a restart, once the swarm stopped progressing.
 
         Progress is a gain of more than ``rtol`` of the way still to the best of the swarms
@@ -315,60 +286,56 @@ def black_box_search(
                 first, progress, stalled = now, now, 0
         elif progress - now > rtol * (progress - s.entry_best if behind else first - progress):
             progress, stalled = now, 0
-        s = s._replace(swarm=new, metric=metric, converged_best=min(s.converged_best, now),
+        s = s._replace(swarm=new, metric=learnt, converged_best=min(s.converged_best, now),
                        first=first, progress=progress, stalled=stalled,
                        converging_after=s.converging_after + (s.explorer is not None))
         if stall_limit is None or stalled < stall_limit * (1 if behind else HOLDING_PATIENCE):
             return s
-        restarts = s.restarts + 1
-        place = moves.uniform_point(s.start, box(s), random.fold_in(s.key, 2 * restarts - 1))
+        place = moves.uniform_point(s.start, box(s), random.fold_in(s.key, 2 * s.restarts + 1))
         return restarted(s._replace(failed=s.failed + 1 if now >= s.entry_best else 0), place,
-                         restarts)
+                         s.restarts + 1)
 
     def face_rows(s: BlackBoxState) -> tuple[Tensor, Tensor | None]:
         """The rows of the face moves' next stage (within their room), and stage 1's mask."""
         f, (low, high) = s.faces, moves.flat_box(s.start, box(s))
         assert f is not None  # the faces phase has them
-        mask = None
+        rows, mask = f.base.new_zeros((0, len(f.base))), None
         if f.stage == 0:
             rows = moves.face_snaps(f.base, low, high)
         elif f.stage == 1 and len(f.base) <= FACE_SCAN_SIZE:
             rows, mask = moves.face_singles(f.base, low, high)
         elif f.stage == 2 and f.single_costs is not None:
             rows = moves.face_union(f.base, low, high, f.single_costs, f.base_cost)
-        else:
-            rows = f.base.new_zeros((0, len(f.base)))
         return rows[:f.room - f.spent], mask
 
     def told_faces(s: BlackBoxState, asked: Ask, losses: Any, rows: Tensor,
                    mask: Tensor | None) -> BlackBoxState:
-        """After a round of face moves (``rows``, ``mask``: ``face_rows(s)``)."""
+        """After a round of face moves (``rows`` and ``mask`` from ``face_rows(s)``)."""
         f = s.faces
         assert f is not None  # the faces phase has them
         costs = told_costs(s.swarm, asked, losses, sign, "black_box_search", check=False)
         row = int(costs.argmin())
-        point = optree.tree_map(lambda x: x[0], moves.as_params(rows[row:row + 1], s.start))
-        s = better(s, point, sign * costs[row])
-        single_costs = f.single_costs
+        s = better(s, optree.tree_map(lambda x: x[0], as_params(rows[row:row + 1], s.start)),
+                   sign * costs[row])
+        singles = f.single_costs
         if mask is not None:  # where each single move went (inf past the room)
-            single_costs = torch.full(mask.shape, torch.inf, dtype=costs.dtype,
-                                      device=costs.device)
-            single_costs[mask] = torch.cat([costs, costs.new_full(
-                (int(mask.sum()) - len(costs),), torch.inf)])
-        base = (moves.flat(s.best_params), cost(s.best_loss)) if f.stage == 0 else (
-            f.base, f.base_cost)
+            singles = torch.full(mask.shape, torch.inf, dtype=costs.dtype, device=costs.device)
+            singles[mask] = torch.cat([costs, costs.new_full((int(mask.sum()) - len(costs),),
+                                                             torch.inf)])
+        base = (metric.flat_rows(optree.tree_map(lambda v: v[None], s.best_params))[0],
+                cost(s.best_loss)) if f.stage == 0 else (f.base, f.base_cost)
         return s._replace(num_evals=s.num_evals + len(rows), rounds=s.rounds + 1, faces=FaceMoves(
-            f.stage + 1, f.room, f.spent + len(rows), *base, single_costs))
+            f.stage + 1, f.room, f.spent + len(rows), *base, singles))
 
     def after(s: BlackBoxState) -> BlackBoxState:
         """``s`` with the phase of the next round, and the swarm or moves it needs."""
         fits = s.num_evals + per_round <= budget
         polishing = s.num_evals + per_round > main_budget
         if s.faces is None and polishing and fits:  # the polish opens with the face moves
-            found = math.isfinite(float(s.best_loss))
             room = min(budget - s.num_evals, int(FACE_SHARE * (budget - main_budget)))
-            s = s._replace(faces=FaceMoves(0 if found else FACES_DONE, room, 0, moves.flat(
-                s.best_params), cost(s.best_loss), None))
+            stage = 0 if math.isfinite(float(s.best_loss)) else FACES_DONE
+            base = metric.flat_rows(optree.tree_map(lambda v: v[None], s.best_params))[0]
+            s = s._replace(faces=FaceMoves(stage, room, 0, base, cost(s.best_loss), None))
         while s.faces is not None and s.faces.stage < FACES_DONE:
             if len(face_rows(s)[0]):
                 return s._replace(phase="faces")
@@ -408,33 +375,30 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
               key: Key, progress: bool = False, **settings: Any) -> BlackBoxResult:
     """Minimize ``loss_fn`` over the box ``bounds`` in at most ``max_evals`` evaluations.
 
-    Drives :func:`black_box_search` (the same search as an ask/tell pair) round after round.
-    Converging swarms run :func:`functional_bfo.adaptive_bfo` with ``relative_steps=True``;
-    the first has ``params`` as bacterium 0 and the rest uniform in the box, and swarm ``r``
-    (key ``fold_in(key, 2 r)``) starts from a uniform point of the box (key
-    ``fold_in(key, 2 r - 1)``). The module docstring of ``functional_bfo._black_box`` and
-    docs/variants.md say how each phase works and how its settings were chosen.
+    Drives :func:`black_box_search` round after round. Swarm ``r`` is a
+    :func:`functional_bfo.adaptive_bfo` with ``relative_steps=True`` and key
+    ``fold_in(key, 2 r)``; the first has ``params`` as bacterium 0 and the rest uniform in
+    the box, the others start from a uniform point (key ``fold_in(key, 2 r - 1)``).
+    docs/variants.md says how each phase works and how each setting was chosen.
 
     Args:
-        loss_fn: ``loss_fn(params, *args) -> 0-d tensor``, as for every optimizer here; it
-            gets params in their own dtypes, inside the box rounded inward to them.
-        params: the first swarm's bacterium 0; its structure, shapes and dtypes.
+        loss_fn: ``loss_fn(params, *args) -> 0-d tensor``; it gets params in their own
+            dtypes, the box rounded inward to them.
+        params: the first swarm's bacterium 0; the structure, shapes and dtypes.
         bounds: the box, as for :func:`functional_bfo.bfo`; coordinates with an open side
             take absolute steps and restart around ``params``.
         *args: data passed to every ``loss_fn`` call.
-        max_evals: the evaluation budget, at least one update
-            (``population_size * (swim_length + 1)`` evaluations).
+        max_evals: the budget, at least one update (``population_size * (swim_length + 1)``).
         key: the random key; the same key gives the same result.
-        progress: show a ``tqdm`` bar of the evaluations and the best loss (lines where
-            tqdm is not installed), and a summary at the end.
-        **settings: ``population_size`` (8) bacteria per swarm and ``swim_length`` (1);
-            ``step_size_min`` (1e-12 box widths); ``restart_after`` (30; None never
-            restarts) updates without a gain of ``restart_rtol`` (0.01) of the way still to
-            the best of the swarms before (of its own descent while it holds the best, for
-            3x as long) end a converging swarm; ``metric_rate`` (2.0; 0 tumbles
-            isotropically, needed beyond 2000 parameters); ``explore_after`` (2; None never
-            explores) failed swarms in a row start the explorer, whose kicks are ``jitter``
-            (0.01) box widths; the last ``polish`` (0.1) of the budget polishes; and any
+        progress: a ``tqdm`` bar (lines without tqdm) and a summary at the end.
+        **settings: ``population_size`` (8) and ``swim_length`` (1) of each swarm;
+            ``step_size_min`` (1e-12 box widths); ``restart_after`` (30; None: never)
+            updates without a gain of ``restart_rtol`` (0.01) of the way still to the best
+            of the swarms before (of its own descent, for 3x as long, while it holds the
+            best) end a converging swarm; ``metric_rate`` (2.0; 0: isotropic tumbles, needed
+            beyond 2000 parameters); ``explore_after`` (2; None: never) failed swarms in a
+            row start the explorer, kicked by ``jitter`` (0.01) box widths; the last
+            ``polish`` (0.1) of the budget polishes; any
             :func:`functional_bfo.adaptive_bfo` setting (``maximize``, ``evaluator``, ...).
 
     Returns:
@@ -442,15 +406,12 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
 
     Raises:
         ValueError: no bounds, a bad budget or setting.
-        TypeError: params that are not a pytree of floating tensors, or ``relative_steps``
-            (the setup's own) among the settings.
-        BaseException: whatever ``loss_fn`` (or Ctrl-C) raised, with its type kept; its
-            attribute ``partial_result`` is a :class:`BlackBoxResult` of the rounds before,
-            and a note says so.
+        TypeError: params that are not a pytree of floating tensors, or ``relative_steps``.
+        BaseException: whatever ``loss_fn`` (or Ctrl-C) raised, its type kept, with the
+            rounds before as its ``partial_result`` (a :class:`BlackBoxResult`).
 
     Warns:
-        RuntimeWarning: every loss evaluated was NaN or infinite (the returned loss is then
-            infinite).
+        RuntimeWarning: every loss evaluated was NaN or infinite.
 
     Examples:
         >>> import torch, functional_bfo as fb
@@ -499,6 +460,12 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
                       "NaN or infinite, so the search had nothing to follow; check loss_fn and "
                       "the bounds.", RuntimeWarning, stacklevel=2)
     return result()
+
+
+def as_params(flat_rows: Tensor, template: Params) -> Params:
+    """Rows of flat coordinates as a population shaped and typed like ``template``."""
+    return optree.tree_map(lambda v, t: v.to(t.dtype), unflatten_like(flat_rows, template),
+                           template)
 
 
 def _swarm(state: BlackBoxState) -> AdaptiveBFOState:

@@ -1,8 +1,9 @@
 """Moves of points in a box that the black box makes beside its swarms' own tumbles.
 
 The exploring swarm's kicks (population basin hopping) and the polish's face moves (an
-optimum on the boundary found exactly). Pure functions of points, a box and a key; points
-are flat float64 rows of ``n`` coordinates in optree's flatten order, or populations.
+optimum on the boundary found exactly). Pure functions; a point is a flat float64 row of
+``n`` coordinates in optree's flatten order, ``low`` and ``high`` its box (infinite where
+open).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from . import random
 from ._adaptive import AdaptiveBFOState
 from ._base import Key, Params
 from ._bounds import LeafBounds, box_relative, project, sample_domain
-from ._metric import flat_rows
 from ._tree import numel, rows, unflatten_like
 
 # Distances to a face (in box widths) within which the snaps move the best point's
@@ -29,31 +29,26 @@ def kicked(state: AdaptiveBFOState, start: Params, box: list, jitter: float,
            key: Key) -> AdaptiveBFOState:
     """Every bacterium moved and kept there: by a Gaussian kick, or one coordinate redrawn.
 
-    Even rows move by ``N(0, jitter)`` box widths per coordinate, odd rows get one random
-    coordinate redrawn uniformly in the box. The Gaussian kick hops to a neighbouring basin
-    of a rotated landscape (Rastrigin, Ackley); the redraw moves one coordinate of a
-    separable function into another of its basins without disturbing the rest
-    (Styblinski-Tang, Schwefel). A coordinate with an open side gets the Gaussian kick
-    instead. Forgetting the losses makes the next tumble of each bacterium be accepted
-    whatever it costs (so the kick is not undone), and steps below three kicks grow back.
+    Even rows move by ``N(0, jitter)`` box widths per coordinate: a hop to a neighbouring
+    basin of a rotated landscape (Rastrigin, Ackley). Odd rows get one random coordinate
+    redrawn uniformly in the box: another basin of a separable function without disturbing
+    the rest (Styblinski-Tang, Schwefel); a coordinate with an open side is kicked instead.
+    Forgotten losses make each bacterium's next tumble be kept whatever it costs (so the
+    kick is not undone), and steps below three kicks grow back.
     """
-    dtype, size = state.losses.dtype, state.losses.shape[0]
+    dtype, size, n = state.losses.dtype, state.losses.shape[0], numel(start)
     z = random.tree_normal_like(key, state.population, dtype)
-    n = numel(start)
-    which = (random.uniform(random.fold_in(key, 1), (size,), dtype) * n).long()
-    device = which.device
-    odd = torch.arange(size, device=device) % 2 == 1
-    redraw = (torch.arange(n, device=device) == which.clamp(max=n - 1).unsqueeze(1)) \
-        & odd.unsqueeze(1)
+    which = (random.uniform(random.fold_in(key, 1), (size,), dtype) * n).long().clamp(max=n - 1)
+    odd = torch.arange(size, device=which.device) % 2 == 1
+    redraw = unflatten_like((torch.arange(n, device=which.device) == which[:, None])
+                            & odd[:, None], start)
     leaves, spec = optree.tree_flatten(state.population)
-    gaussian: list[Any] = spec.flatten_up_to(box_relative(z, box))
-    no_spread = torch.zeros((), dtype=dtype, device=device)
     moved = []
-    normals: list[Any] = spec.flatten_up_to(z)
-    redraws: list[Any] = spec.flatten_up_to(unflatten_like(redraw, start))
-    for x, zi, k, r, b in zip(leaves, normals, gaussian, redraws, box):
+    parts: list[list[Any]] = [spec.flatten_up_to(t) for t in (z, box_relative(z, box), redraw)]
+    for x, zi, k, r, b in zip(leaves, *parts, box):
         kick = project(x + (jitter * k).to(x.dtype), b, "clip")
-        redrawn = sample_domain(kick, zi.to(x.dtype), b, no_spread.to(x.dtype))
+        redrawn = sample_domain(kick, zi.to(x.dtype), b, torch.zeros((), dtype=x.dtype,
+                                                                     device=x.device))
         moved.append(torch.where(r, redrawn, torch.where(rows(odd, x), x, kick)))
     return state._replace(population=spec.unflatten(moved),
                           losses=torch.full_like(state.losses, torch.nan),
@@ -66,9 +61,8 @@ def face_snaps(x: Tensor, low: Tensor, high: Tensor) -> Tensor:
     A row per width ``w`` of ``SNAP_WIDTHS`` that moves a new set (maybe no row): every
     coordinate within ``w`` box widths of its nearest face, onto that face.
     """
-    finite = torch.isfinite(high - low)
     face = torch.where(x - low <= high - x, low, high)
-    gap = torch.where(finite, (x - face).abs() / (high - low), torch.inf)
+    gap = torch.where(torch.isfinite(high - low), (x - face).abs() / (high - low), torch.inf)
     masks: list[Tensor] = []
     for width in SNAP_WIDTHS:
         mask = (gap <= width) & (gap > 0)
@@ -82,9 +76,8 @@ def face_singles(x: Tensor, low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:
 
     Mask rows are the low and the high face; moves that would not change ``x`` are left out.
     """
-    n = len(x)
     faces = torch.stack([low, high])
-    singles = x.expand(2, n, n).clone()  # [f, j] = x with coordinate j on face f
+    singles = x.expand(2, len(x), len(x)).clone()  # [f, j]: x with coordinate j on face f
     finite = torch.isfinite(high - low)
     singles.diagonal(dim1=1, dim2=2).copy_(torch.where(finite, faces, x))
     moves = finite & (faces != x)
@@ -105,33 +98,15 @@ def face_union(x: Tensor, low: Tensor, high: Tensor, single_costs: Tensor,
 
 
 def flat_box(params: Params, box: list[LeafBounds | None]) -> tuple[Tensor, Tensor]:
-    """Each flattened coordinate's low and high (float64, -inf/inf where open), shape (n,)."""
-    lows, highs = [], []
-    for x, b in zip(optree.tree_leaves(params), box):
-        if b is None:
-            b_high = torch.full(x.shape, torch.inf, dtype=torch.float64, device=x.device)
-            b_low = -b_high
-        else:
-            b_low, b_high = (torch.broadcast_to(v.to(torch.float64), x.shape)
-                             for v in (b.low, b.high))
-        lows.append(b_low.reshape(-1))
-        highs.append(b_high.reshape(-1))
-    return torch.cat(lows), torch.cat(highs)
-
-
-def flat(params: Params) -> Tensor:
-    """One point's coordinates as an (n,) float64 row."""
-    return flat_rows(optree.tree_map(lambda v: v.unsqueeze(0), params))[0]
-
-
-def as_params(flat_rows: Tensor, template: Params) -> Params:
-    """Rows of flat coordinates as a population shaped and typed like ``template``."""
-    return optree.tree_map(lambda v, t: v.to(t.dtype), unflatten_like(flat_rows, template),
-                           template)
+    """Each flattened coordinate's low and high, float64 (n,) rows (infinite where open)."""
+    sides = [[torch.as_tensor(v, dtype=torch.float64, device=x.device).expand(x.shape).reshape(-1)
+              for v in ((-torch.inf, torch.inf) if b is None else (b.low, b.high))]
+             for x, b in zip(optree.tree_leaves(params), box)]
+    return torch.cat([low for low, _ in sides]), torch.cat([high for _, high in sides])
 
 
 def uniform_point(params: Params, box: list[LeafBounds | None], key: Key) -> Params:
-    """A point uniform in the resolved ``box`` (``params`` itself where a side is open)."""
+    """A point uniform in ``box`` (``params`` itself where a side is open)."""
     leaves, spec = optree.tree_flatten(params)
     dtype = torch.promote_types(leaves[0].dtype, torch.float32)
     z = optree.tree_leaves(random.tree_normal_like(key, params, dtype))
