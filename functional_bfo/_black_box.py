@@ -57,7 +57,7 @@ FACE_SCAN_SIZE = 2000
 EXPLORER_STREAM = 2**31 - 1  # fold_in data of the explorer's key (restarts use 0, 1, ...)
 POLISHER_STREAM = 2**31 - 2  # and of the polishing swarm's
 PHASES = ("converge", "explore", "faces", "polish", "done")
-FACES_DONE = 3  # face move stages: 0 snaps, 1 single moves, 2 their union
+FACES_DONE = 2  # face move stages: 0 single moves, 1 their union
 
 
 class FaceMoves(NamedTuple):
@@ -66,9 +66,9 @@ class FaceMoves(NamedTuple):
     stage: int  # the next stage to ask (FACES_DONE: none left)
     room: int  # evaluations they may spend
     spent: int
-    base: Tensor  # (n,) float64: the point moved (the best at stage 0, then after it)
+    base: Tensor  # (n,) float64: the point moved, the best when they began
     base_cost: float
-    single_costs: Tensor | None  # (2, n): stage 1's costs (inf where untried)
+    single_costs: Tensor | None  # (2, n): stage 0's costs (inf where untried)
 
 
 class BlackBoxState(NamedTuple):
@@ -186,9 +186,11 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         none = torch.tensor(sign * math.inf, dtype=torch.float64,
                             device=optree.tree_leaves(start)[0].device)
         s = BlackBoxState(
-            "converge", None, None, None, None, None, start, none, 0, 0,  # type: ignore[arg-type]
-            0, 0, math.inf, math.inf, math.inf, math.inf, 0, 0, 0, start,
-            metric.widths(resolve(static.bounds, start, torch.float64), start), key)
+            phase="converge", swarm=None, metric=None, explorer=None,  # type: ignore[arg-type]
+            polisher=None, faces=None, best_params=start, best_loss=none, num_evals=0, rounds=0,
+            restarts=0, failed=0, entry_best=math.inf, converged_best=math.inf, first=math.inf,
+            progress=math.inf, stalled=0, converging_after=0, explorer_updates=0, start=start,
+            width=metric.widths(resolve(static.bounds, start, torch.float64), start), key=key)
         return after(restarted(s, start, 0))
 
     def ask_fn(state: BlackBoxState) -> Ask:
@@ -296,15 +298,13 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
                          s.restarts + 1)
 
     def face_rows(s: BlackBoxState) -> tuple[Tensor, Tensor | None]:
-        """The rows of the face moves' next stage (within their room), and stage 1's mask."""
+        """The rows of the face moves' next stage (within their room), and stage 0's mask."""
         f, (low, high) = s.faces, moves.flat_box(s.start, box(s))
         assert f is not None  # the faces phase has them
         rows, mask = f.base.new_zeros((0, len(f.base))), None
-        if f.stage == 0:
-            rows = moves.face_snaps(f.base, low, high)
-        elif f.stage == 1 and len(f.base) <= FACE_SCAN_SIZE:
+        if f.stage == 0 and len(f.base) <= FACE_SCAN_SIZE:
             rows, mask = moves.face_singles(f.base, low, high)
-        elif f.stage == 2 and f.single_costs is not None:
+        elif f.stage == 1 and f.single_costs is not None:
             rows = moves.face_union(f.base, low, high, f.single_costs, f.base_cost)
         return rows[:f.room - f.spent], mask
 
@@ -322,10 +322,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             singles = torch.full(mask.shape, torch.inf, dtype=costs.dtype, device=costs.device)
             singles[mask] = torch.cat([costs, costs.new_full((int(mask.sum()) - len(costs),),
                                                              torch.inf)])
-        base = (metric.flat_rows(optree.tree_map(lambda v: v[None], s.best_params))[0],
-                cost(s.best_loss)) if f.stage == 0 else (f.base, f.base_cost)
-        return s._replace(num_evals=s.num_evals + len(rows), rounds=s.rounds + 1, faces=FaceMoves(
-            f.stage + 1, f.room, f.spent + len(rows), *base, singles))
+        return s._replace(num_evals=s.num_evals + len(rows), rounds=s.rounds + 1, faces=f._replace(
+            stage=f.stage + 1, spent=f.spent + len(rows), single_costs=singles))
 
     def after(s: BlackBoxState) -> BlackBoxState:
         """``s`` with the phase of the next round, and the swarm or moves it needs."""

@@ -20,10 +20,6 @@ from ._base import Key, Params
 from ._bounds import LeafBounds, box_relative, project, sample_domain
 from ._tree import numel, rows, unflatten_like
 
-# Distances to a face (in box widths) within which the snaps move the best point's
-# coordinates onto the face: one candidate each, from a third of the box down to 1e-8.5.
-SNAP_WIDTHS = tuple(10 ** (-k / 2) for k in range(1, 18))
-
 
 def kicked(state: AdaptiveBFOState, start: Params, box: list, jitter: float,
            key: Key) -> AdaptiveBFOState:
@@ -53,22 +49,6 @@ def kicked(state: AdaptiveBFOState, start: Params, box: list, jitter: float,
     return state._replace(population=spec.unflatten(moved),
                           losses=torch.full_like(state.losses, torch.nan),
                           step_sizes=state.step_sizes.clamp_min(3 * jitter))
-
-
-def face_snaps(x: Tensor, low: Tensor, high: Tensor) -> Tensor:
-    """``x`` with its coordinates near a face moved onto it: a row per distance.
-
-    A row per width ``w`` of ``SNAP_WIDTHS`` that moves a new set (maybe no row): every
-    coordinate within ``w`` box widths of its nearest face, onto that face.
-    """
-    face = torch.where(x - low <= high - x, low, high)
-    gap = torch.where(torch.isfinite(high - low), (x - face).abs() / (high - low), torch.inf)
-    masks: list[Tensor] = []
-    for width in SNAP_WIDTHS:
-        mask = (gap <= width) & (gap > 0)
-        if bool(mask.any()) and not any(torch.equal(mask, m) for m in masks):
-            masks.append(mask)
-    return torch.where(torch.stack(masks), face, x) if masks else x.new_zeros((0, len(x)))
 
 
 def face_singles(x: Tensor, low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:

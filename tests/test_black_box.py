@@ -50,8 +50,8 @@ def test_never_exceeds_the_budget_and_counts_what_it_spent(budget, population, s
     assert out.num_evals <= budget < out.num_evals + per_update  # stops when no update fits
     evals = [0] + [e for e, _ in out.history]
     spent = [b - a for a, b in zip(evals, evals[1:])]
-    # One entry per round: updates, and at most three rounds of face moves.
-    assert sum(n != per_update for n in spent) <= 3 and all(n > 0 for n in spent)
+    # One entry per round: updates, and at most two rounds of face moves.
+    assert sum(n != per_update for n in spent) <= 2 and all(n > 0 for n in spent)
     losses = [loss for _, loss in out.history]
     assert losses == sorted(losses, reverse=True)  # the best never gets worse
     assert float(out.loss) == losses[-1] == float(shifted_sphere(out.params))
@@ -369,8 +369,9 @@ def corner_slope(p):
 
 @pytest.mark.parametrize("boundary", ["reflect", "clip"])
 def test_an_optimum_on_the_boundary_is_found_exactly(boundary):
-    """Tumbles only hover near a face; when polishing starts, the best point's coordinates
-    near a face are tried on it, so the corner's loss is exactly 0."""
+    """Tumbles only hover near a face; when polishing starts, each coordinate of the best
+    point is tried on each face, and the moves that helped together: the corner's loss is
+    exactly 0."""
     out = fb.black_box(corner_slope, start(4), (-1.0, 1.0), max_evals=16 * 200,
                        key=fb.random.key(0), boundary=boundary)
     assert float(out.loss) == 0.0
@@ -378,8 +379,8 @@ def test_an_optimum_on_the_boundary_is_found_exactly(boundary):
 
 
 def test_the_face_moves_are_evaluated_once_within_the_budget():
-    """At most three rounds when polishing starts (the snaps, the single-coordinate face
-    moves, their union), counted in num_evals, a history entry each."""
+    """At most two rounds when polishing starts (the single-coordinate face moves, their
+    union), counted in num_evals, a history entry each."""
     loss, seen = recording(corner_slope)
     budget = 16 * 50 + 7
     out = fb.black_box(loss, start(4), (-1.0, 1.0), max_evals=budget, key=fb.random.key(0),
@@ -388,8 +389,8 @@ def test_the_face_moves_are_evaluated_once_within_the_budget():
     evals = [0] + [e for e, _ in out.history]
     spent = [b - a for a, b in zip(evals, evals[1:])]
     moves = [k for k, n in enumerate(spent) if n != 16]
-    assert 1 <= len(moves) <= 3 and moves == list(range(moves[0], moves[0] + len(moves)))
-    assert sum(spent[k] for k in moves) <= len(fb._moves.SNAP_WIDTHS) + 2 * 4 + 1
+    assert 1 <= len(moves) <= 2 and moves == list(range(moves[0], moves[0] + len(moves)))
+    assert sum(spent[k] for k in moves) <= 2 * 4 + 1
     k = moves[0]
     assert evals[k] + 16 > budget - 16 * int(0.1 * budget / 16)  # when polishing starts
     moved = torch.stack(seen[evals[k]:evals[moves[-1] + 1]])
@@ -399,12 +400,11 @@ def test_the_face_moves_are_evaluated_once_within_the_budget():
 
 def test_a_coordinate_on_the_far_face_is_moved_over_and_helping_moves_are_combined():
     """From (1, 1, 1, -0.2) the corner (1, -1, 1, -1) needs coordinate 1 moved across the
-    box and coordinate 3 to a face: no snap does it, two single moves and their union do."""
-    from functional_bfo._moves import face_singles, face_snaps, face_union
+    box and coordinate 3 to a face: two single moves and their union do."""
+    from functional_bfo._moves import face_singles, face_union
 
     x = torch.tensor([1.0, 1.0, 1.0, -0.2], dtype=torch.float64)
     low, high = -torch.ones(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64)
-    assert face_snaps(x, low, high).shape == (0, 4)  # x[3] is 0.4 widths from its face
     rows, mask = face_singles(x, low, high)
     assert rows.shape == (5, 4) and mask.tolist() == [[True] * 3 + [True], [False] * 3 + [True]]
     costs = torch.full((2, 4), torch.inf, dtype=torch.float64)
@@ -416,12 +416,11 @@ def test_a_coordinate_on_the_far_face_is_moved_over_and_helping_moves_are_combin
 
 def test_no_face_moves_on_open_sides_or_at_an_infinite_best():
     """Open coordinates never move; a best that is not finite is not moved at all."""
-    from functional_bfo._moves import face_singles, face_snaps
+    from functional_bfo._moves import face_singles
 
     x = torch.tensor([0.0, 0.0, 0.999, 0.0], dtype=torch.float64)
     low = torch.tensor([-torch.inf, -torch.inf, -1.0, -1.0], dtype=torch.float64)
     high = torch.tensor([torch.inf, torch.inf, 1.0, 1.0], dtype=torch.float64)
-    assert face_snaps(x, low, high)[:, :2].eq(0).all()
     rows, mask = face_singles(x, low, high)
     assert rows.shape == (4, 4) and not mask[:, :2].any() and rows[:, :2].eq(0).all()
     with pytest.warns(RuntimeWarning, match="NaN or infinite"):
