@@ -61,11 +61,12 @@ FACES_DONE = 2  # face move stages: 0 single moves, 1 their union
 
 
 class FaceMoves(NamedTuple):
-    """How far the face moves have come."""
+    """The polish's face moves: the next round's points and what the rounds before found."""
 
-    stage: int  # the next stage to ask (FACES_DONE: none left)
-    room: int  # evaluations they may spend
-    spent: int
+    stage: int  # the next round's: 0 the single moves, 1 their union (FACES_DONE: none)
+    rows: Tensor | None  # (k, n) float64: its points, made once (None: not yet)
+    mask: Tensor | None  # at stage 0, which of the (2, n) single moves the rows are
+    room: int  # evaluations they may still spend
     base: Tensor  # (n,) float64: the point moved, the best when they began
     base_cost: float
     single_costs: Tensor | None  # (2, n): stage 0's costs (inf where untried)
@@ -199,7 +200,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
                              f"{budget} evaluations; no round fits): the best point is "
                              "state.best_params, its loss state.best_loss.")
         if state.phase == "faces":
-            rows = face_rows(state)[0]
+            rows = _face_rows(state)
             return Ask(as_params(rows, state.start),
                        torch.ones(len(rows), dtype=torch.bool, device=rows.device), _tag(state))
         bend = steer(state)
@@ -212,9 +213,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         if state.phase == "done":
             ask_fn(state)  # raises: no round is left to tell
         if state.phase == "faces":
-            rows, mask = face_rows(state)
-            _check_round(state, asked, len(rows), check)
-            return after(told_faces(state, asked, losses, rows, mask))
+            _check_round(state, asked, len(_face_rows(state)), check)
+            return after(told_faces(state, asked, losses))
         swarm, bend = _swarm(state), steer(state)
         _check_round(state, asked, (static.swims + 1) * len(swarm.losses), check)
         if bend is None:
@@ -297,33 +297,35 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         return restarted(s._replace(failed=s.failed + 1 if now >= s.entry_best else 0), place,
                          s.restarts + 1)
 
-    def face_rows(s: BlackBoxState) -> tuple[Tensor, Tensor | None]:
-        """The rows of the face moves' next stage (within their room), and stage 0's mask."""
-        f, (low, high) = s.faces, moves.flat_box(s.start, box(s))
-        assert f is not None  # the faces phase has them
-        rows, mask = f.base.new_zeros((0, len(f.base))), None
-        if f.stage == 0 and len(f.base) <= FACE_SCAN_SIZE:
-            rows, mask = moves.face_singles(f.base, low, high)
-        elif f.stage == 1 and f.single_costs is not None:
-            rows = moves.face_union(f.base, low, high, f.single_costs, f.base_cost)
-        return rows[:f.room - f.spent], mask
+    def faces_ahead(s: BlackBoxState, f: FaceMoves) -> FaceMoves:
+        """``f`` with the rows of its next stage that has any (within the room), if one has."""
+        while f.stage < FACES_DONE:
+            (low, high), mask = moves.flat_box(s.start, box(s)), None
+            rows = f.base.new_zeros((0, len(f.base)))
+            if f.stage == 0 and len(f.base) <= FACE_SCAN_SIZE:
+                rows, mask = moves.face_singles(f.base, low, high)
+            elif f.stage == 1 and f.single_costs is not None:
+                rows = moves.face_union(f.base, low, high, f.single_costs, f.base_cost)
+            if len(rows[:f.room]):
+                return f._replace(rows=rows[:f.room], mask=mask)
+            f = f._replace(stage=f.stage + 1)
+        return f
 
-    def told_faces(s: BlackBoxState, asked: Ask, losses: Any, rows: Tensor,
-                   mask: Tensor | None) -> BlackBoxState:
-        """After a round of face moves (``rows`` and ``mask`` from ``face_rows(s)``)."""
-        f = s.faces
+    def told_faces(s: BlackBoxState, asked: Ask, losses: Any) -> BlackBoxState:
+        """After a round of face moves."""
+        f, rows = s.faces, _face_rows(s)
         assert f is not None  # the faces phase has them
         costs = told_costs(s.swarm, asked, losses, sign, "black_box_search", check=False)
         row = int(costs.argmin())
         s = better(s, optree.tree_map(lambda x: x[0], as_params(rows[row:row + 1], s.start)),
                    sign * costs[row])
         singles = f.single_costs
-        if mask is not None:  # where each single move went (inf past the room)
-            singles = torch.full(mask.shape, torch.inf, dtype=costs.dtype, device=costs.device)
-            singles[mask] = torch.cat([costs, costs.new_full((int(mask.sum()) - len(costs),),
-                                                             torch.inf)])
+        if f.mask is not None:  # where each single move went (inf past the room)
+            singles = torch.full(f.mask.shape, torch.inf, dtype=costs.dtype, device=costs.device)
+            singles[f.mask] = torch.cat([costs, costs.new_full((int(f.mask.sum()) - len(costs),),
+                                                               torch.inf)])
         return s._replace(num_evals=s.num_evals + len(rows), rounds=s.rounds + 1, faces=f._replace(
-            stage=f.stage + 1, spent=f.spent + len(rows), single_costs=singles))
+            stage=f.stage + 1, rows=None, mask=None, room=f.room - len(rows), single_costs=singles))
 
     def after(s: BlackBoxState) -> BlackBoxState:
         """``s`` with the phase of the next round, and the swarm or moves it needs."""
@@ -333,11 +335,11 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             room = min(budget - s.num_evals, int(FACE_SHARE * (budget - main_budget)))
             stage = 0 if math.isfinite(float(s.best_loss)) else FACES_DONE
             base = metric.flat_rows(optree.tree_map(lambda v: v[None], s.best_params))[0]
-            s = s._replace(faces=FaceMoves(stage, room, 0, base, cost(s.best_loss), None))
-        while s.faces is not None and s.faces.stage < FACES_DONE:
-            if len(face_rows(s)[0]):
-                return s._replace(phase="faces")
-            s = s._replace(faces=s.faces._replace(stage=s.faces.stage + 1))
+            s = s._replace(faces=FaceMoves(stage, None, None, room, base, cost(s.best_loss), None))
+        if s.faces is not None and s.faces.rows is None:
+            s = s._replace(faces=faces_ahead(s, s.faces))
+        if s.faces is not None and s.faces.stage < FACES_DONE:
+            return s._replace(phase="faces")
         if not fits:
             return s._replace(phase="done")
         if polishing:  # by the swarm that holds the best, else by one started there
@@ -472,6 +474,12 @@ def _swarm(state: BlackBoxState) -> AdaptiveBFOState:
              "polish": state.polisher}.get(state.phase)
     assert swarm is not None, state.phase  # after() starts a phase's swarm with it
     return swarm
+
+
+def _face_rows(state: BlackBoxState) -> Tensor:
+    """The points of the face moves' round."""
+    assert state.faces is not None and state.faces.rows is not None  # after() made them
+    return state.faces.rows
 
 
 def _tag(state: BlackBoxState) -> Tensor:
