@@ -163,8 +163,17 @@ def with_start_loss(state: State, loss: Any, grad: Any = None) -> State:
 
 def to_dict(state: Any) -> dict[str, Any]:
     """``state`` as a dict of plain values and tensors (what :func:`save` writes)."""
+    if not hasattr(state, "_fields"):
+        raise TypeError(f"Expected the state returned by init/update, got {type(state).__name__}.")
     paths, leaves, _ = optree.tree_flatten_with_path(state)
     names = [_state_path(state, p) for p in paths]
+    for name, x in zip(names, leaves):
+        if not isinstance(x, Tensor):
+            fix = ("a BlackBoxState changes its structure as swarms start: checkpoint it with "
+                   "torch.save(state, f), resumed by torch.load(f, weights_only=False)"
+                   if hasattr(state, "phase") else "pass the state returned by init/update")
+            raise TypeError(f"save writes states whose leaves are tensors, but {name} is a "
+                            f"{type(x).__name__}; {fix}.")
     leaves = [x.detach() for x in leaves]
     return {"format": FORMAT, "type": type(state).__name__, "paths": names, "leaves": leaves,
             "digest": _digest(type(state).__name__, names, leaves)}
