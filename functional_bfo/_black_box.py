@@ -203,9 +203,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             rows = _face_rows(state)
             return Ask(as_params(rows, state.start),
                        torch.ones(len(rows), dtype=torch.bool, device=rows.device), _tag(state))
-        bend = steer(state)
-        asked = opt.ask(_swarm(state)) if bend is None else ask_round(  # type: ignore[misc]
-            state.swarm, adaptive.adaptive_plan(state.swarm, static, bend))
+        swarm = _swarm(state)
+        asked = ask_round(swarm, adaptive.adaptive_plan(swarm, static, steer(state)))
         return asked._replace(tag=_tag(state))
 
     def tell_fn(state: BlackBoxState, asked: Ask, losses: Any, *,
@@ -215,14 +214,12 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         if state.phase == "faces":
             _check_round(state, asked, len(_face_rows(state)), check)
             return after(told_faces(state, asked, losses))
-        swarm, bend = _swarm(state), steer(state)
+        swarm = _swarm(state)
         _check_round(state, asked, (static.swims + 1) * len(swarm.losses), check)
-        if bend is None:
-            return swarm_told(state, opt.tell(swarm, asked, losses, check=False))  # type: ignore
-        plan = adaptive.adaptive_plan(swarm, static, bend)
+        plan = adaptive.adaptive_plan(swarm, static, steer(state))
         costs = told_costs(swarm, asked, losses, sign, "black_box_search", check=False)
-        return swarm_told(state, *learned(state, adaptive.adaptive_fields(
-            swarm, static, plan, plan.told(asked.params, costs, None))))
+        return swarm_told(state, adaptive.adaptive_fields(swarm, static, plan,
+                                                          plan.told(asked.params, costs, None)))
 
     def update_fn(state: BlackBoxState, loss_fn: LossFn, *args: Any) -> BlackBoxState:
         """One round: ``tell(state, ask(state), losses)``, a swarm's plan made once."""
@@ -231,28 +228,18 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             with torch.no_grad():
                 losses = check_losses(evaluator(loss_fn, asked.params, *args), len(asked.mask))
             return tell_fn(state, asked, losses, check=False)
-        swarm, bend = _swarm(state), steer(state)
-        if bend is None:
-            return swarm_told(state, opt.update(swarm, loss_fn, *args))
         evaluate = costs_by(evaluator, loss_fn, args, torch.float64, sign)
-        return swarm_told(state, *learned(state, adaptive.adaptive_step(swarm, static,
-                                                                        evaluate, bend)))
+        return swarm_told(state, adaptive.adaptive_step(_swarm(state), static, evaluate,
+                                                        steer(state)))
 
-    def learned(s: BlackBoxState, out: adaptive.AdaptiveStep) -> tuple:
-        """The steered swarm after its round, and its metric moved toward its successes."""
-        new = AdaptiveBFOState(**out.fields)
-        steps = metric.flat_rows(new.population) - metric.flat_rows(
-            take(s.swarm.population, out.source))
-        successes = steps[out.known & (steps != 0).any(dim=1)]
-        return new, metric.learn(s.metric, successes, s.width, rate)  # type: ignore[arg-type]
-
-    def swarm_told(state: BlackBoxState, new: AdaptiveBFOState, learnt=None) -> BlackBoxState:
+    def swarm_told(state: BlackBoxState, out: adaptive.AdaptiveStep) -> BlackBoxState:
         """After a swarm's round: the best point, the counters, the phase's own rule."""
+        new = AdaptiveBFOState(**out.fields)
         s = better(state, new.best_params, new.best_loss)._replace(
             rounds=state.rounds + 1,
             num_evals=state.num_evals + int(new.num_evals - _swarm(state).num_evals))
         if state.phase == "converge":
-            return after(converged(s, new, learnt))
+            return after(converged(s, new, learned(state, new, out)))
         if state.phase == "polish":
             return after(s._replace(polisher=new))
         updates = s.explorer_updates + 1
@@ -260,6 +247,14 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             new = moves.kicked(new, s.start, box(s), kick, random.fold_in(
                 random.fold_in(s.key, EXPLORER_STREAM), updates))
         return after(s._replace(explorer=new, explorer_updates=updates))
+
+    def learned(s: BlackBoxState, new: AdaptiveBFOState, out: adaptive.AdaptiveStep):
+        """The converging swarm's metric moved toward its successful tumbles (or None)."""
+        if s.metric is None:
+            return None
+        steps = metric.flat_rows(new.population) - metric.flat_rows(
+            take(s.swarm.population, out.source))
+        return metric.learn(s.metric, steps[out.known & (steps != 0).any(dim=1)], s.width, rate)
 
     def restarted(s: BlackBoxState, start: Params, restarts: int) -> BlackBoxState:
         """``s`` with a new converging swarm at ``start``.
