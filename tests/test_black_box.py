@@ -531,3 +531,29 @@ def test_run_names_the_loop_a_black_box_search_needs():
     state = opt.init(start(2), key=fb.random.key(0))
     with pytest.raises(TypeError, match="run does not drive fb.black_box_search"):
         fb.run(opt, state, shifted_sphere, max_evals=100)
+
+
+def test_a_state_pickled_in_the_face_moves_resumes_them_and_each_round_is_built_once(
+        tmp_path, monkeypatch):
+    """The face moves' points are made once a round and kept in the state: a state saved
+    between their ask and tell resumes with the same rows and the same run."""
+    import functional_bfo._moves as moves
+
+    built = []
+    singles = moves.face_singles
+    monkeypatch.setattr(moves, "face_singles", lambda *a: built.append(1) or singles(*a))
+    opt = fb.black_box_search((-1.0, 1.0), max_evals=16 * 40)
+    state = opt.init(start(3), key=fb.random.key(4))
+    while state.phase != "faces":
+        state = opt.tell(state, opt.ask(state), numpy_losses(opt.ask(state)))
+    asked = opt.ask(state)
+    assert len(built) == 1 and len(asked.mask) <= 2 * 3  # made in after(), not in ask
+    torch.save(state, tmp_path / "state.pt")
+    resumed = torch.load(tmp_path / "state.pt", weights_only=False)
+    assert torch.equal(opt.ask(resumed).params["x"], asked.params["x"])
+    while state.phase != "done":
+        state = opt.tell(state, opt.ask(state), numpy_losses(opt.ask(state)))
+        resumed = opt.tell(resumed, opt.ask(resumed), numpy_losses(opt.ask(resumed)))
+    assert len(built) == 1  # never again in ask or tell; the resumed state kept its rows
+    assert resumed.num_evals == state.num_evals
+    assert torch.equal(resumed.best_params["x"], state.best_params["x"])
