@@ -36,8 +36,8 @@ from . import random
 from ._adaptive import AdaptiveBFOState
 from ._ask_tell import Ask, ask_round, check_tag, round_tag, told_costs
 from ._base import Key, LossFn, Optimizer, Params
-from ._bounds import resolve
-from ._checks import check_float, check_int, check_losses, check_params
+from ._bounds import check_bounds, resolve
+from ._checks import check_float, check_int, check_losses, check_params, check_state
 from ._chemotaxis import costs_by
 from ._run import _reporter
 from ._tree import numel, take, unflatten_like
@@ -50,8 +50,8 @@ HOLDING_PATIENCE = 3
 # CONVERGING_SHARE of the rounds after it starts (1 : 1 instead: eight -0.23 at D = 10).
 JITTER_PERIOD = 10
 CONVERGING_SHARE = 0.1
-# The face moves spend at most FACE_SHARE of the polish, moving at most FACE_SCAN_SIZE
-# coordinates one at a time (BBOB f05, D = 2 / 10 / 30: 6e-6 / 0.017 / 29.7 -> exactly 0).
+# The face moves spend at most FACE_SHARE of the polish, on points of at most FACE_SCAN_SIZE
+# coordinates (none beyond) (BBOB f05, D = 2 / 10 / 30: 6e-6 / 0.017 / 29.7 -> exactly 0).
 FACE_SHARE = 0.1
 FACE_SCAN_SIZE = 2000
 EXPLORER_STREAM = 2**31 - 1  # fold_in data of the explorer's key (restarts use 0, 1, ...)
@@ -65,7 +65,7 @@ class FaceMoves(NamedTuple):
 
     stage: int  # the next round's: 0 the single moves, 1 their union (FACES_DONE: none)
     rows: Tensor | None  # (k, n) float64: its points, made once (None: not yet)
-    mask: Tensor | None  # at stage 0, which of the (2, n) single moves the rows are
+    mask: Tensor | None  # at stage 0, which of the (2, n) single moves rows are made of
     room: int  # evaluations they may still spend
     base: Tensor  # (n,) float64: the point moved, the best when they began
     base_cost: float
@@ -195,7 +195,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         return after(restarted(s, start, 0))
 
     def ask_fn(state: BlackBoxState) -> Ask:
-        if state.phase == "done":
+        if _checked(state).phase == "done":
             raise ValueError(f"black_box_search has spent its budget ({state.num_evals} of "
                              f"{budget} evaluations; no round fits): the best point is "
                              "state.best_params, its loss state.best_loss.")
@@ -203,18 +203,18 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             rows = _face_rows(state)
             return Ask(as_params(rows, state.start),
                        torch.ones(len(rows), dtype=torch.bool, device=rows.device), _tag(state))
-        swarm = _swarm(state)
+        swarm = checked_swarm(state)
         asked = ask_round(swarm, adaptive.adaptive_plan(swarm, static, steer(state)))
         return asked._replace(tag=_tag(state))
 
     def tell_fn(state: BlackBoxState, asked: Ask, losses: Any, *,
                 check: bool = True) -> BlackBoxState:
-        if state.phase == "done":
+        if _checked(state).phase == "done":
             ask_fn(state)  # raises: no round is left to tell
         if state.phase == "faces":
             _check_round(state, asked, len(_face_rows(state)), check)
             return after(told_faces(state, asked, losses))
-        swarm = _swarm(state)
+        swarm = checked_swarm(state)
         _check_round(state, asked, (static.swims + 1) * len(swarm.losses), check)
         plan = adaptive.adaptive_plan(swarm, static, steer(state))
         costs = told_costs(swarm, asked, losses, sign, "black_box_search", check=False)
@@ -223,14 +223,20 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
 
     def update_fn(state: BlackBoxState, loss_fn: LossFn, *args: Any) -> BlackBoxState:
         """One round: ``tell(state, ask(state), losses)``, a swarm's plan made once."""
-        if state.phase in ("faces", "done"):
+        if _checked(state).phase in ("faces", "done"):
             asked = ask_fn(state)
             with torch.no_grad():
                 losses = check_losses(evaluator(loss_fn, asked.params, *args), len(asked.mask))
             return tell_fn(state, asked, losses, check=False)
         evaluate = costs_by(evaluator, loss_fn, args, torch.float64, sign)
-        return swarm_told(state, adaptive.adaptive_step(_swarm(state), static, evaluate,
+        return swarm_told(state, adaptive.adaptive_step(checked_swarm(state), static, evaluate,
                                                         steer(state)))
+
+    def checked_swarm(state: BlackBoxState) -> AdaptiveBFOState:
+        """The swarm whose round is next, refused if another search's settings made it."""
+        swarm = _swarm(state)
+        check_state(swarm, population_size, AdaptiveBFOState, "black_box_search")
+        return swarm
 
     def swarm_told(state: BlackBoxState, out: adaptive.AdaptiveStep) -> BlackBoxState:
         """After a swarm's round: the best point, the counters, the phase's own rule."""
@@ -301,8 +307,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
                 rows, mask = moves.face_singles(f.base, low, high)
             elif f.stage == 1 and f.single_costs is not None:
                 rows = moves.face_union(f.base, low, high, f.single_costs, f.base_cost)
-            if len(rows[:f.room]):
-                return f._replace(rows=rows[:f.room], mask=mask)
+            if len(rows[:f.room]):  # a copy: a slice would keep every row alive
+                return f._replace(rows=rows[:f.room].clone(), mask=mask)
             f = f._replace(stage=f.stage + 1)
         return f
 
@@ -315,10 +321,9 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         s = better(s, optree.tree_map(lambda x: x[0], as_params(rows[row:row + 1], s.start)),
                    sign * costs[row])
         singles = f.single_costs
-        if f.mask is not None:  # where each single move went (inf past the room)
+        if f.mask is not None and len(rows) == int(f.mask.sum()):  # else no room is left
             singles = torch.full(f.mask.shape, torch.inf, dtype=costs.dtype, device=costs.device)
-            singles[f.mask] = torch.cat([costs, costs.new_full((int(f.mask.sum()) - len(costs),),
-                                                               torch.inf)])
+            singles[f.mask] = costs  # where each single move went
         return s._replace(num_evals=s.num_evals + len(rows), rounds=s.rounds + 1, faces=f._replace(
             stage=f.stage + 1, rows=None, mask=None, room=f.room - len(rows), single_costs=singles))
 
@@ -419,7 +424,7 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
     check_params(params)
     given = params
     if bounds is not None and any(x.dtype != torch.float64 for x in optree.tree_leaves(params)):
-        params, loss_fn, bounds = _in_float64(params, loss_fn, bounds)
+        params, loss_fn, bounds = _in_float64(params, loss_fn, check_bounds(bounds))
     search = black_box_search(bounds, max_evals=max_evals, **settings)
     state = search.init(params, key=key)
     history: list[tuple[int, float]] = []
@@ -458,9 +463,20 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
 
 
 def as_params(flat_rows: Tensor, template: Params) -> Params:
-    """Rows of flat coordinates as a population shaped and typed like ``template``."""
-    return optree.tree_map(lambda v, t: v.to(t.dtype), unflatten_like(flat_rows, template),
-                           template)
+    """Rows of flat coordinates as a population shaped and typed like ``template``.
+
+    Copies: an Ask edited in place must not edit the rows the state keeps.
+    """
+    return optree.tree_map(lambda v, t: v.to(t.dtype, copy=True),
+                           unflatten_like(flat_rows, template), template)
+
+
+def _checked(state: Any) -> BlackBoxState:
+    """``state``, if it is a black-box search's."""
+    if not isinstance(state, BlackBoxState):
+        raise TypeError(f"black_box_search takes the BlackBoxState its init made, got "
+                        f"{type(state).__name__}.")
+    return state
 
 
 def _swarm(state: BlackBoxState) -> AdaptiveBFOState:

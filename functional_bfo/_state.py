@@ -82,6 +82,10 @@ def save(state: Any, f: PathOrFile) -> None:
     checkpoint intact. The pytree structure is not stored (a custom NamedTuple is not on
     torch's allow-list): :func:`load` rebuilds it from a template state. A digest of the
     tensors lets :func:`load` refuse a corrupted file.
+
+    Raises:
+        TypeError: ``state`` is not an optimizer's state of tensors (a black-box search's
+            state holds Python values too: ``torch.save`` it).
     """
     data = to_dict(state)
     if not isinstance(f, (str, os.PathLike)):  # a file object: the caller owns its fate
@@ -169,11 +173,14 @@ def to_dict(state: Any) -> dict[str, Any]:
     names = [_state_path(state, p) for p in paths]
     for name, x in zip(names, leaves):
         if not isinstance(x, Tensor):
+            from ._black_box import BlackBoxState  # here: _black_box imports this module
+
             fix = ("a BlackBoxState changes its structure as swarms start: checkpoint it with "
                    "torch.save(state, f), resumed by torch.load(f, weights_only=False)"
-                   if hasattr(state, "phase") else "pass the state returned by init/update")
-            raise TypeError(f"save writes states whose leaves are tensors, but {name} is a "
-                            f"{type(x).__name__}; {fix}.")
+                   if isinstance(state, BlackBoxState) else "pass the state returned by "
+                   "init/update")
+            raise TypeError(f"save writes states whose leaves are tensors, but {name} is of "
+                            f"type {type(x).__name__}; {fix}.")
     leaves = [x.detach() for x in leaves]
     return {"format": FORMAT, "type": type(state).__name__, "paths": names, "leaves": leaves,
             "digest": _digest(type(state).__name__, names, leaves)}

@@ -548,6 +548,10 @@ def test_a_state_pickled_in_the_face_moves_resumes_them_and_each_round_is_built_
         state = opt.tell(state, opt.ask(state), numpy_losses(opt.ask(state)))
     asked = opt.ask(state)
     assert len(built) == 1 and len(asked.mask) <= 2 * 3  # made in after(), not in ask
+    before = asked.params["x"].clone()
+    asked.params["x"].mul_(10.0)  # the caller's Ask, edited in place: not the state's rows
+    assert torch.equal(opt.ask(state).params["x"], before)
+    asked = opt.ask(state)
     torch.save(state, tmp_path / "state.pt")
     resumed = torch.load(tmp_path / "state.pt", weights_only=False)
     assert torch.equal(opt.ask(resumed).params["x"], asked.params["x"])
@@ -557,3 +561,26 @@ def test_a_state_pickled_in_the_face_moves_resumes_them_and_each_round_is_built_
     assert len(built) == 1  # never again in ask or tell; the resumed state kept its rows
     assert resumed.num_evals == state.num_evals
     assert torch.equal(resumed.best_params["x"], state.best_params["x"])
+
+
+def test_a_state_of_another_search_or_no_state_is_refused_by_name():
+    """A state resumed with other settings, or something else, gets an error that says so."""
+    state = fb.black_box_search((-1.0, 1.0), max_evals=1000, metric_rate=0).init(
+        start(2), key=fb.random.key(0))
+    other = fb.black_box_search((-1.0, 1.0), max_evals=1000, population_size=6, metric_rate=0)
+    asked = fb.black_box_search((-1.0, 1.0), max_evals=1000, metric_rate=0).ask(state)
+    for call in (lambda: other.ask(state), lambda: other.update(state, shifted_sphere),
+                 lambda: other.tell(state, asked, numpy_losses(asked), check=False)):
+        with pytest.raises(ValueError, match="population of \\(8,\\) bacteria but this "
+                                             "optimizer has population_size=6"):
+            call()
+    adaptive = fb.adaptive_bfo(8).init(start(2), key=fb.random.key(0))
+    with pytest.raises(TypeError, match="takes the BlackBoxState its init made, got "
+                                        "AdaptiveBFOState"):
+        other.ask(adaptive)
+
+
+def test_float32_params_with_a_bad_box_get_the_boxs_error():
+    with pytest.raises(ValueError, match="use -inf/inf, not None, for an open side"):
+        fb.black_box(shifted_sphere, {"x": torch.zeros(2)}, {"x": (-2.0, None)},
+                     max_evals=100, key=fb.random.key(0))
