@@ -300,9 +300,9 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
 
     def faces_ahead(s: BlackBoxState, f: FaceMoves) -> FaceMoves:
         """``f`` with the rows of its next stage that has any (within the room), if one has."""
+        low, high = moves.flat_box(s.start, box(s))
         while f.stage < FACES_DONE:
-            (low, high), mask = moves.flat_box(s.start, box(s)), None
-            rows = f.base.new_zeros((0, len(f.base)))
+            rows, mask = f.base.new_zeros((0, len(f.base))), None
             if f.stage == 0 and len(f.base) <= FACE_SCAN_SIZE:
                 rows, mask = moves.face_singles(f.base, low, high)
             elif f.stage == 1 and f.single_costs is not None:
@@ -336,7 +336,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             stage = 0 if math.isfinite(float(s.best_loss)) else FACES_DONE
             base = metric.flat_rows(optree.tree_map(lambda v: v[None], s.best_params))[0]
             s = s._replace(faces=FaceMoves(stage, None, None, room, base, cost(s.best_loss), None))
-        if s.faces is not None and s.faces.rows is None:
+        if s.faces is not None and s.faces.rows is None and s.faces.stage < FACES_DONE:
             s = s._replace(faces=faces_ahead(s, s.faces))
         if s.faces is not None and s.faces.stage < FACES_DONE:
             return s._replace(phase="faces")
