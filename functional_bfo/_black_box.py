@@ -6,7 +6,9 @@ or one batch of face moves.
 
 - converge: a small AdaptiveBFO swarm with steps in box widths (every other one tumbling
   along a metric learned from its successful tumbles, ``_metric.py``), restarted from a
-  uniform place when it stops progressing: precise minima, a basin at a time;
+  uniform place when it stops progressing: precise minima, a basin at a time. A swarm
+  whose metric found a valley stops dispersing and, while it holds the best, measures its
+  progress against its last gain: a long geometric descent;
 - explore: once ``explore_after`` swarms in a row end without beating the best, a swarm
   kicked every ``JITTER_PERIOD`` updates (``_moves.kicked``) takes all but
   ``CONVERGING_SHARE`` of the rounds: it rides a global structure that restarts only sample;
@@ -46,6 +48,10 @@ from .evaluate import check_evaluator
 # A swarm holding the best waits HOLDING_PATIENCE * restart_after updates before a restart
 # (offsets on, D = 10, BBOB f10 ellipsoid: 828 at 1, 337 at 3; Rastrigin-10 19.9 at both).
 HOLDING_PATIENCE = 3
+# A learned metric of condition number above VALLEY_CONDITION (checked once per dispersal
+# cycle) marks a valley (offsets on, BBOB f10 ellipsoid, D = 2 / 10: 0.10 / 337 -> 0.0051
+# / 48.9; at 10: 10.2 at D = 10, but Rastrigin-10 19.9 -> 35.8).
+VALLEY_CONDITION = 30.0
 # The explorer kicks every JITTER_PERIOD of its updates, and the converging swarms keep
 # CONVERGING_SHARE of the rounds after it starts (1 : 1 instead: eight -0.23 at D = 10).
 JITTER_PERIOD = 10
@@ -92,6 +98,8 @@ class BlackBoxState(NamedTuple):
     first: float  # this swarm's first finite best cost
     progress: float  # its best cost at its last progress
     stalled: int  # its updates since
+    gain: float  # the gain of its last progress (0 before any)
+    valley: bool  # whether its metric found a valley: no dispersal, progress against gain
     converging_after: int  # converging rounds since the explorer started
     explorer_updates: int
     start: Params  # the given params (float64): the explorer's start, open sides' place
@@ -190,7 +198,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             phase="converge", swarm=None, metric=None, explorer=None,  # type: ignore[arg-type]
             polisher=None, faces=None, best_params=start, best_loss=none, num_evals=0, rounds=0,
             restarts=0, failed=0, entry_best=math.inf, converged_best=math.inf, first=math.inf,
-            progress=math.inf, stalled=0, converging_after=0, explorer_updates=0, start=start,
+            progress=math.inf, stalled=0, gain=0.0, valley=False, converging_after=0,
+            explorer_updates=0, start=start,
             width=metric.widths(resolve(static.bounds, start, torch.float64), start), key=key)
         return after(restarted(s, start, 0))
 
@@ -273,24 +282,34 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             swarm=opt.init(start, key=random.fold_in(s.key, 2 * restarts)),
             metric=metric.isotropic(numel(start), s.best_loss.device) if learns else None,
             restarts=restarts, entry_best=s.converged_best, first=math.inf,
-            progress=math.inf, stalled=0)
+            progress=math.inf, stalled=0, gain=0.0, valley=False)
 
     def converged(s: BlackBoxState, new: AdaptiveBFOState, learnt) -> BlackBoxState:
         """After a converging round: a restart, once the swarm stopped progressing.
 
         Progress is a gain of more than ``rtol`` of the way still to the best of the swarms
-        before or, while the swarm holds the best, of its own descent so far.
+        before or, while the swarm holds the best, of its own descent so far or, in a valley,
+        of its last gain. A swarm in a valley stops dispersing: a dispersed bacterium's
+        tumbles elsewhere teach the metric nothing about the valley.
         """
         now = cost(new.best_loss)
         behind = s.progress > s.entry_best
-        first, progress, stalled = s.first, s.progress, s.stalled + 1
+        valley = s.valley or (learnt is not None and int(new.step) % static.chemotaxis_steps
+                              == 0 and metric.condition(learnt) > VALLEY_CONDITION)
+        if valley and not s.valley:
+            hp = new.hyperparams
+            new = new._replace(hyperparams=hp._replace(
+                elimination_prob=torch.zeros_like(hp.elimination_prob),
+                elimination_prob_max=torch.zeros_like(hp.elimination_prob_max)))
+        first, progress, stalled, gain = s.first, s.progress, s.stalled + 1, s.gain
         if not math.isfinite(progress):  # its first finite loss is progress
             if now < progress:
                 first, progress, stalled = now, now, 0
-        elif progress - now > rtol * (progress - s.entry_best if behind else first - progress):
-            progress, stalled = now, 0
+        elif (progress - now > rtol * (progress - s.entry_best if behind else first - progress)
+              or (valley and not behind and progress - now > rtol * gain)):
+            progress, stalled, gain = now, 0, progress - now
         s = s._replace(swarm=new, metric=learnt, converged_best=min(s.converged_best, now),
-                       first=first, progress=progress, stalled=stalled,
+                       first=first, progress=progress, stalled=stalled, gain=gain, valley=valley,
                        converging_after=s.converging_after + (s.explorer is not None))
         if stall_limit is None or stalled < stall_limit * (1 if behind else HOLDING_PATIENCE):
             return s
@@ -394,9 +413,10 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
         **settings: ``population_size`` (8) and ``swim_length`` (1) of each swarm;
             ``step_size_min`` (1e-12 box widths); ``restart_after`` (30; None: never)
             updates without a gain of ``restart_rtol`` (0.01) of the way still to the best
-            of the swarms before (of its own descent, for 3x as long, while it holds the
-            best) end a converging swarm; ``metric_rate`` (2.0; 0: isotropic tumbles, needed
-            beyond 2000 parameters); ``explore_after`` (2; None: never) failed swarms in a
+            of the swarms before (of its own descent, or in a valley its metric found of
+            its last gain, for 3x as long, while it holds the best) end a converging
+            swarm; ``metric_rate`` (2.0; 0: isotropic tumbles, needed beyond 2000
+            parameters); ``explore_after`` (2; None: never) failed swarms in a
             row start the explorer, kicked by ``jitter`` (0.01) box widths; the last
             ``polish`` (0.1) of the budget polishes; any
             :func:`functional_bfo.adaptive_bfo` setting (``maximize``, ``evaluator``, ...).

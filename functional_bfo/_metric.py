@@ -59,6 +59,12 @@ def shape_directions(metric: TumbleMetric, direction: Params, width: Tensor,
                            direction)
 
 
+def condition(metric: TumbleMetric) -> float:
+    """The metric's condition number: 1 isotropic, large along a narrow valley."""
+    eigenvalues = torch.linalg.eigvalsh(metric.cov)
+    return float(eigenvalues[-1] / eigenvalues[0])
+
+
 def learn(metric: TumbleMetric, moves: Tensor, width: Tensor, rate: float) -> TumbleMetric:
     """``metric`` moved toward the successful tumbles ``moves`` (rows of (m, n), m >= 0).
 

@@ -237,6 +237,27 @@ def test_the_learned_metric_follows_a_rotated_valley():
     assert max(final_losses()) < 1e-7 and min(final_losses(metric_rate=0.0)) > 1e-4
 
 
+def test_a_swarm_in_a_valley_stops_dispersing_and_keeps_descending():
+    """A rotated 4-D ellipsoid of condition 1e6 plus 100: against its whole descent the
+    swarm holding the best stalled half-way down the valley and was restarted (error 1.3);
+    in the valley its metric found, it measures progress against its last gain."""
+    q = torch.linalg.qr(torch.randn(4, 4, generator=torch.Generator().manual_seed(0),
+                                    dtype=torch.float64))[0]
+    scales = 10.0 ** (2 * torch.arange(4, dtype=torch.float64))
+
+    def valley(p):
+        y = q @ (p["x"] - 1.0)
+        return (scales * y * y).sum() + 100.0
+
+    opt = fb.black_box_search((-5.0, 5.0), max_evals=8000)
+    state = opt.init(start(4), key=fb.random.key(0))
+    while state.phase != "done":
+        state = opt.update(state, valley)
+    assert state.valley and state.restarts == 0
+    assert float(state.swarm.hyperparams.elimination_prob_max) == 0.0
+    assert float(state.best_loss) - 100.0 < 1e-8
+
+
 def test_after_failed_restarts_the_exploring_swarm_takes_nine_updates_in_ten():
     """On a flat loss no swarm beats the best: two failures in a row hand the budget over."""
     flat, seen = recording(flat_loss)
