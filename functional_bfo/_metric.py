@@ -60,9 +60,13 @@ def shape_directions(metric: TumbleMetric, direction: Params, width: Tensor,
 
 
 def condition(metric: TumbleMetric) -> float:
-    """The metric's condition number: 1 isotropic, large along a narrow valley."""
-    eigenvalues = torch.linalg.eigvalsh(metric.cov)
-    return float(eigenvalues[-1] / eigenvalues[0])
+    """The metric's condition number: 1 isotropic, large along a narrow valley.
+
+    A smallest eigenvalue rounded to 0 or below reads as an infinite condition, not a
+    negative one.
+    """
+    low, high = torch.linalg.eigvalsh(metric.cov)[[0, -1]]
+    return float(high / low) if low > 0 else float("inf")
 
 
 def learn(metric: TumbleMetric, moves: Tensor, width: Tensor, rate: float) -> TumbleMetric:

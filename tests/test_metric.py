@@ -7,7 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from functional_bfo._bounds import leaf_bounds
-from functional_bfo._metric import TumbleMetric, isotropic, learn, shape_directions, widths
+from functional_bfo._metric import (
+    TumbleMetric,
+    condition,
+    isotropic,
+    learn,
+    shape_directions,
+    widths,
+)
 
 
 def random_metric(n: int, seed: int) -> TumbleMetric:
@@ -61,6 +68,19 @@ def test_successes_along_a_valley_stretch_the_metric_along_it():
     values, vectors = torch.linalg.eigh(metric.cov)
     assert float(values[-1] / values[0]) > 100
     assert abs(float(vectors[:, -1] @ valley)) > 0.99
+
+
+def test_condition_is_the_eigenvalue_ratio_and_infinite_once_one_rounds_to_zero():
+    """The valley test reads it: a metric rounded to singular is a valley, never a negative
+    condition."""
+    q = torch.linalg.qr(torch.randn(3, 3, generator=torch.Generator().manual_seed(0),
+                                    dtype=torch.float64))[0]
+    cov = q @ torch.diag(torch.tensor([2.9, 0.05, 0.05], dtype=torch.float64)) @ q.T
+    assert math.isclose(condition(TumbleMetric(cov, cov)), 58.0, rel_tol=1e-9)
+    assert condition(isotropic(4, torch.device("cpu"))) == 1.0
+    for smallest in (0.0, -1e-17):
+        flat = torch.diag(torch.tensor([2.0, 1.0, smallest], dtype=torch.float64))
+        assert condition(TumbleMetric(flat, flat)) == math.inf
 
 
 def test_directions_are_shaped_in_box_widths_and_keep_the_population_tree():
