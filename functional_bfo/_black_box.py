@@ -63,19 +63,16 @@ FACE_SCAN_SIZE = 2000
 EXPLORER_STREAM = 2**31 - 1  # fold_in data of the explorer's key (restarts use 0, 1, ...)
 POLISHER_STREAM = 2**31 - 2  # and of the polishing swarm's
 PHASES = ("converge", "explore", "faces", "polish", "done")
-FACES_DONE = 2  # face move stages: 0 single moves, 1 their union
 
 
 class FaceMoves(NamedTuple):
-    """The polish's face moves: the next round's points and what the rounds before found."""
+    """The polish's face moves: the next round's points, and what they are."""
 
-    stage: int  # the next round's: 0 the single moves, 1 their union (FACES_DONE: none)
-    rows: Tensor | None  # (k, n) float64: its points, made once (None: not yet)
-    mask: Tensor | None  # at stage 0, which of the (2, n) single moves rows are made of
-    room: int  # evaluations they may still spend
+    rows: Tensor  # (k, n) float64: the next round's points (k = 0: no round left)
+    singles: Tensor | None  # (2, n) bool: which single moves the rows are (None: their union)
+    room: int  # evaluations they may spend, this round's included
     base: Tensor  # (n,) float64: the point moved, the best when they began
     base_cost: float
-    single_costs: Tensor | None  # (2, n): stage 0's costs (inf where untried)
 
 
 class BlackBoxState(NamedTuple):
@@ -209,7 +206,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
                              f"{budget} evaluations; no round fits): the best point is "
                              "state.best_params, its loss state.best_loss.")
         if state.phase == "faces":
-            rows = _face_rows(state)
+            rows = state.faces.rows  # type: ignore[union-attr]
             return Ask(as_params(rows, state.start),
                        torch.ones(len(rows), dtype=torch.bool, device=rows.device), _tag(state))
         swarm = checked_swarm(state)
@@ -221,7 +218,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         if _checked(state).phase == "done":
             ask_fn(state)  # raises: no round is left to tell
         if state.phase == "faces":
-            _check_round(state, asked, len(_face_rows(state)), check)
+            _check_round(state, asked, len(state.faces.rows), check)  # type: ignore[union-attr]
             return after(told_faces(state, asked, losses))
         swarm = checked_swarm(state)
         _check_round(state, asked, (static.swims + 1) * len(swarm.losses), check)
@@ -317,47 +314,42 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         return restarted(s._replace(failed=s.failed + 1 if now >= s.entry_best else 0), place,
                          s.restarts + 1)
 
-    def faces_ahead(s: BlackBoxState, f: FaceMoves) -> FaceMoves:
-        """``f`` with the rows of its next stage that has any (within the room), if one has."""
-        low, high = moves.flat_box(s.start, box(s))
-        while f.stage < FACES_DONE:
-            rows, mask = f.base.new_zeros((0, len(f.base))), None
-            if f.stage == 0 and len(f.base) <= FACE_SCAN_SIZE:
-                rows, mask = moves.face_singles(f.base, low, high)
-            elif f.stage == 1 and f.single_costs is not None:
-                rows = moves.face_union(f.base, low, high, f.single_costs, f.base_cost)
-            if len(rows[:f.room]):  # a copy: a slice would keep every row alive
-                return f._replace(rows=rows[:f.room].clone(), mask=mask)
-            f = f._replace(stage=f.stage + 1)
-        return f
+    def face_moves(s: BlackBoxState) -> FaceMoves:
+        """The polish's first face moves: the best point with one coordinate on one face."""
+        room = min(budget - s.num_evals, int(FACE_SHARE * (budget - main_budget)))
+        base = metric.flat_rows(optree.tree_map(lambda v: v[None], s.best_params))[0]
+        rows, singles = base.new_zeros((0, len(base))), None
+        if math.isfinite(float(s.best_loss)) and len(base) <= FACE_SCAN_SIZE:
+            rows, singles = moves.face_singles(base, *moves.flat_box(s.start, box(s)))
+        if len(rows) > room:  # some untried: no union follows
+            rows, singles = rows[:room].clone(), None  # a copy frees the rest
+        return FaceMoves(rows, singles, room, base, cost(s.best_loss))
 
     def told_faces(s: BlackBoxState, asked: Ask, losses: Any) -> BlackBoxState:
-        """After a round of face moves."""
-        f, rows = s.faces, _face_rows(s)
+        """After a round of face moves: the single moves' union next, if they were singles."""
+        f = s.faces
         assert f is not None  # the faces phase has them
         costs = told_costs(s.swarm, asked, losses, sign, "black_box_search", check=False)
-        row = int(costs.argmin())
-        s = better(s, optree.tree_map(lambda x: x[0], as_params(rows[row:row + 1], s.start)),
+        row, room = int(costs.argmin()), f.room - len(f.rows)
+        s = better(s, optree.tree_map(lambda x: x[0], as_params(f.rows[row:row + 1], s.start)),
                    sign * costs[row])
-        singles = f.single_costs
-        if f.mask is not None and len(rows) == int(f.mask.sum()):  # else no room is left
-            singles = torch.full(f.mask.shape, torch.inf, dtype=costs.dtype, device=costs.device)
-            singles[f.mask] = costs  # where each single move went
-        return s._replace(num_evals=s.num_evals + len(rows), rounds=s.rounds + 1, faces=f._replace(
-            stage=f.stage + 1, rows=None, mask=None, room=f.room - len(rows), single_costs=singles))
+        union = f.rows[:0]
+        if f.singles is not None:
+            single_costs = torch.full(f.singles.shape, torch.inf, dtype=costs.dtype,
+                                      device=costs.device)
+            single_costs[f.singles] = costs  # where each single move went
+            union = moves.face_union(f.base, *moves.flat_box(s.start, box(s)), single_costs,
+                                     f.base_cost)[:room]
+        return s._replace(num_evals=s.num_evals + len(f.rows), rounds=s.rounds + 1,
+                          faces=f._replace(rows=union, singles=None, room=room))
 
     def after(s: BlackBoxState) -> BlackBoxState:
         """``s`` with the phase of the next round, and the swarm or moves it needs."""
         fits = s.num_evals + per_round <= budget
         polishing = s.num_evals + per_round > main_budget
         if s.faces is None and polishing and fits:  # the polish opens with the face moves
-            room = min(budget - s.num_evals, int(FACE_SHARE * (budget - main_budget)))
-            stage = 0 if math.isfinite(float(s.best_loss)) else FACES_DONE
-            base = metric.flat_rows(optree.tree_map(lambda v: v[None], s.best_params))[0]
-            s = s._replace(faces=FaceMoves(stage, None, None, room, base, cost(s.best_loss), None))
-        if s.faces is not None and s.faces.rows is None and s.faces.stage < FACES_DONE:
-            s = s._replace(faces=faces_ahead(s, s.faces))
-        if s.faces is not None and s.faces.stage < FACES_DONE:
+            s = s._replace(faces=face_moves(s))
+        if s.faces is not None and len(s.faces.rows):
             return s._replace(phase="faces")
         if not fits:
             return s._replace(phase="done")
@@ -505,12 +497,6 @@ def _swarm(state: BlackBoxState) -> AdaptiveBFOState:
              "polish": state.polisher}.get(state.phase)
     assert swarm is not None, state.phase  # after() starts a phase's swarm with it
     return swarm
-
-
-def _face_rows(state: BlackBoxState) -> Tensor:
-    """The points of the face moves' round."""
-    assert state.faces is not None and state.faces.rows is not None  # after() made them
-    return state.faces.rows
 
 
 def _tag(state: BlackBoxState) -> Tensor:
