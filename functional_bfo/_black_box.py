@@ -513,15 +513,18 @@ def _tag(state: BlackBoxState) -> Tensor:
 
 
 def _check_round(state: BlackBoxState, asked: Any, rows: int, check: bool) -> None:
-    """Refuse an answer of another size, or (``check``) to another round or state."""
+    """Refuse (``check``) an answer to another round or state, or one of another size.
+
+    The tag goes first: a stale answer is named as one, whatever its size.
+    """
     if not isinstance(asked, Ask):
         raise TypeError("black_box_search.tell takes the Ask that ask(state) returned, got "
                         f"{type(asked).__name__}.")
+    check_tag(_tag(state), asked.tag.cpu(), "black_box_search", check)
     if tuple(asked.mask.shape) != (rows,):
         raise ValueError(f"asked has {len(asked.mask)} rows, but the state's round "
                          f"{state.rounds} ({state.phase}) has {rows}: tell the Ask that "
                          "ask(state) returned for this state.")
-    check_tag(_tag(state), asked.tag.cpu(), "black_box_search", check)
 
 
 def _in_float64(params: Params, loss_fn: LossFn, bounds: Any) -> tuple[Params, Any, Any]:

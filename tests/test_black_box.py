@@ -516,6 +516,8 @@ def test_a_round_of_another_size_is_refused_even_unchecked_and_done_is_done():
         state = opt.tell(state, opt.ask(state), numpy_losses(opt.ask(state)))
     with pytest.raises(ValueError, match=r"asked has 16 rows, but the state's round .* \(faces\)"):
         opt.tell(state, swarm_ask, numpy_losses(swarm_ask), check=False)
+    with pytest.raises(ValueError, match="answers the round of update 0, but the state has made"):
+        opt.tell(state, swarm_ask, numpy_losses(swarm_ask))  # a stale answer is named as one
     while state.phase != "done":
         state = opt.tell(state, opt.ask(state), numpy_losses(opt.ask(state)))
     with pytest.raises(ValueError, match="has spent its budget"):
