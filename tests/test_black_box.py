@@ -119,6 +119,38 @@ def test_the_loss_offset_or_scale_changes_nothing(change):
     assert [(e, undo(v)) for e, v in other.history] == plain.history
 
 
+ROTATION = torch.linalg.qr(torch.randn(4, 4, generator=torch.Generator().manual_seed(0),
+                                       dtype=torch.float64))[0]
+
+
+def integer_valued_valley(p):
+    """A rotated ellipsoid of condition 1e4 with integer values: its swarms find a valley."""
+    x = torch.round((p["x"] - 0.3) * 1024) @ ROTATION
+    return ((x.square() * torch.logspace(0, 4, 4, dtype=torch.float64)).sum() / 64).round()
+
+
+@pytest.mark.parametrize("change", [("+", 37.5), ("*", 4.0)], ids=str)
+def test_the_loss_offset_or_scale_changes_nothing_in_a_valley(change):
+    """A swarm's valley is read from its metric, learned from comparisons only: f + c and
+    a * f find the same valleys and the same run."""
+    op, value = change
+
+    def rounds(loss_fn):
+        opt = fb.black_box_search((-1.0, 1.0), max_evals=6000, restart_after=8)
+        state, seen = opt.init(start(4), key=fb.random.key(3)), []
+        while state.phase != "done":
+            state = opt.update(state, loss_fn)
+            seen.append((state.num_evals, state.restarts, state.phase, state.valley,
+                         state.best_params["x"].tolist()))
+        return seen, float(state.best_loss)
+
+    plain, best = rounds(integer_valued_valley)
+    other, other_best = rounds(lambda p: integer_valued_valley(p) + value if op == "+"
+                               else integer_valued_valley(p) * value)
+    assert sum(valley for *_, valley, _ in plain) > 100  # most of the run in a valley
+    assert other == plain and (other_best - value if op == "+" else other_best / value) == best
+
+
 def test_float32_params_are_searched_and_scored_in_float64():
     """Losses are compared in float64 whatever the params' dtype (f + 1000 in float32 keeps
     only 6e-5 of f); the loss sees its own dtype, inside the box rounded to it."""
