@@ -451,6 +451,24 @@ def test_the_face_moves_are_evaluated_once_within_the_budget():
     assert bool((moved.abs() == 1.0).any(dim=1).all())
 
 
+def test_face_moves_cut_short_by_their_room_have_no_union():
+    """With more single moves than a tenth of the polish, the first ones fill the room and
+    no union follows: it would combine moves some of which were never tried."""
+    def slope(p):
+        return (1.0 - p["x"]).sum()  # minimum at the corner of ones
+
+    loss, seen = recording(slope)
+    out = fb.black_box(loss, start(30), (-1.0, 1.0), max_evals=16 * 50, key=fb.random.key(0),
+                       evaluator=fb.evaluate.loop())
+    evals = [0] + [e for e, _ in out.history]
+    spent = [b - a for a, b in zip(evals, evals[1:])]
+    assert [n for n in spent if n != 16] == [8]  # room: a tenth of the 80 polishing evals
+    k = spent.index(8)
+    assert evals[k] + 16 > 16 * 45 and out.num_evals == 16 * 50 - 8  # then polish updates
+    moved = torch.stack(seen[evals[k]:evals[k] + 8])
+    assert bool(((moved.abs() == 1.0).sum(dim=1) >= 1).all())
+
+
 def test_a_coordinate_on_the_far_face_is_moved_over_and_helping_moves_are_combined():
     """From (1, 1, 1, -0.2) the corner (1, -1, 1, -1) needs coordinate 1 moved across the
     box and coordinate 3 to a face: two single moves and their union do."""
