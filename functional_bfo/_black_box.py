@@ -333,7 +333,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         row, room = int(costs.argmin()), f.room - len(f.rows)
         s = better(s, optree.tree_map(lambda x: x[0], as_params(f.rows[row:row + 1], s.start)),
                    sign * costs[row])
-        union = f.rows[:0]
+        union = f.rows.new_zeros((0, f.rows.shape[1]))  # not a view: it would keep the rows
         if f.singles is not None:
             single_costs = torch.full(f.singles.shape, torch.inf, dtype=costs.dtype,
                                       device=costs.device)
