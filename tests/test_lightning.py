@@ -66,11 +66,13 @@ def loader(batches=3):
 def fit(model, tmp_path, callbacks=(), **trainer):
     logger = CSVLogger(tmp_path, name="run")
     trainer = {"accelerator": "cpu", **trainer}
-    t = L.Trainer(max_epochs=1, logger=logger, callbacks=list(callbacks),
-                  enable_progress_bar=False, enable_model_summary=False,
-                  enable_checkpointing=False, log_every_n_steps=1, **trainer)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Lightning's advice on workers and log intervals
+        # Lightning's advice on workers and log intervals, and on a GPU machine that a test
+        # on the CPU leaves its GPU unused
+        warnings.simplefilter("ignore")
+        t = L.Trainer(max_epochs=1, logger=logger, callbacks=list(callbacks),
+                      enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, log_every_n_steps=1, **trainer)
         t.fit(model, loader())
     with open(logger.log_dir + "/metrics.csv") as f:
         return list(csv.DictReader(f))
