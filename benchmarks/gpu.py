@@ -4,9 +4,10 @@
   Rastrigin (swim length 4: five evaluations per bacterium per update) at populations from
   256 to 65,536, eager, compiled (``torch.compile(fullgraph=True)``) and compiled with CUDA
   graphs (``mode="reduce-overhead"``). Time per update over chained updates as a user runs
-  them (each state fed to the next call); evaluations/s; the floor, the update's N_s + 1
-  vmapped evaluations of the population in one function run the same way, and update /
-  floor; peak memory of one update above what was held before it.
+  them (each state fed to the next call); evaluations/s; the floor, N_s + 1 vmapped
+  evaluations of as many different populations in one function run the same way, and
+  update / floor; compiled, the GPU time of both (their kernels' durations); peak memory
+  of one update above what was held before it.
 - **Peer.** EvoX's PSO (``pip install evox``; measured only) on the same function and
   populations, its step compiled as EvoX documents it.
 - **Noise.** The update's random numbers (``fb.random.normal_rows``) from the Triton kernel
@@ -72,15 +73,17 @@ def update_row(variant: str, population: int, mode: str, repeats: int) -> dict:
     state = opt.update(opt.init(params, key=fb.random.key(0)), loss)
     one = torch.func.vmap(torch.func.grad_and_value(loss) if variant == "hybrid_bfo" else loss)
     candidates = state.population
+    # Five different populations: of one population five times, inductor computes one.
+    points = [optree.tree_map(lambda x, k=k: x + k / 64, candidates) for k in range(SWIM + 1)]
     torch.compiler.reset()
-    evaluations = compiled(lambda c: [one(c) for _ in range(SWIM + 1)], mode)
+    evaluations = compiled(lambda ps: [one(p) for p in ps], mode)
     update = compiled(opt.update, mode)
     current = [optree.tree_map(torch.clone, state)]
 
     def floor():
         if mode == "graphs":  # its outputs are not read: the next replay may overwrite them
             torch.compiler.cudagraph_mark_step_begin()
-        evaluations(candidates)
+        evaluations(points)
 
     def chained():
         """CYCLE updates, each fed the last one's state, as a training loop runs them."""
@@ -101,6 +104,8 @@ def update_row(variant: str, population: int, mode: str, repeats: int) -> dict:
     row = {"variant": variant, "population": population, "mode": mode, "ms": ms,
            "floor_ms": floor_ms, "over_floor": ratio, "compile_s": compile_s,
            "evals_per_s": population * (SWIM + 1) / (ms / 1e3)}
+    if mode == "compiled":  # what the GPU itself spends, launches and guards left out
+        row["gpu_us"], row["floor_gpu_us"] = gpu_us(chained, CYCLE), gpu_us(floor, 1)
     if mode != "graphs":  # a graph's memory is its pool, held between replays
         held = sum(x.numel() * x.element_size() for x in optree.tree_leaves(candidates))
         row["peak_mb"] = peak_bytes(lambda: update(state, loss), DEVICE) / 2**20
@@ -108,6 +113,18 @@ def update_row(variant: str, population: int, mode: str, repeats: int) -> dict:
     best = current[0].best_loss
     row["best_loss"] = float(best)
     return row
+
+
+def gpu_us(fn, calls: int) -> float:
+    """GPU time of ``fn`` per call of ``calls``, in us: its kernels' durations summed."""
+    fn()
+    sync(DEVICE)
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        fn()
+        sync(DEVICE)
+    return sum(e.time_range.elapsed_us() for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA) / calls
 
 
 def evox_row(population: int, repeats: int) -> dict:
@@ -251,13 +268,17 @@ def plan(quick: bool) -> list[tuple[str, tuple]]:
 
 def markdown(result: dict) -> list[str]:
     m = result["machine"]
+    floor = ("5 vmapped evaluations of 5 populations in one function (with CUDA graphs, "
+             "copying them in)" if result.get("floor")
+             else "one population's vmapped evaluation 5 times in one function (compiled, inductor "
+             "computes it once)")
     md = [f"# GPU: updates against the population, EvoX's PSO, adapters and glue "
           f"({'quick' if result['quick'] else 'full'} run)", "",
           f"Commit `{result['commit']}`, torch {m['torch']}, {m.get('gpu')}; "
           f"{result['seconds']:.0f} s.", "",
           "Shifted 30-D Rastrigin, swim length 4 (5 evaluations per bacterium per update). "
           "ms per update over chained updates (each state fed to the next call); the floor is "
-          "the 5 vmapped evaluations of the population in one function, run the same way; "
+          f"{floor}, run the same way; "
           "update / floor is the median of per-repeat ratios. Peak MB: one update above what "
           "was held (graphs: the pool is held between replays, n/a). Compile s: the first "
           "calls in this process, whose later rows reuse kernels already built.", "",
@@ -269,6 +290,15 @@ def markdown(result: dict) -> list[str]:
         md.append(f"| {r['variant']} | {r['population']} | {r['mode']} | {r['ms']:.3f} | "
                   f"{r['evals_per_s']:,.0f} | {r['floor_ms']:.3f} | {r['over_floor']:.2f} | "
                   f"{peak} | {r['compile_s']:.0f} |")
+    timed = [r for r in result["updates"] if "gpu_us" in r]
+    if timed:
+        md += ["", "GPU time (compiled rows): the durations of the kernels an update runs, "
+               "summed by torch.profiler, against the floor's; what launches and guards add "
+               "is left out.", "", "| variant | P | update GPU us | floor GPU us | ratio |",
+               "|---|---|---|---|---|"]
+        md += [f"| {r['variant']} | {r['population']} | {r['gpu_us']:.1f} | "
+               f"{r['floor_gpu_us']:.1f} | {r['gpu_us'] / r['floor_gpu_us']:.2f} |"
+               for r in timed]
     if result["peer"]:
         md += ["", "EvoX's PSO (one evaluation per particle per step), its `workflow.step` "
                "compiled as EvoX documents it (with `mode=\"reduce-overhead\"` its module-held "
@@ -311,6 +341,7 @@ def main() -> None:
     repeats = 5 if args.quick else 15
     start = time.perf_counter()
     result: dict = {"machine": machine(DEVICE), "commit": commit(), "quick": args.quick,
+                    "floor": "5 populations",
                     "updates": [], "peer": [], "noise": [], "adapters": [], "glue": [],
                     "skipped": [], "failed": []}
     for kind, what in plan(args.quick):

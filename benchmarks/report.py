@@ -61,13 +61,22 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
     ("speed", "Speed vs peers",
      "`python benchmarks/speed.py`: every optimizer on the same shifted Rastrigin in one run; "
      "ratios are to the fastest BFO peer of that run."),
-    ("gpu_cuda", "On an NVIDIA H100: updates from P = 256 to 65,536, EvoX's PSO, glue",
-     "`python benchmarks/gpu.py` (about 6 minutes on one GPU; EvoX installed beside): the "
+    ("gpu_cuda", "On an NVIDIA H200: updates from P = 256 to 65,536, EvoX's PSO, glue",
+     "`python benchmarks/gpu.py` (about 4 minutes on one GPU; EvoX installed beside): the "
      "current GPU figures, every mode side by side in one process. With CUDA graphs "
-     "(`mode=\"reduce-overhead\"`) a compiled update at P = 65,536 costs its 5 evaluations' "
-     "floor (1.03x) and scores 2.9x the evaluations per second of EvoX's compiled PSO; "
-     "compiled without graphs it is bound by the host's launches on this machine "
-     "(0.93x EvoX). The sections after this one were recorded with older code."),
+     "(`mode=\"reduce-overhead\"`) a compiled `fb.bfo` update at P = 65,536 costs 1.09x its "
+     "5 evaluations' floor and scores 3.0x the evaluations per second of EvoX's compiled "
+     "PSO; compiled without graphs it is bound by the host's launches (3.55x its floor, "
+     "1.8x EvoX). The hybrid rows at P = 65,536 met one fused kernel at 503 us an update in "
+     "this process; on a fresh machine of the same kind it took 46 us, and on another the "
+     "update with graphs took 0.37 ms (2.0x). This run's floor evaluated one population "
+     "five times, which inductor computes once (one 9 us kernel at P = 65,536): its update "
+     "/ floor ratios measure launches and guards more than work. A profile of the same "
+     "compiled bfo update counts 151 us of GPU time against 46 us for five evaluations "
+     "(3.3x; benchmarks/NOTES.md); `gpu.py` now evaluates five different populations and "
+     "reports both GPU times. These figures predate the centroid as a matrix "
+     "product (benchmarks/NOTES.md: 0.84-0.85x the adaptive and hybrid update with graphs). "
+     "The GPU sections after this one were recorded on an H100 with older code."),
     ("speed_cuda", "Speed vs peers on an NVIDIA H100 machine",
      "`python benchmarks/speed.py --device cuda`: our updates on the machine's H100, the "
      "peers (numpy libraries) on the same machine's 16 CPU threads, in one run."),
@@ -77,11 +86,12 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
     ("update_overhead_baseline", "The update against the one before it (CPU)",
      "`python benchmarks/update_overhead.py --baseline ROOT`: this checkout's `update` "
      "against another checkout's, back to back in one process (the same random kernel). "
-     "The last change finds the swim's best point once per update, over every point's cost, "
-     "by two plain reductions, instead of an argmin per swim point, which inductor runs in "
-     "one GPU thread block (122 of 305 us of a compiled update at P = 65,536 on an H100): "
-     "the same trajectories, and 2-5% faster here, eager and compiled (the MLP rows are "
-     "within this machine's noise)."),
+     "The last change computes the adaptive and hybrid updates' centroid as a product with "
+     "a row of ones instead of a column mean, which inductor fused into the reproduction's "
+     "gather and ran unsplit on a GPU (57 of 225 us of a compiled adaptive update at "
+     "P = 65,536 on an H200; with CUDA graphs 0.84-0.85x the update there, "
+     "benchmarks/NOTES.md): the same trajectories, and 0.99-1.02x here, within this "
+     "machine's noise."),
     ("swim_batch", "Swim points per evaluation call (CPU)",
      "`python benchmarks/swim_batch.py`: `swim_batch=1` (the default) against the whole swim "
      "ray in one call; the trajectory is the same."),
