@@ -178,3 +178,19 @@ def test_the_gpu_tables_render_the_recorded_run():
     assert lines[1:] == (BENCHMARKS / "results" / "gpu_cuda.md").read_text().splitlines()[1:]
     rows = [line for line in lines if line.startswith("| bfo | 65536 |")]
     assert len(rows) == 3 and len(result["updates"]) + 3 <= len(lines)
+
+
+def test_the_gpu_tables_say_which_floor_a_run_used_and_its_gpu_times():
+    """A run with five different populations as its floor reports the GPU times of the
+    compiled rows; a run recorded before says its floor was one population five times."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import gpu
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    result = json.loads((BENCHMARKS / "results" / "gpu_cuda.json").read_text())
+    assert "computes it once" in "\n".join(gpu.markdown(result))
+    row = {**result["updates"][1], "gpu_us": 151.4, "floor_gpu_us": 46.4}
+    text = "\n".join(gpu.markdown({**result, "floor": "5 populations", "updates": [row]}))
+    assert "5 vmapped evaluations of 5 populations" in text
+    assert "| bfo | 65536 | 151.4 | 46.4 | 3.26 |" in text
