@@ -20,7 +20,7 @@
 Rows run in order of importance until ``--budget`` seconds have passed; the rest are listed
 as skipped. Writes ``results/gpu[_quick]_cuda.{json,md}`` with the commit, torch and device.
 
-    python benchmarks/gpu.py [--quick] [--budget 480]
+    python benchmarks/gpu.py [--quick] [--budget 480] [--only TEXT]
 """
 
 from __future__ import annotations
@@ -248,8 +248,8 @@ def glue_rows(steps: int) -> list[dict]:
     return rows
 
 
-def plan(quick: bool) -> list[tuple[str, tuple]]:
-    """Every row, the targets' first."""
+def plan(quick: bool, only: str = "") -> list[tuple[str, tuple]]:
+    """Every row, the targets' first; with ``only``, the rows whose name holds it."""
     big, small = (4096, 256) if quick else (65536, 256)
     rows: list[tuple[str, tuple]] = [("noise", (small,)), ("noise", (big,))]
     rows += [("update", ("bfo", big, m)) for m in MODES]
@@ -263,7 +263,7 @@ def plan(quick: bool) -> list[tuple[str, tuple]]:
         for variant in ("adaptive_bfo", "hybrid_bfo"):
             rows += [("update", (variant, small, m)) for m in MODES]
         rows += [("update", ("bfo", 4096, m)) for m in MODES]
-    return rows
+    return [(kind, what) for kind, what in rows if only in f"{kind} {what}"]
 
 
 def markdown(result: dict) -> list[str]:
@@ -334,6 +334,8 @@ def markdown(result: dict) -> list[str]:
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--budget", type=float, default=480.0, help="seconds before skipping rows")
+    p.add_argument("--only", default="", help="the rows whose name holds this, e.g. "
+                   "\"'hybrid_bfo', 65536\" (names as the skipped list prints them)")
     args = p.parse_args()
     args.device = DEVICE
     if not torch.cuda.is_available():
@@ -344,7 +346,7 @@ def main() -> None:
                     "floor": "5 populations",
                     "updates": [], "peer": [], "noise": [], "adapters": [], "glue": [],
                     "skipped": [], "failed": []}
-    for kind, what in plan(args.quick):
+    for kind, what in plan(args.quick, args.only):
         if time.perf_counter() - start > args.budget:
             result["skipped"].append(f"{kind} {what}")
             continue
@@ -366,7 +368,7 @@ def main() -> None:
             result["failed"].append(f"{kind} {what}: {type(e).__name__}: {e}"[:300])
         print(f"[{time.perf_counter() - start:5.0f} s] {kind} {what}", flush=True)
     result["seconds"] = time.perf_counter() - start
-    write(args, "gpu", result, markdown(result))
+    write(args, "gpu_only" if args.only else "gpu", result, markdown(result))  # a part
 
 
 if __name__ == "__main__":

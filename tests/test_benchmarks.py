@@ -194,3 +194,14 @@ def test_the_gpu_tables_say_which_floor_a_run_used_and_its_gpu_times():
     text = "\n".join(gpu.markdown({**result, "floor": "5 populations", "updates": [row]}))
     assert "5 vmapped evaluations of 5 populations" in text
     assert "| bfo | 65536 | 151.4 | 46.4 | 3.26 |" in text
+
+
+def test_the_gpu_script_runs_only_the_rows_asked_for():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import gpu
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert gpu.plan(False, "'hybrid_bfo', 65536") == [
+        ("update", ("hybrid_bfo", 65536, mode)) for mode in gpu.MODES]
+    assert gpu.plan(True) == gpu.plan(True, "") and ("glue", ()) in gpu.plan(True)
