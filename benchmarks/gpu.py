@@ -6,8 +6,9 @@
   graphs (``mode="reduce-overhead"``). Time per update over chained updates as a user runs
   them (each state fed to the next call); evaluations/s; the floor, N_s + 1 vmapped
   evaluations of as many different populations in one function run the same way, and
-  update / floor; compiled, the GPU time of both (their kernels' durations); peak memory
-  of one update above what was held before it.
+  update / floor; compiled, the GPU time of both (their kernels' durations), with the
+  update's kernel count and longest kernels; peak memory of one update above what was held
+  before it.
 - **Peer.** EvoX's PSO (``pip install evox``; measured only) on the same function and
   populations, its step compiled as EvoX documents it.
 - **Noise.** The update's random numbers (``fb.random.normal_rows``) from the Triton kernel
@@ -25,6 +26,7 @@ as skipped. Writes ``results/gpu[_quick]_cuda.{json,md}`` with the commit, torch
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import os
@@ -105,7 +107,8 @@ def update_row(variant: str, population: int, mode: str, repeats: int) -> dict:
            "floor_ms": floor_ms, "over_floor": ratio, "compile_s": compile_s,
            "evals_per_s": population * (SWIM + 1) / (ms / 1e3)}
     if mode == "compiled":  # what the GPU itself spends, launches and guards left out
-        row["gpu_us"], row["floor_gpu_us"] = gpu_us(chained, CYCLE), gpu_us(floor, 1)
+        row["gpu_us"], row["kernels"], row["longest"] = gpu_time(chained, CYCLE)
+        row["floor_gpu_us"] = gpu_time(floor, 1)[0]
     if mode != "graphs":  # a graph's memory is its pool, held between replays
         held = sum(x.numel() * x.element_size() for x in optree.tree_leaves(candidates))
         row["peak_mb"] = peak_bytes(lambda: update(state, loss), DEVICE) / 2**20
@@ -115,16 +118,20 @@ def update_row(variant: str, population: int, mode: str, repeats: int) -> dict:
     return row
 
 
-def gpu_us(fn, calls: int) -> float:
-    """GPU time of ``fn`` per call of ``calls``, in us: its kernels' durations summed."""
+def gpu_time(fn, calls: int) -> tuple[float, float, list]:
+    """Per call of ``calls`` in ``fn``: GPU time in us (its kernels' durations summed), the
+    kernels launched, and the five longest kernels (name, us) by torch.profiler."""
     fn()
     sync(DEVICE)
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         fn()
         sync(DEVICE)
-    return sum(e.time_range.elapsed_us() for e in prof.events()
-               if e.device_type == torch.autograd.DeviceType.CUDA) / calls
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: collections.Counter = collections.Counter()
+    for e in kernels:
+        by_name[e.name[:48]] += e.time_range.elapsed_us() / calls
+    return sum(by_name.values()), len(kernels) / calls, by_name.most_common(5)
 
 
 def evox_row(population: int, repeats: int) -> dict:
@@ -294,10 +301,13 @@ def markdown(result: dict) -> list[str]:
     if timed:
         md += ["", "GPU time (compiled rows): the durations of the kernels an update runs, "
                "summed by torch.profiler, against the floor's; what launches and guards add "
-               "is left out.", "", "| variant | P | update GPU us | floor GPU us | ratio |",
-               "|---|---|---|---|---|"]
+               "is left out. Kernels: launched per update; the longest: us per update.", "",
+               "| variant | P | update GPU us | floor GPU us | ratio | kernels | longest |",
+               "|---|---|---|---|---|---|---|"]
         md += [f"| {r['variant']} | {r['population']} | {r['gpu_us']:.1f} | "
-               f"{r['floor_gpu_us']:.1f} | {r['gpu_us'] / r['floor_gpu_us']:.2f} |"
+               f"{r['floor_gpu_us']:.1f} | {r['gpu_us'] / r['floor_gpu_us']:.2f} | "
+               f"{r['kernels']:.0f} | "
+               + "; ".join(f"`{name}` {us:.1f}" for name, us in r["longest"]) + " |"
                for r in timed]
     if result["peer"]:
         md += ["", "EvoX's PSO (one evaluation per particle per step), its `workflow.step` "

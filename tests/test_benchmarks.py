@@ -190,10 +190,12 @@ def test_the_gpu_tables_say_which_floor_a_run_used_and_its_gpu_times():
         sys.path.remove(str(BENCHMARKS))
     result = json.loads((BENCHMARKS / "results" / "gpu_cuda.json").read_text())
     assert "computes it once" in "\n".join(gpu.markdown(result))
-    row = {**result["updates"][1], "gpu_us": 151.4, "floor_gpu_us": 46.4}
+    row = {**result["updates"][1], "gpu_us": 151.4, "floor_gpu_us": 46.4, "kernels": 30.6,
+           "longest": [["radix_sort", 33.0], ["unit_rows", 20.3]]}
     text = "\n".join(gpu.markdown({**result, "floor": "5 populations", "updates": [row]}))
     assert "5 vmapped evaluations of 5 populations" in text
-    assert "| bfo | 65536 | 151.4 | 46.4 | 3.26 |" in text
+    assert ("| bfo | 65536 | 151.4 | 46.4 | 3.26 | 31 | `radix_sort` 33.0; `unit_rows` 20.3 |"
+            in text)
 
 
 def test_the_gpu_script_runs_only_the_rows_asked_for():
