@@ -166,13 +166,10 @@ def test_the_gpu_script_says_it_needs_cuda():
     assert run.returncode != 0 and "gpu.py needs a CUDA device" in run.stderr
 
 
-def test_the_gpu_tables_render_the_recorded_run():
+def test_the_gpu_tables_render_the_recorded_run(benchmarks_on_path):
     """gpu.py's Markdown from its JSON: every recorded row appears in the committed table."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import gpu
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    import gpu
+
     result = json.loads((BENCHMARKS / "results" / "gpu_cuda.json").read_text())
     lines = gpu.markdown(result)
     assert lines[1:] == (BENCHMARKS / "results" / "gpu_cuda.md").read_text().splitlines()[1:]
@@ -180,14 +177,11 @@ def test_the_gpu_tables_render_the_recorded_run():
     assert len(rows) == 3 and len(result["updates"]) + 3 <= len(lines)
 
 
-def test_the_gpu_tables_say_which_floor_a_run_used_and_its_gpu_times():
+def test_the_gpu_tables_say_which_floor_a_run_used_and_its_gpu_times(benchmarks_on_path):
     """A run with five different populations as its floor reports the GPU times of the
     compiled rows; a run recorded before says its floor was one population five times."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import gpu
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    import gpu
+
     result = json.loads((BENCHMARKS / "results" / "gpu_cuda.json").read_text())
     assert "computes it once" in "\n".join(gpu.markdown(result))
     row = {**result["updates"][1], "gpu_us": 151.4, "floor_gpu_us": 46.4, "kernels": 30.6,
@@ -198,12 +192,9 @@ def test_the_gpu_tables_say_which_floor_a_run_used_and_its_gpu_times():
             in text)
 
 
-def test_the_gpu_script_runs_only_the_rows_asked_for():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import gpu
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+def test_the_gpu_script_runs_only_the_rows_asked_for(benchmarks_on_path):
+    import gpu
+
     assert gpu.plan(False, "'hybrid_bfo', 65536") == [
         ("update", ("hybrid_bfo", 65536, mode)) for mode in gpu.MODES]
     assert gpu.plan(True) == gpu.plan(True, "") and ("glue", ()) in gpu.plan(True)
