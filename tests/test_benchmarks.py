@@ -36,8 +36,9 @@ def quick_runs(tmp_path_factory):
             env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     yield runs
-    for _, proc in runs.values():
+    for _, proc in runs.values():  # runs no test waited for: killed, their pipes closed
         proc.kill()
+        proc.communicate()
 
 
 def finished(runs, script):
