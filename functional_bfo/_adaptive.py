@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from . import _metric as metric
 from ._ask_tell import Ask, ask_round, told_costs
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import BOUNDARY_MODES, box_relative, check_bounds, resolve
@@ -23,7 +24,7 @@ from ._cycle import cycle_ends
 from ._dispersal import dispersal_mask, initial_population, sample_population
 from ._noise import bacterium_noise
 from ._reproduction import reproduction_index
-from ._tree import diversity, first_min, take, where
+from ._tree import diversity, first_min, numel, take, where
 from .evaluate import Evaluator, check_evaluator
 
 
@@ -53,7 +54,7 @@ class AdaptiveBFOHyperparams(NamedTuple):
 
 
 class AdaptiveBFOState(NamedTuple):
-    """State of :func:`adaptive_bfo`: :class:`~functional_bfo.BFOState`'s fields, plus four.
+    """State of :func:`adaptive_bfo`: :class:`~functional_bfo.BFOState`'s fields, plus five.
 
     Population leaves carry a leading axis of size ``P = population_size``.
     """
@@ -71,6 +72,7 @@ class AdaptiveBFOState(NamedTuple):
     reference_diversity: Tensor  # () diversity of the initial population
     active_size: Tensor  # () int64, bacteria in play: the first active_size slots
     hyperparams: AdaptiveBFOHyperparams
+    metric: metric.TumbleMetric  # the learned tumble metric (of 0 coordinates: none)
 
 
 def adaptive_bfo(
@@ -92,6 +94,7 @@ def adaptive_bfo(
     bounds: Any = None,
     boundary: str = "reflect",
     relative_steps: bool = False,
+    metric_rate: float = 0.0,
     init_scale: float = 1.0,
     maximize: bool = False,
     evaluator: Evaluator | None = None,
@@ -150,6 +153,10 @@ def adaptive_bfo(
             units of each coordinate's box width where the box is finite (absolute where
             it is not), so one setting suits a +-1 box and a +-600 one. Part of the
             black-box setup (docs/variants.md).
+        metric_rate: above 0, tumbles follow a metric learned from the swarm's successful
+            tumbles at this rate (``_metric.py``; 2.0 in the black-box setup): along a
+            narrow rotated valley they learn to point along it. It costs ``n^2`` memory and
+            ``n^3`` time per update for ``n`` parameters, so it is limited to 2000.
         init_scale: spread of new bacteria on coordinates with no finite box.
         maximize: maximize the loss instead.
         evaluator: how the population is evaluated (default ``evaluate.vmap()``).
@@ -194,13 +201,19 @@ def adaptive_bfo(
     check_choice("boundary", boundary, BOUNDARY_MODES)
     check_bool("maximize", maximize)
     check_bool("relative_steps", relative_steps)
+    rate = check_float("metric_rate", metric_rate, 0.0)
     bounds = check_bounds(bounds)
     evaluator = check_evaluator(evaluator)
     sign = -1.0 if maximize else 1.0
     static = AdaptiveStatic(size, swims, n_c, n_stag, bounds, boundary, tumble, sign, min_size,
-                            relative_steps, swim_batch)
+                            relative_steps, swim_batch, rate)
 
     def init_fn(params: Params, *, key: Key) -> AdaptiveBFOState:
+        if rate > 0 and numel(params) > metric.MAX_METRIC_SIZE:
+            raise ValueError(f"metric_rate={metric_rate} learns a {numel(params)} x "
+                             f"{numel(params)} tumble metric; it is limited to "
+                             f"{metric.MAX_METRIC_SIZE} parameters (n^2 memory, n^3 time per "
+                             "update). Pass metric_rate=0 for isotropic tumbles.")
         start = initial_population(params, key, size, bounds, hyper["init_scale"])
         dtype, device = start.dtype, start.key.device
         return AdaptiveBFOState(
@@ -211,12 +224,15 @@ def adaptive_bfo(
             stall=torch.zeros((), dtype=torch.int64, device=device),
             reference_diversity=diversity(start.population, dtype),
             active_size=torch.tensor(size, dtype=torch.int64, device=device),
+            metric=metric.isotropic(metric.widths(
+                resolve(bounds if relative_steps else None, params, torch.float64), params)
+                if rate > 0 else torch.zeros(0, dtype=torch.float64, device=device)),
         )
 
     def update_fn(state: AdaptiveBFOState, loss_fn: LossFn, *args: Any) -> AdaptiveBFOState:
         check_state(state, size, AdaptiveBFOState, "adaptive_bfo")
         evaluate = costs_by(evaluator, loss_fn, args, state.losses.dtype, sign)
-        return AdaptiveBFOState(**adaptive_step(state, static, evaluate).fields)
+        return adaptive_state(state, static, adaptive_step(state, static, evaluate))
 
     def ask_fn(state: AdaptiveBFOState) -> Ask:
         check_state(state, size, AdaptiveBFOState, "adaptive_bfo")
@@ -228,7 +244,7 @@ def adaptive_bfo(
         costs = told_costs(state, asked, losses, sign, "adaptive_bfo", check)
         plan = adaptive_plan(state, static)
         result = plan.told(asked.params, costs, None)
-        return AdaptiveBFOState(**adaptive_fields(state, static, plan, result).fields)
+        return adaptive_state(state, static, adaptive_fields(state, static, plan, result))
 
     update_fn.static = static  # type: ignore[attr-defined]  # read by adaptive_static
     return Optimizer(init_fn, update_fn, maximize, ask_fn, tell_fn)
@@ -248,6 +264,7 @@ class AdaptiveStatic(NamedTuple):
     min_size: int  # smallest active population (== size: fixed)
     relative_steps: bool = False  # steps in units of the box width where it is finite
     swim_batch: int = 1  # swim points per evaluator call
+    metric_rate: float = 0.0  # learning rate of the tumble metric (0: none)
 
 
 def adaptive_static(opt: Optimizer) -> AdaptiveStatic:
@@ -349,6 +366,8 @@ def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None
                                           static.tumble, hp.levy_beta)
     if static.relative_steps:
         direction = box_relative(direction, box)
+    if static.metric_rate > 0:
+        direction = metric.shape_directions(state.metric, direction, state.best_params)
     if steer is not None:
         direction = steer(direction, source, known)
     last = torch.where(known, cost, torch.inf)
@@ -385,6 +404,22 @@ def adaptive_fields(state: Any, static: AdaptiveStatic, plan: Plan,
         hyperparams=hp,
     )
     return AdaptiveStep(fields, keep.source, keep.known, result.aux)
+
+
+def adaptive_state(state: AdaptiveBFOState, static: AdaptiveStatic,
+                   step: AdaptiveStep) -> AdaptiveBFOState:
+    """The state after ``step``: its fields, and the tumble metric learned from it.
+
+    With ``metric_rate > 0`` the metric moves toward the tumbles that moved a bacterium that
+    knew where it stood.
+    """
+    learned = state.metric
+    if static.metric_rate > 0:
+        steps = metric.flat_rows(step.fields["population"]) - metric.flat_rows(
+            take(state.population, step.source))
+        learned = metric.learn(state.metric, steps, step.known & (steps != 0).any(dim=1),
+                               static.metric_rate)
+    return AdaptiveBFOState(**step.fields, metric=learned)
 
 
 def adaptive_step(state: Any, static: AdaptiveStatic, evaluate, steer=None,

@@ -1,19 +1,17 @@
 """The black-box setup: box-relative AdaptiveBFO swarms with restarts, as an ask/tell pair.
 
-For a function of a box and nothing else (no gradients, no scale, no good start), a search
-is a sequence of phases over one :class:`BlackBoxState`, a round each: one swarm's update
-or one batch of face moves.
+A search is a sequence of phases over one :class:`BlackBoxState`, a round each (one
+swarm's update, or one batch of face moves):
 
-- converge: a small AdaptiveBFO swarm with steps in box widths (every other one tumbling
-  along a metric learned from its successful tumbles, ``_metric.py``), restarted from a
-  uniform place when it stops progressing: precise minima, a basin at a time. A swarm
-  whose metric found a valley stops dispersing and, while it holds the best, measures its
-  progress against its last gain: a long geometric descent;
+- converge: small AdaptiveBFO swarms with steps in box widths (every other one tumbling
+  along a metric learned from its successful tumbles, ``_metric.py``), each restarted from
+  a uniform place once it stops progressing. A swarm whose metric found a valley stops
+  dispersing and, while it holds the best, measures progress against its last gain;
 - explore: once ``explore_after`` swarms in a row end without beating the best, a swarm
   kicked every ``JITTER_PERIOD`` updates (``_moves.kicked``) takes all but
-  ``CONVERGING_SHARE`` of the rounds: it rides a global structure that restarts only sample;
-- polish: the last ``polish`` of the budget moves the best point onto the box's faces
-  (``_moves.face_*``), then refines it with the swarm holding it, or one started there.
+  ``CONVERGING_SHARE`` of the rounds: it rides a global structure restarts only sample;
+- faces, then polish: the last ``polish`` of the budget moves the best point onto the box's
+  faces (``_moves.face_*``), then refines it with the swarm holding it, or one started there.
 
 Every decision compares losses with each other, in float64, so ``f``, ``f + c`` and
 ``a * f`` get the same run. docs/variants.md tables each constant against its alternatives.
@@ -31,18 +29,17 @@ import optree
 import torch
 from torch import Tensor
 
-from . import _adaptive as adaptive
 from . import _metric as metric
 from . import _moves as moves
 from . import random
-from ._adaptive import AdaptiveBFOState
-from ._ask_tell import Ask, ask_round, check_tag, round_tag, told_costs
+from ._adaptive import AdaptiveBFOState, adaptive_bfo
+from ._ask_tell import Ask, check_tag, round_tag, told_costs
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import check_bounds, resolve
 from ._checks import check_float, check_int, check_losses, check_params, check_state
-from ._chemotaxis import costs_by
 from ._run import _reporter
-from ._tree import numel, take, unflatten_like
+from ._state import with_hyperparams
+from ._tree import unflatten_like
 from .evaluate import check_evaluator
 
 # A swarm holding the best waits HOLDING_PATIENCE * restart_after updates before a restart
@@ -65,25 +62,13 @@ POLISHER_STREAM = 2**31 - 2  # and of the polishing swarm's
 PHASES = ("converge", "explore", "faces", "polish", "done")
 
 
-class FaceMoves(NamedTuple):
-    """The polish's face moves: the next round's points, and what they are."""
-
-    rows: Tensor  # (k, n) float64: the next round's points (k = 0: no round left)
-    singles: Tensor | None  # (2, n) bool: which single moves the rows are (None: their union)
-    room: int  # evaluations they may spend, this round's included
-    base: Tensor  # (n,) float64: the point moved, the best when they began
-    base_cost: float
-
-
 class BlackBoxState(NamedTuple):
     """The state of :func:`black_box_search`: its swarms, the best point, the counters."""
 
     phase: str  # the next round's: "converge", "explore", "faces", "polish" or "done"
-    swarm: AdaptiveBFOState  # the converging swarm
-    metric: metric.TumbleMetric | None  # its tumble metric (None: isotropic)
+    swarm: AdaptiveBFOState  # the converging swarm (in the polish: the polishing one)
     explorer: AdaptiveBFOState | None
-    polisher: AdaptiveBFOState | None
-    faces: FaceMoves | None
+    faces: moves.FaceScan | None  # the polish's face moves
     best_params: Params  # the best point evaluated (float64)
     best_loss: Tensor  # () float64 (inf, or -inf when maximizing, before a finite loss)
     num_evals: int
@@ -100,7 +85,6 @@ class BlackBoxState(NamedTuple):
     converging_after: int  # converging rounds since the explorer started
     explorer_updates: int
     start: Params  # the given params (float64): the explorer's start, open sides' place
-    width: Tensor  # (n,) each coordinate's box width (1 where open)
     key: Key
 
 
@@ -116,7 +100,8 @@ class BlackBoxResult(NamedTuple):
 
 
 def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
-                     swim_length: int = 1, step_size_min: float = 1e-12,
+                     swim_length: int = 1, chemotaxis_steps: int = 10,
+                     step_size_min: float = 1e-12,
                      restart_after: int | None = 30, restart_rtol: float = 1e-2,
                      metric_rate: float = 2.0, explore_after: int | None = 2,
                      jitter: float = 0.01, polish: float = 0.1,
@@ -156,11 +141,13 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
     hand_over = None if explore_after is None else check_int("explore_after", explore_after, 1)
     kick = check_float("jitter", jitter, 0.0, low_open=True)
     polish_share = check_float("polish", polish, 0.0, 1.0)
-    opt = adaptive.adaptive_bfo(population_size, bounds=bounds, relative_steps=True,
-                                swim_length=swim_length, step_size_min=step_size_min,
-                                **adaptive_kwargs)
-    static, sign = adaptive.adaptive_static(opt), -1.0 if opt.maximize else 1.0
-    evaluator = check_evaluator(adaptive_kwargs.get("evaluator"))
+    settings = dict(bounds=bounds, relative_steps=True, swim_length=swim_length,
+                    chemotaxis_steps=chemotaxis_steps, step_size_min=step_size_min,
+                    **adaptive_kwargs)
+    plain = adaptive_bfo(population_size, **settings)  # isotropic tumbles
+    learner = adaptive_bfo(population_size, metric_rate=rate, **settings) if rate else plain
+    sign, evaluator = -1.0 if plain.maximize else 1.0, check_evaluator(settings.get("evaluator"))
+    bounds = check_bounds(bounds)
     per_round = population_size * (swim_length + 1)
     if budget < per_round:
         raise ValueError(f"Invalid max_evals: {max_evals}; one update costs population_size "
@@ -172,101 +159,92 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         return sign * float(loss)
 
     def box(s: BlackBoxState) -> list:
-        return resolve(static.bounds, s.start, torch.float64)
+        return resolve(bounds, s.start, torch.float64)
 
-    def steer(s: BlackBoxState):
-        """Tumbles along the converging swarm's metric (hybrid_bfo's seam), or None."""
-        if s.phase != "converge" or s.metric is None:
-            return None
-        return lambda direction, *_: metric.shape_directions(s.metric, direction, s.width,
-                                                             s.start)
+    def learning(s: BlackBoxState) -> bool:
+        """Whether the swarm whose round is next learns a metric: the even converging ones."""
+        return rate > 0 and s.phase == "converge" and s.restarts % 2 == 0
+
+    def optimizer(s: BlackBoxState) -> Optimizer:
+        return learner if learning(s) else plain
 
     def init_fn(params: Params, *, key: Key) -> BlackBoxState:
         check_params(params)
-        if rate > 0 and numel(params) > metric.MAX_METRIC_SIZE:
-            raise ValueError(f"metric_rate={metric_rate} learns a {numel(params)} x "
-                             f"{numel(params)} tumble metric; it is limited to "
-                             f"{metric.MAX_METRIC_SIZE} parameters (n^2 memory, n^3 time per "
-                             "update). Pass metric_rate=0 for isotropic tumbles.")
         start = optree.tree_map(lambda x: x.detach().to(torch.float64, copy=True), params)
         none = torch.tensor(sign * math.inf, dtype=torch.float64,
                             device=optree.tree_leaves(start)[0].device)
         s = BlackBoxState(
-            phase="converge", swarm=None, metric=None, explorer=None,  # type: ignore[arg-type]
-            polisher=None, faces=None, best_params=start, best_loss=none, num_evals=0, rounds=0,
-            restarts=0, failed=0, entry_best=math.inf, converged_best=math.inf, first=math.inf,
-            progress=math.inf, stalled=0, gain=0.0, valley=False, converging_after=0,
-            explorer_updates=0, start=start,
-            width=metric.widths(resolve(static.bounds, start, torch.float64), start), key=key)
+            phase="converge", swarm=None, explorer=None, faces=None,  # type: ignore[arg-type]
+            best_params=start, best_loss=none, num_evals=0, rounds=0, restarts=0, failed=0,
+            entry_best=math.inf, converged_best=math.inf, first=math.inf, progress=math.inf,
+            stalled=0, gain=0.0, valley=False, converging_after=0, explorer_updates=0,
+            start=start, key=key)
         return after(restarted(s, start, 0))
 
     def ask_fn(state: BlackBoxState) -> Ask:
-        if _checked(state).phase == "done":
+        swarm = round_swarm(state)
+        if swarm is None:  # the face moves
+            rows = state.faces.rows  # type: ignore[union-attr]
+            return Ask(as_params(rows, state.start),
+                       torch.ones(len(rows), dtype=torch.bool, device=rows.device), _tag(state))
+        return optimizer(state).ask(swarm)._replace(tag=_tag(state))
+
+    def tell_fn(state: BlackBoxState, asked: Ask, losses: Any, *,
+                check: bool = True) -> BlackBoxState:
+        swarm = round_swarm(state)
+        if not isinstance(asked, Ask):
+            raise TypeError("black_box_search.tell takes the Ask that ask(state) returned, "
+                            f"got {type(asked).__name__}.")
+        check_tag(_tag(state), asked.tag.cpu(), "black_box_search", check)
+        rows = per_round if swarm is not None else len(state.faces.rows)  # type: ignore[union-attr]
+        if tuple(asked.mask.shape) != (rows,):  # a stale answer was named as one above
+            raise ValueError(f"asked has {len(asked.mask)} rows, but the state's round "
+                             f"{state.rounds} ({state.phase}) has {rows}: tell the Ask that "
+                             "ask(state) returned for this state.")
+        if swarm is not None:
+            return told(state, optimizer(state).tell(swarm, asked, losses, check=False))
+        costs = told_costs(state.swarm, asked, losses, sign, "black_box_search", check=False)
+        return after(told_faces(state, costs))
+
+    def update_fn(state: BlackBoxState, loss_fn: LossFn, *args: Any) -> BlackBoxState:
+        """One round: ``tell(state, ask(state), losses)``, a swarm's by its own ``update``."""
+        swarm = round_swarm(state)
+        if swarm is not None:
+            return told(state, optimizer(state).update(swarm, loss_fn, *args))
+        asked = ask_fn(state)
+        with torch.no_grad():
+            losses = check_losses(evaluator(loss_fn, asked.params, *args), len(asked.mask))
+        return tell_fn(state, asked, losses, check=False)
+
+    def round_swarm(state: BlackBoxState) -> AdaptiveBFOState | None:
+        """The swarm whose round is next (None: the face moves'), if this search's."""
+        if not isinstance(state, BlackBoxState):
+            raise TypeError(f"black_box_search takes the BlackBoxState its init made, got "
+                            f"{type(state).__name__}.")
+        if state.phase == "done":
             raise ValueError(f"black_box_search has spent its budget ({state.num_evals} of "
                              f"{budget} evaluations; no round fits): the best point is "
                              "state.best_params, its loss state.best_loss.")
         if state.phase == "faces":
-            rows = state.faces.rows  # type: ignore[union-attr]
-            return Ask(as_params(rows, state.start),
-                       torch.ones(len(rows), dtype=torch.bool, device=rows.device), _tag(state))
-        swarm = checked_swarm(state)
-        asked = ask_round(swarm, adaptive.adaptive_plan(swarm, static, steer(state)))
-        return asked._replace(tag=_tag(state))
-
-    def tell_fn(state: BlackBoxState, asked: Ask, losses: Any, *,
-                check: bool = True) -> BlackBoxState:
-        if _checked(state).phase == "done":
-            ask_fn(state)  # raises: no round is left to tell
-        if state.phase == "faces":
-            _check_round(state, asked, len(state.faces.rows), check)  # type: ignore[union-attr]
-            return after(told_faces(state, asked, losses))
-        swarm = checked_swarm(state)
-        _check_round(state, asked, (static.swims + 1) * len(swarm.losses), check)
-        plan = adaptive.adaptive_plan(swarm, static, steer(state))
-        costs = told_costs(swarm, asked, losses, sign, "black_box_search", check=False)
-        return swarm_told(state, adaptive.adaptive_fields(swarm, static, plan,
-                                                          plan.told(asked.params, costs, None)))
-
-    def update_fn(state: BlackBoxState, loss_fn: LossFn, *args: Any) -> BlackBoxState:
-        """One round: ``tell(state, ask(state), losses)``, a swarm's plan made once."""
-        if _checked(state).phase in ("faces", "done"):
-            asked = ask_fn(state)
-            with torch.no_grad():
-                losses = check_losses(evaluator(loss_fn, asked.params, *args), len(asked.mask))
-            return tell_fn(state, asked, losses, check=False)
-        evaluate = costs_by(evaluator, loss_fn, args, torch.float64, sign)
-        return swarm_told(state, adaptive.adaptive_step(checked_swarm(state), static, evaluate,
-                                                        steer(state)))
-
-    def checked_swarm(state: BlackBoxState) -> AdaptiveBFOState:
-        """The swarm whose round is next, refused if another search's settings made it."""
+            return None
         swarm = _swarm(state)
         check_state(swarm, population_size, AdaptiveBFOState, "black_box_search")
         return swarm
 
-    def swarm_told(state: BlackBoxState, out: adaptive.AdaptiveStep) -> BlackBoxState:
+    def told(state: BlackBoxState, new: AdaptiveBFOState) -> BlackBoxState:
         """After a swarm's round: the best point, the counters, the phase's own rule."""
-        new = AdaptiveBFOState(**out.fields)
         s = better(state, new.best_params, new.best_loss)._replace(
             rounds=state.rounds + 1,
             num_evals=state.num_evals + int(new.num_evals - _swarm(state).num_evals))
         if state.phase == "converge":
-            return after(converged(s, new, learned(state, new, out)))
+            return after(converged(s, new))
         if state.phase == "polish":
-            return after(s._replace(polisher=new))
+            return after(s._replace(swarm=new))
         updates = s.explorer_updates + 1
         if updates % JITTER_PERIOD == 0:  # a kick moves bacteria, never the best seen
             new = moves.kicked(new, s.start, box(s), kick, random.fold_in(
                 random.fold_in(s.key, EXPLORER_STREAM), updates))
         return after(s._replace(explorer=new, explorer_updates=updates))
-
-    def learned(s: BlackBoxState, new: AdaptiveBFOState, out: adaptive.AdaptiveStep):
-        """The converging swarm's metric moved toward its successful tumbles (or None)."""
-        if s.metric is None:
-            return None
-        steps = metric.flat_rows(new.population) - metric.flat_rows(
-            take(s.swarm.population, out.source))
-        return metric.learn(s.metric, steps[out.known & (steps != 0).any(dim=1)], s.width, rate)
 
     def restarted(s: BlackBoxState, start: Params, restarts: int) -> BlackBoxState:
         """``s`` with a new converging swarm at ``start``.
@@ -274,14 +252,13 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         Even swarms learn a metric, odd ones tumble isotropically: a portfolio, because a
         learned metric makes a swarm less likely to find Ackley's funnel.
         """
-        learns = rate > 0 and restarts % 2 == 0
+        swarm = (learner if restarts % 2 == 0 else plain).init(
+            start, key=random.fold_in(s.key, 2 * restarts))
         return s._replace(
-            swarm=opt.init(start, key=random.fold_in(s.key, 2 * restarts)),
-            metric=metric.isotropic(numel(start), s.best_loss.device) if learns else None,
-            restarts=restarts, entry_best=s.converged_best, first=math.inf,
+            swarm=swarm, restarts=restarts, entry_best=s.converged_best, first=math.inf,
             progress=math.inf, stalled=0, gain=0.0, valley=False)
 
-    def converged(s: BlackBoxState, new: AdaptiveBFOState, learnt) -> BlackBoxState:
+    def converged(s: BlackBoxState, new: AdaptiveBFOState) -> BlackBoxState:
         """After a converging round: a restart, once the swarm stopped progressing.
 
         Progress is a gain of more than ``rtol`` of the way still to the best of the swarms
@@ -291,13 +268,10 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         """
         now = cost(new.best_loss)
         behind = s.progress > s.entry_best
-        valley = s.valley or (learnt is not None and int(new.step) % static.chemotaxis_steps
-                              == 0 and metric.condition(learnt) > VALLEY_CONDITION)
+        valley = s.valley or (learning(s) and int(new.step) % chemotaxis_steps == 0
+                              and metric.condition(new.metric) > VALLEY_CONDITION)
         if valley and not s.valley:
-            hp = new.hyperparams
-            new = new._replace(hyperparams=hp._replace(
-                elimination_prob=torch.zeros_like(hp.elimination_prob),
-                elimination_prob_max=torch.zeros_like(hp.elimination_prob_max)))
+            new = with_hyperparams(new, elimination_prob=0.0, elimination_prob_max=0.0)
         first, progress, stalled, gain = s.first, s.progress, s.stalled + 1, s.gain
         if not math.isfinite(progress):  # its first finite loss is progress
             if now < progress:
@@ -305,7 +279,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         elif (progress - now > rtol * (progress - s.entry_best if behind else first - progress)
               or (valley and not behind and progress - now > rtol * gain)):
             progress, stalled, gain = now, 0, progress - now
-        s = s._replace(swarm=new, metric=learnt, converged_best=min(s.converged_best, now),
+        s = s._replace(swarm=new, converged_best=min(s.converged_best, now),
                        first=first, progress=progress, stalled=stalled, gain=gain, valley=valley,
                        converging_after=s.converging_after + (s.explorer is not None))
         if stall_limit is None or stalled < stall_limit * (1 if behind else HOLDING_PATIENCE):
@@ -314,34 +288,22 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         return restarted(s._replace(failed=s.failed + 1 if now >= s.entry_best else 0), place,
                          s.restarts + 1)
 
-    def face_moves(s: BlackBoxState) -> FaceMoves:
-        """The polish's first face moves: the best point with one coordinate on one face."""
+    def face_moves(s: BlackBoxState) -> moves.FaceScan:
+        """The polish's face moves: the best point's coordinates moved onto the box's faces."""
         room = min(budget - s.num_evals, int(FACE_SHARE * (budget - main_budget)))
         base = metric.flat_rows(optree.tree_map(lambda v: v[None], s.best_params))[0]
-        rows, singles = base.new_zeros((0, len(base))), None
-        if math.isfinite(float(s.best_loss)) and len(base) <= FACE_SCAN_SIZE:
-            rows, singles = moves.face_singles(base, *moves.flat_box(s.start, box(s)))
-        if len(rows) > room:  # some untried: no union follows
-            rows, singles = rows[:room].clone(), None  # a copy frees the rest
-        return FaceMoves(rows, singles, room, base, cost(s.best_loss))
+        if not math.isfinite(float(s.best_loss)) or len(base) > FACE_SCAN_SIZE:
+            room = 0
+        return moves.face_scan(base, cost(s.best_loss), *moves.flat_box(s.start, box(s)), room)
 
-    def told_faces(s: BlackBoxState, asked: Ask, losses: Any) -> BlackBoxState:
-        """After a round of face moves: the single moves' union next, if they were singles."""
-        f = s.faces
+    def told_faces(s: BlackBoxState, costs: Tensor) -> BlackBoxState:
+        """After a round of face moves: the best of them, and the next round."""
+        f, row = s.faces, int(costs.argmin())
         assert f is not None  # the faces phase has them
-        costs = told_costs(s.swarm, asked, losses, sign, "black_box_search", check=False)
-        row, room = int(costs.argmin()), f.room - len(f.rows)
         s = better(s, optree.tree_map(lambda x: x[0], as_params(f.rows[row:row + 1], s.start)),
                    sign * costs[row])
-        union = f.rows.new_zeros((0, f.rows.shape[1]))  # not a view: it would keep the rows
-        if f.singles is not None:
-            single_costs = torch.full(f.singles.shape, torch.inf, dtype=costs.dtype,
-                                      device=costs.device)
-            single_costs[f.singles] = costs  # where each single move went
-            union = moves.face_union(f.base, *moves.flat_box(s.start, box(s)), single_costs,
-                                     f.base_cost)[:room]
         return s._replace(num_evals=s.num_evals + len(f.rows), rounds=s.rounds + 1,
-                          faces=f._replace(rows=union, singles=None, room=room))
+                          faces=moves.face_scan_told(f, costs, *moves.flat_box(s.start, box(s))))
 
     def after(s: BlackBoxState) -> BlackBoxState:
         """``s`` with the phase of the next round, and the swarm or moves it needs."""
@@ -354,19 +316,19 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         if not fits:
             return s._replace(phase="done")
         if polishing:  # by the swarm that holds the best, else by one started there
-            if s.polisher is None and cost(s.swarm.best_loss) > cost(s.best_loss):
-                s = s._replace(polisher=polisher(s))  # the best is finite: the swarm lost it
-            return s._replace(phase="converge" if s.polisher is None else "polish")
+            if s.phase != "polish" and cost(s.swarm.best_loss) > cost(s.best_loss):
+                s = s._replace(phase="polish", swarm=polisher(s))
+            return s._replace(phase="polish" if s.phase == "polish" else "converge")
         if s.explorer is None and hand_over is not None and s.failed >= hand_over:
-            s = s._replace(explorer=opt.init(s.start, key=random.fold_in(s.key,
-                                                                          EXPLORER_STREAM)))
+            s = s._replace(explorer=plain.init(s.start, key=random.fold_in(s.key,
+                                                                            EXPLORER_STREAM)))
         explore = s.explorer is not None and s.converging_after >= CONVERGING_SHARE * (
             s.converging_after + s.explorer_updates + 1)
         return s._replace(phase="explore" if explore else "converge")
 
     def polisher(s: BlackBoxState) -> AdaptiveBFOState:
         """A swarm with every bacterium at the best point (its loss known), steps ``jitter``."""
-        state = opt.init(s.best_params, key=random.fold_in(s.key, POLISHER_STREAM))
+        state = plain.init(s.best_params, key=random.fold_in(s.key, POLISHER_STREAM))
         return state._replace(
             population=optree.tree_map(lambda x: x.expand(population_size, *x.shape).clone(),
                                        s.best_params),
@@ -379,7 +341,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         return s._replace(best_params=params, best_loss=loss) if cost(loss) < cost(
             s.best_loss) else s
 
-    return Optimizer(init_fn, update_fn, bool(opt.maximize), ask_fn, tell_fn)
+    return Optimizer(init_fn, update_fn, bool(plain.maximize), ask_fn, tell_fn)
 
 
 def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_evals: int,
@@ -483,20 +445,9 @@ def as_params(flat_rows: Tensor, template: Params) -> Params:
                            unflatten_like(flat_rows, template), template)
 
 
-def _checked(state: Any) -> BlackBoxState:
-    """``state``, if it is a black-box search's."""
-    if not isinstance(state, BlackBoxState):
-        raise TypeError(f"black_box_search takes the BlackBoxState its init made, got "
-                        f"{type(state).__name__}.")
-    return state
-
-
 def _swarm(state: BlackBoxState) -> AdaptiveBFOState:
-    """The swarm whose round is next."""
-    swarm = {"converge": state.swarm, "explore": state.explorer,
-             "polish": state.polisher}.get(state.phase)
-    assert swarm is not None, state.phase  # after() starts a phase's swarm with it
-    return swarm
+    """The swarm whose round is next (the converging one in the faces and done phases)."""
+    return state.explorer if state.phase == "explore" else state.swarm  # type: ignore[return-value]
 
 
 def _tag(state: BlackBoxState) -> Tensor:
@@ -505,26 +456,11 @@ def _tag(state: BlackBoxState) -> Tensor:
     The digest mixes the phase, the best loss and the losses of the swarm whose round it is,
     so that an ``Ask`` of another history with the same counters is refused.
     """
-    swarm = state.swarm if state.phase in ("faces", "done") else _swarm(state)
+    swarm = _swarm(state)
     best = int(state.best_loss.cpu().view(torch.int64))
     digest = int(round_tag(swarm)[4]) * 31 + best * 7 + PHASES.index(state.phase)
     return torch.tensor([state.rounds, state.num_evals, int(state.key[0]), int(state.key[1]),
                          (digest + 2**63) % 2**64 - 2**63])
-
-
-def _check_round(state: BlackBoxState, asked: Any, rows: int, check: bool) -> None:
-    """Refuse (``check``) an answer to another round or state, or one of another size.
-
-    The tag goes first: a stale answer is named as one, whatever its size.
-    """
-    if not isinstance(asked, Ask):
-        raise TypeError("black_box_search.tell takes the Ask that ask(state) returned, got "
-                        f"{type(asked).__name__}.")
-    check_tag(_tag(state), asked.tag.cpu(), "black_box_search", check)
-    if tuple(asked.mask.shape) != (rows,):
-        raise ValueError(f"asked has {len(asked.mask)} rows, but the state's round "
-                         f"{state.rounds} ({state.phase}) has {rows}: tell the Ask that "
-                         "ask(state) returned for this state.")
 
 
 def _in_float64(params: Params, loss_fn: LossFn, bounds: Any) -> tuple[Params, Any, Any]:

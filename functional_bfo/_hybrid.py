@@ -188,6 +188,9 @@ def hybrid_bfo(
                                          for m in optree.tree_leaves(grad_mask)):
         raise ValueError(f"Invalid grad_mask: {grad_mask!r}; expected None, a bool, or a pytree "
                          "like params of bools.")
+    if "metric_rate" in adaptive_kwargs:
+        raise TypeError("hybrid_bfo got metric_rate=: its tumbles follow the gradients, not a "
+                        "learned metric. For a learned metric use fb.adaptive_bfo.")
     base = adaptive_bfo(population_size, **adaptive_kwargs)  # validates the rest
     size = population_size
     static = adaptive_static(base)
@@ -199,7 +202,7 @@ def hybrid_bfo(
             k: torch.tensor(v, dtype=dtype, device=device) for k, v in mix.items()})
         mask = _mask_tree(params, grad_mask)
         return HybridBFOState(
-            **{k: v for k, v in state._asdict().items() if k != "hyperparams"},
+            **{k: v for k, v in state._asdict().items() if k not in ("hyperparams", "metric")},
             grads=optree.tree_map(torch.zeros_like, state.population),
             grad_known=torch.zeros(size, dtype=torch.bool, device=device),
             grad_mask=mask,

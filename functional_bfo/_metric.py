@@ -7,7 +7,8 @@ tumble in (as the rank-mu update of CMA-ES estimates it from its best samples). 
 draws ``phi = A u`` (``u`` uniform on the sphere, ``A A^T = cov``) and, after each update,
 moves ``cov`` toward the outer products of its successful tumbles, each normalized to the
 Mahalanobis length it was drawn at, so that without selection ``cov`` does not drift.
-Everything is in units of box widths (the black-box setup's relative steps) and float64.
+Everything is in float64 and in units of ``width`` (box widths with relative steps), and
+tensor-only (no host sync), so that an update learning a metric compiles and vmaps.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ class TumbleMetric(NamedTuple):
 
     cov: Tensor  # (n, n) float64, trace n: the shape of the tumble distribution
     factor: Tensor  # (n, n) its lower Cholesky factor A
+    width: Tensor  # (n,) float64: the unit of each coordinate (its box width, or 1)
 
 
-def isotropic(size: int, device: torch.device) -> TumbleMetric:
-    """The metric of plain BFO tumbles: the identity."""
-    eye = torch.eye(size, dtype=torch.float64, device=device)
-    return TumbleMetric(eye, eye)
+def isotropic(width: Tensor) -> TumbleMetric:
+    """The metric of plain BFO tumbles, the identity, in units of ``width``."""
+    eye = torch.eye(len(width), dtype=torch.float64, device=width.device)
+    return TumbleMetric(eye, eye.clone(), width)  # no shared storage: saved as loaded
 
 
 def widths(box: list[LeafBounds | None], params: Params) -> Tensor:
@@ -51,10 +53,9 @@ def flat_rows(population: Params) -> Tensor:
                       for x in optree.tree_leaves(population)], dim=1)
 
 
-def shape_directions(metric: TumbleMetric, direction: Params, width: Tensor,
-                     template: Params) -> Params:
-    """Box-relative unit tumbles ``u * width`` (a population) reshaped to ``(A u) * width``."""
-    shaped = ((flat_rows(direction) / width) @ metric.factor.T) * width
+def shape_directions(metric: TumbleMetric, direction: Params, template: Params) -> Params:
+    """Unit tumbles ``u * width`` (a population like ``template``) reshaped to ``(A u) * width``."""
+    shaped = ((flat_rows(direction) / metric.width) @ metric.factor.T) * metric.width
     return optree.tree_map(lambda s, d: s.to(d.dtype), unflatten_like(shaped, template),
                            direction)
 
@@ -69,25 +70,27 @@ def condition(metric: TumbleMetric) -> float:
     return float(high / low) if low > 0 else float("inf")
 
 
-def learn(metric: TumbleMetric, moves: Tensor, width: Tensor, rate: float) -> TumbleMetric:
-    """``metric`` moved toward the successful tumbles ``moves`` (rows of (m, n), m >= 0).
+def learn(metric: TumbleMetric, moves: Tensor, success: Tensor, rate: float) -> TumbleMetric:
+    """``metric`` moved toward the successful tumbles: the rows of ``moves`` where ``success``.
 
-    Each move is rescaled to Mahalanobis length ``sqrt(n)``, the expected length of a
-    standard normal draw, so an unselected tumble leaves ``cov`` unchanged on average; the
-    learning rate ``rate * m / (n^2 + 12)`` (at most 1/2) follows CMA-ES's ``1 / n^2``
-    scaling, because ``cov`` has ``n^2 / 2`` entries to estimate.
+    ``moves`` is (m, n) and ``success`` (m,) bool. Each move is rescaled to Mahalanobis
+    length ``sqrt(n)``, the expected length of a standard normal draw, so an unselected
+    tumble leaves ``cov`` unchanged on average; the learning rate ``rate * successes /
+    (n^2 + 12)`` (at most 1/2) follows CMA-ES's ``1 / n^2`` scaling, because ``cov`` has
+    ``n^2 / 2`` entries to estimate. No success, or a ``cov`` that rounding left
+    indefinite, keeps ``metric``.
     """
-    count, n = moves.shape
-    if count == 0:
-        return metric
-    u = moves / width
+    n = moves.shape[1]
+    count = success.sum().to(torch.float64)
+    u = moves / metric.width
     whitened = torch.linalg.solve_triangular(metric.factor, u.T, upper=False).T
     v = u * (n**0.5 / whitened.norm(dim=1, keepdim=True).clamp_min(1e-300))
-    c = min(0.5, rate * count / (n * n + 12))
-    cov = (1 - c) * metric.cov + c * (v.T @ v) / count
+    v = torch.where(success[:, None], v, 0.0)
+    c = (rate * count / (n * n + 12)).clamp(max=0.5)
+    cov = (1 - c) * metric.cov + c * (v.T @ v) / count.clamp_min(1)
     cov = 0.5 * (cov + cov.T)
     cov = cov * (n / torch.trace(cov))
     factor, info = torch.linalg.cholesky_ex(cov)
-    if int(info) != 0:  # lost definiteness to rounding: keep the last good metric
-        return metric
-    return TumbleMetric(cov, factor)
+    keep = (count == 0) | (info != 0)
+    return TumbleMetric(torch.where(keep, metric.cov, cov), torch.where(keep, metric.factor,
+                                                                        factor), metric.width)

@@ -1,14 +1,14 @@
 """Moves of points in a box that the black box makes beside its swarms' own tumbles.
 
-The exploring swarm's kicks (population basin hopping) and the polish's face moves (an
-optimum on the boundary found exactly). Pure functions; a point is a flat float64 row of
-``n`` coordinates in optree's flatten order, ``low`` and ``high`` its box (infinite where
-open).
+The exploring swarm's kicks (population basin hopping) and the polish's face scan (an
+optimum on the boundary found exactly, in two rounds of candidates). Pure functions; a point
+is a flat float64 row of ``n`` coordinates in optree's flatten order, ``low`` and ``high``
+its box (infinite where open).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import optree
 import torch
@@ -49,6 +49,38 @@ def kicked(state: AdaptiveBFOState, start: Params, box: list, jitter: float,
     return state._replace(population=spec.unflatten(moved),
                           losses=torch.full_like(state.losses, torch.nan),
                           step_sizes=state.step_sizes.clamp_min(3 * jitter))
+
+
+class FaceScan(NamedTuple):
+    """The face scan's next round: its points, and what they are."""
+
+    rows: Tensor  # (k, n) float64: the next round's points (k = 0: no round left)
+    singles: Tensor | None  # (2, n) bool: which single moves the rows are (None: their union)
+    room: int  # evaluations they may spend, this round's included
+    base: Tensor  # (n,) float64: the point moved
+    base_cost: float  # its cost
+
+
+def face_scan(base: Tensor, base_cost: float, low: Tensor, high: Tensor, room: int) -> FaceScan:
+    """The scan's first round: ``base`` with one coordinate on one face, at most ``room``."""
+    rows, singles = base.new_zeros((0, len(base))), None
+    if room > 0:
+        rows, singles = face_singles(base, low, high)
+    if len(rows) > room:  # some untried: no union follows
+        rows, singles = rows[:room].clone(), None  # a copy frees the rest
+    return FaceScan(rows, singles, room, base, base_cost)
+
+
+def face_scan_told(scan: FaceScan, costs: Tensor, low: Tensor, high: Tensor) -> FaceScan:
+    """The round after ``costs`` (one per row): the single moves' union, if they were singles."""
+    room = scan.room - len(scan.rows)
+    union = scan.rows.new_zeros((0, scan.rows.shape[1]))  # not a view: it would keep the rows
+    if scan.singles is not None:
+        single_costs = torch.full(scan.singles.shape, torch.inf, dtype=costs.dtype,
+                                  device=costs.device)
+        single_costs[scan.singles] = costs  # where each single move went
+        union = face_union(scan.base, low, high, single_costs, scan.base_cost)[:room]
+    return scan._replace(rows=union, singles=None, room=room)
 
 
 def face_singles(x: Tensor, low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:

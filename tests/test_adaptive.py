@@ -1,5 +1,6 @@
 """AdaptiveBFO's own rules: step-size adaptation, elitist dispersal, stagnation counter."""
 
+import math
 import statistics
 
 import pytest
@@ -227,3 +228,42 @@ def test_the_ceiling_caps_initial_and_restarted_step_sizes():
     for _ in range(5):  # two reproductions, every bacterium but the leader dispersed
         state = opt.update(state, lambda p: p["x"].square().sum())
         assert bool((state.step_sizes <= torch.tensor(1e-3)).all())
+
+
+def test_a_learned_metric_runs_along_a_rotated_valley_where_isotropic_tumbles_crawl():
+    """A 2-D ellipsoid of condition 1e4, rotated: same budget, same keys."""
+    c, s = math.cos(0.6), math.sin(0.6)
+    rotation = torch.tensor([[c, -s], [s, c]], dtype=torch.float64)
+    scales = torch.tensor([1.0, 1e4], dtype=torch.float64)
+
+    def valley(p):
+        y = rotation @ (p["x"] - 0.3)
+        return (scales * y * y).sum() + 5.0
+
+    def errors(metric_rate):
+        opt = fb.adaptive_bfo(8, bounds=(-1.0, 1.0), relative_steps=True, swim_length=1,
+                              step_size_min=1e-12, metric_rate=metric_rate)
+        params = {"x": torch.zeros(2, dtype=torch.float64)}
+        return [float(fb.run(opt, opt.init(params, key=fb.random.key(k)), valley,
+                             max_evals=3000).best_loss) - 5.0 for k in range(3)]
+
+    assert max(errors(2.0)) < 1e-7 < 1e-5 < min(errors(0.0))
+
+
+def test_the_metric_is_in_the_state_only_when_learned_and_limited_in_size():
+    params = {"x": torch.zeros(3), "y": torch.zeros(2, 2)}
+    none = fb.adaptive_bfo(4).init(params, key=fb.random.key(0)).metric  # of no coordinates
+    assert none.cov.shape == (0, 0) and none.width.shape == (0,)
+    learned = fb.adaptive_bfo(4, metric_rate=1.0, bounds={"x": (-1.0, 1.0), "y": (0.0, 4.0)},
+                              relative_steps=True).init(params, key=fb.random.key(0))
+    assert learned.metric.cov.shape == (7, 7) and learned.metric.cov.dtype == torch.float64
+    assert learned.metric.width.tolist() == [2.0] * 3 + [4.0] * 4  # in box widths
+    absolute = fb.adaptive_bfo(4, metric_rate=1.0, bounds=(-1.0, 1.0)).init(
+        params, key=fb.random.key(0))
+    assert absolute.metric.width.tolist() == [1.0] * 7
+    with pytest.raises(ValueError, match="Invalid metric_rate: -1.0"):
+        fb.adaptive_bfo(4, metric_rate=-1.0)
+    with pytest.raises(ValueError, match="limited to 2000 parameters.*metric_rate=0"):
+        fb.adaptive_bfo(4, metric_rate=1.0).init({"x": torch.zeros(2001)}, key=fb.random.key(0))
+    with pytest.raises(TypeError, match="hybrid_bfo got metric_rate="):
+        fb.hybrid_bfo(4, metric_rate=1.0)

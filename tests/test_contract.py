@@ -79,7 +79,11 @@ def test_vmap_over_states_equals_separate_runs(variant):
         states = step(states, loss_fn)
     for i in range(4):
         single = run_updates(opt, opt.init(params(), key=keys[i]), 7)
-        assert_trees_equal(optree.tree_map(lambda x, i=i: x[i], states), single)
+        batched = optree.tree_map(lambda x, i=i: x[i], states)
+        if variant.flags.get("vmap_rounds_matmul"):
+            torch.testing.assert_close(batched, single, rtol=0, atol=1e-12, equal_nan=True)
+        else:
+            assert_trees_equal(batched, single)
 
 
 @variants

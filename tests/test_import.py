@@ -80,10 +80,10 @@ def test_the_variants_states_share_their_leading_fields():
 
     shared = fb.BFOState._fields[:-1]
     assert fb.AdaptiveBFOState._fields[:len(shared)] == shared
-    adaptive = fb.AdaptiveBFOState._fields[:-1]
+    adaptive = fb.AdaptiveBFOState._fields[:-2]  # the hybrid learns no metric
     assert fb.HybridBFOState._fields[:len(adaptive)] == adaptive
-    assert {c._fields[-1] for c in (fb.BFOState, fb.AdaptiveBFOState, fb.HybridBFOState)} == {
-        "hyperparams"}
+    assert {c._fields[-1] for c in (fb.BFOState, fb.HybridBFOState)} == {"hyperparams"}
+    assert fb.AdaptiveBFOState._fields[-2:] == ("hyperparams", "metric")
     start = initial_population({"x": torch.zeros(2)}, fb.random.key(0), 3, None, 1.0)
     filled = start.state_fields(1.0, {}, lambda: None)
     assert tuple(k for k in filled if k != "hyperparams") == shared

@@ -1,4 +1,4 @@
-"""The black-box setup's learned tumble metric: invariants, no drift without selection, learning."""
+"""AdaptiveBFO's learned tumble metric: invariants, no drift without selection, learning."""
 
 import math
 
@@ -17,13 +17,18 @@ from functional_bfo._metric import (
 )
 
 
-def random_metric(n: int, seed: int) -> TumbleMetric:
+def random_metric(n: int, seed: int, width: float = 1.0) -> TumbleMetric:
     g = torch.Generator().manual_seed(seed)
     a = torch.randn(n, n, generator=g, dtype=torch.float64)
     cov = a @ a.T + n * torch.eye(n, dtype=torch.float64)
     cov = 0.5 * (cov + cov.T)
     cov = cov * (n / torch.trace(cov))
-    return TumbleMetric(cov, torch.linalg.cholesky(cov))
+    return TumbleMetric(cov, torch.linalg.cholesky(cov), torch.full((n,), width,
+                                                                    dtype=torch.float64))
+
+
+def ones(n: int) -> torch.Tensor:
+    return torch.ones(n, dtype=torch.float64)
 
 
 @settings(max_examples=30, deadline=None)
@@ -31,15 +36,31 @@ def random_metric(n: int, seed: int) -> TumbleMetric:
        rate=st.floats(0.0, 50.0), scale=st.floats(1e-6, 1e3))
 def test_learn_keeps_a_symmetric_positive_definite_metric_of_trace_n(n, count, seed, rate,
                                                                       scale):
-    metric = random_metric(n, seed)
+    metric = random_metric(n, seed, width=2.0)
     g = torch.Generator().manual_seed(seed + 1)
-    moves = scale * torch.randn(count, n, generator=g, dtype=torch.float64)
-    out = learn(metric, moves, torch.full((n,), 2.0, dtype=torch.float64), rate)
+    moves = scale * torch.randn(6, n, generator=g, dtype=torch.float64)
+    success = torch.arange(6) < count
+    out = learn(metric, moves, success, rate)
     assert torch.equal(out.cov, out.cov.T)
     assert math.isclose(float(torch.trace(out.cov)), n, rel_tol=1e-9)
     assert torch.allclose(out.factor @ out.factor.T, out.cov, atol=1e-9)
-    if count == 0 or rate == 0:
+    if count == 0:
+        assert torch.equal(out.cov, metric.cov) and torch.equal(out.factor, metric.factor)
+    if rate == 0:
         assert torch.allclose(out.cov, metric.cov, atol=1e-12)
+    # Only the successful rows count: the others may be anything, even non-finite.
+    junk = torch.where(success[:, None], moves, torch.nan)
+    assert torch.equal(learn(metric, junk, success, rate).cov, out.cov)
+
+
+def test_learning_compiles_without_a_graph_break_and_matches_eager():
+    """Masked, never indexed, and no host sync: an update that learns it compiles."""
+    metric = random_metric(3, 0)
+    moves = torch.randn(5, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    success = torch.tensor([True, False, True, True, False])
+    compiled = torch.compile(learn, fullgraph=True)
+    assert torch.allclose(compiled(metric, moves, success, 2.0).cov,
+                          learn(metric, moves, success, 2.0).cov, atol=1e-12)
 
 
 def test_tumbles_drawn_from_the_metric_and_not_selected_leave_it_where_it_was():
@@ -50,8 +71,7 @@ def test_tumbles_drawn_from_the_metric_and_not_selected_leave_it_where_it_was():
     for _ in range(steps):
         z = torch.randn(2, n, generator=g, dtype=torch.float64)
         lengths = torch.rand(2, 1, generator=g, dtype=torch.float64) * 10  # any step length
-        out = learn(out, lengths * (z @ metric.factor.T), torch.ones(n, dtype=torch.float64),
-                    1.0)
+        out = learn(out, lengths * (z @ metric.factor.T), torch.ones(2, dtype=torch.bool), 1.0)
         total += out.cov
     assert torch.allclose(total / steps, metric.cov, atol=0.05)  # wanders, does not drift
 
@@ -60,11 +80,11 @@ def test_successes_along_a_valley_stretch_the_metric_along_it():
     n = 3
     valley = torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64) / 2**0.5
     g = torch.Generator().manual_seed(2)
-    metric = isotropic(n, torch.device("cpu"))
+    metric = isotropic(ones(n))
     for _ in range(200):
         signs = torch.randint(0, 2, (2, 1), generator=g).to(torch.float64) * 2 - 1
         noise = 0.05 * torch.randn(2, n, generator=g, dtype=torch.float64)
-        metric = learn(metric, signs * valley + noise, torch.ones(n, dtype=torch.float64), 2.0)
+        metric = learn(metric, signs * valley + noise, torch.ones(2, dtype=torch.bool), 2.0)
     values, vectors = torch.linalg.eigh(metric.cov)
     assert float(values[-1] / values[0]) > 100
     assert abs(float(vectors[:, -1] @ valley)) > 0.99
@@ -76,11 +96,11 @@ def test_condition_is_the_eigenvalue_ratio_and_infinite_once_one_rounds_to_zero(
     q = torch.linalg.qr(torch.randn(3, 3, generator=torch.Generator().manual_seed(0),
                                     dtype=torch.float64))[0]
     cov = q @ torch.diag(torch.tensor([2.9, 0.05, 0.05], dtype=torch.float64)) @ q.T
-    assert math.isclose(condition(TumbleMetric(cov, cov)), 58.0, rel_tol=1e-9)
-    assert condition(isotropic(4, torch.device("cpu"))) == 1.0
+    assert math.isclose(condition(TumbleMetric(cov, cov, ones(3))), 58.0, rel_tol=1e-9)
+    assert condition(isotropic(ones(4))) == 1.0
     for smallest in (0.0, -1e-17):
         flat = torch.diag(torch.tensor([2.0, 1.0, smallest], dtype=torch.float64))
-        assert condition(TumbleMetric(flat, flat)) == math.inf
+        assert condition(TumbleMetric(flat, flat, ones(3))) == math.inf
 
 
 def test_directions_are_shaped_in_box_widths_and_keep_the_population_tree():
@@ -90,10 +110,10 @@ def test_directions_are_shaped_in_box_widths_and_keep_the_population_tree():
     width = widths(box, params)
     assert width.tolist() == [2.0, 2.0, 1.0]
     direction = {"a": torch.tensor([[0.6, 0.0], [0.0, 0.4]]), "b": torch.tensor([[0.8], [0.3]])}
-    same = shape_directions(isotropic(3, torch.device("cpu")), direction, width, params)
+    same = shape_directions(isotropic(width), direction, params)
     assert all(torch.allclose(same[k], direction[k]) and same[k].dtype == direction[k].dtype
                for k in direction)
     swap = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
-    swapped = shape_directions(TumbleMetric(swap @ swap.T, swap), direction, width, params)
+    swapped = shape_directions(TumbleMetric(swap @ swap.T, swap, width), direction, params)
     assert torch.allclose(swapped["a"], direction["a"].flip(1))  # A u swaps the two coordinates
     assert torch.allclose(swapped["b"], direction["b"])

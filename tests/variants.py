@@ -40,6 +40,12 @@ VARIANTS = [
             dict(population_size=12, min_population_size=4, chemotaxis_steps=2,
                  stagnation_steps=2, step_size=0.2),
             dict(population_size=24, min_population_size=8)),
+    Variant("adaptive_bfo_learned_metric", fb.adaptive_bfo,
+            dict(population_size=10, chemotaxis_steps=3, step_size=0.2, metric_rate=2.0,
+                 bounds=(-3.0, 3.0), relative_steps=True),
+            dict(population_size=20, metric_rate=2.0),
+            # torch rounds a small matmul batched (vmap) and alone differently in the last bit
+            flags=dict(vmap_rounds_matmul=True)),
     Variant("hybrid_bfo", fb.hybrid_bfo,
             dict(population_size=8, chemotaxis_steps=3, elimination_prob=0.3, step_size=0.2,
                  gradient_weight=0.7, momentum=0.5, grad_mask=True),
