@@ -153,10 +153,11 @@ def adaptive_bfo(
             units of each coordinate's box width where the box is finite (absolute where
             it is not), so one setting suits a +-1 box and a +-600 one. Part of the
             black-box setup (docs/variants.md).
-        metric_rate: above 0, tumbles follow a metric learned from the swarm's successful
-            tumbles at this rate (``_metric.py``; 2.0 in the black-box setup): along a
-            narrow rotated valley they learn to point along it. It costs ``n^2`` memory and
-            ``n^3`` time per update for ``n`` parameters, so it is limited to 2000.
+        metric_rate: above 0, tumbles follow a metric (``state.metric``) learned from the
+            swarm's successful tumbles at this rate, 2.0 in the black-box setup: along a
+            narrow rotated valley they learn to point along it (docs/variants.md). It
+            costs ``n^2`` memory and ``n^3`` time per update for ``n`` parameters, so it is
+            limited to 2000.
         init_scale: spread of new bacteria on coordinates with no finite box.
         maximize: maximize the loss instead.
         evaluator: how the population is evaluated (default ``evaluate.vmap()``).

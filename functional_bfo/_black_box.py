@@ -187,7 +187,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             rows = state.faces.rows  # type: ignore[union-attr]
             return Ask(as_params(rows, state.start),
                        torch.ones(len(rows), dtype=torch.bool, device=rows.device), _tag(state))
-        return optimizer(state).ask(swarm)._replace(tag=_tag(state))
+        return optimizer(state).ask(swarm)._replace(tag=_tag(state))  # type: ignore[misc]
 
     def tell_fn(state: BlackBoxState, asked: Ask, losses: Any, *,
                 check: bool = True) -> BlackBoxState:
@@ -202,7 +202,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
                              f"{state.rounds} ({state.phase}) has {rows}: tell the Ask that "
                              "ask(state) returned for this state.")
         if swarm is not None:
-            return told(state, optimizer(state).tell(swarm, asked, losses, check=False))
+            return told(state, optimizer(state).tell(  # type: ignore[misc]  # adaptive's is set
+                swarm, asked, losses, check=False))
         costs = told_costs(state.swarm, asked, losses, sign, "black_box_search", check=False)
         return after(told_faces(state, costs))
 
