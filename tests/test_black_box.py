@@ -321,11 +321,12 @@ def test_the_exploring_swarm_finds_lower_basins_than_restarts_on_rastrigin():
 
     settings = dict(max_evals=2000 * 10, restart_after=30)
     box = (-5.12, 5.12)
+    # Both share their first swarms, and with keys 0 and 2 the first swarms' best is the
+    # best of both runs (they end equal); keys 1 and 3 are two where the runs part.
     explored = [float(fb.black_box(rastrigin, start(10), box, key=fb.random.key(k),
-                                   explore_after=1, **settings).loss) for k in range(4)]
+                                   explore_after=1, **settings).loss) for k in (1, 3)]
     restarted = [float(fb.black_box(rastrigin, start(10), box, key=fb.random.key(k),
-                                    explore_after=None, **settings).loss) for k in range(4)]
-    # Both share their first swarms (and often their best): compare means, not medians.
+                                    explore_after=None, **settings).loss) for k in (1, 3)]
     assert sum(explored) < sum(restarted)
 
 

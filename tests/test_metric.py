@@ -53,16 +53,6 @@ def test_learn_keeps_a_symmetric_positive_definite_metric_of_trace_n(n, count, s
     assert torch.equal(learn(metric, junk, success, rate).cov, out.cov)
 
 
-def test_learning_compiles_without_a_graph_break_and_matches_eager():
-    """Masked, never indexed, and no host sync: an update that learns it compiles."""
-    metric = random_metric(3, 0)
-    moves = torch.randn(5, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    success = torch.tensor([True, False, True, True, False])
-    compiled = torch.compile(learn, fullgraph=True)
-    assert torch.allclose(compiled(metric, moves, success, 2.0).cov,
-                          learn(metric, moves, success, 2.0).cov, atol=1e-12)
-
-
 def test_tumbles_drawn_from_the_metric_and_not_selected_leave_it_where_it_was():
     """Each move is rescaled to Mahalanobis length sqrt(n): unbiased for any move length."""
     n, metric = 4, random_metric(4, 0)
