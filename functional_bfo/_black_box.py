@@ -161,12 +161,9 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
     def box(s: BlackBoxState) -> list:
         return resolve(bounds, s.start, torch.float64)
 
-    def learning(s: BlackBoxState) -> bool:
-        """Whether the swarm whose round is next learns a metric: the even converging ones."""
-        return rate > 0 and s.phase == "converge" and s.restarts % 2 == 0
-
     def optimizer(s: BlackBoxState) -> Optimizer:
-        return learner if learning(s) else plain
+        """The optimizer of the swarm whose round is next: it learns if it has a metric."""
+        return learner if _swarm(s).metric.width.numel() else plain
 
     def init_fn(params: Params, *, key: Key) -> BlackBoxState:
         check_params(params)
@@ -269,8 +266,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         """
         now = cost(new.best_loss)
         behind = s.progress > s.entry_best
-        valley = s.valley or (learning(s) and int(new.step) % chemotaxis_steps == 0
-                              and metric.condition(new.metric) > VALLEY_CONDITION)
+        valley = s.valley or (new.metric.width.numel() > 0 and int(new.step) % chemotaxis_steps
+                              == 0 and metric.condition(new.metric) > VALLEY_CONDITION)
         if valley and not s.valley:
             new = with_hyperparams(new, elimination_prob=0.0, elimination_prob_max=0.0)
         first, progress, stalled, gain = s.first, s.progress, s.stalled + 1, s.gain
