@@ -11,7 +11,7 @@ swarm's update, or one batch of face moves):
   kicked every ``JITTER_PERIOD`` updates (``_moves.kicked``) takes all but
   ``CONVERGING_SHARE`` of the rounds: it rides a global structure restarts only sample;
 - faces, then polish: the last ``polish`` of the budget moves the best point onto the box's
-  faces (``_moves.face_*``), then refines it with the swarm holding it, or one started there.
+  faces (``_moves.face_*``), then refines it with one swarm gathered there (``polisher``).
 
 Every decision compares losses with each other, in float64, so ``f``, ``f + c`` and
 ``a * f`` get the same run. docs/variants.md tables each constant against its alternatives.
@@ -57,6 +57,10 @@ CONVERGING_SHARE = 0.1
 # coordinates (none beyond) (BBOB f05, D = 2 / 10 / 30: 6e-6 / 0.017 / 29.7 -> exactly 0).
 FACE_SHARE = 0.1
 FACE_SCAN_SIZE = 2000
+# The polishing swarm's steps are spread evenly in log scale over POLISH_DECADES below jitter
+# (offsets on, D = 2 / 10, summed log10 error over 32 cells each: 2 -172 / -19.4, 4 -180 /
+# -20.0, 6 -178 / -19.3, 8 -174 / -18.8; all at jitter -167 / -17.6).
+POLISH_DECADES = 4
 EXPLORER_STREAM = 2**31 - 1  # fold_in data of the explorer's key (restarts use 0, 1, ...)
 POLISHER_STREAM = 2**31 - 2  # and of the polishing swarm's
 PHASES = ("converge", "explore", "faces", "polish", "done")
@@ -68,6 +72,7 @@ class BlackBoxState(NamedTuple):
     phase: str  # the next round's: "converge", "explore", "faces", "polish" or "done"
     swarm: AdaptiveBFOState  # the converging swarm (in the polish: the polishing one)
     explorer: AdaptiveBFOState | None
+    holder: AdaptiveBFOState | None  # the last converging swarm restarted holding the best
     faces: moves.FaceScan | None  # the polish's face moves
     best_params: Params  # the best point evaluated (float64)
     best_loss: Tensor  # () float64 (inf, or -inf when maximizing, before a finite loss)
@@ -171,11 +176,11 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         none = torch.tensor(sign * math.inf, dtype=torch.float64,
                             device=optree.tree_leaves(start)[0].device)
         s = BlackBoxState(
-            phase="converge", swarm=None, explorer=None, faces=None,  # type: ignore[arg-type]
-            best_params=start, best_loss=none, num_evals=0, rounds=0, restarts=0, failed=0,
-            entry_best=math.inf, converged_best=math.inf, first=math.inf, progress=math.inf,
-            stalled=0, gain=0.0, valley=False, converging_after=0, explorer_updates=0,
-            start=start, key=key)
+            phase="converge", swarm=None,  # type: ignore[arg-type]  # restarted() sets it
+            explorer=None, holder=None, faces=None, best_params=start, best_loss=none,
+            num_evals=0, rounds=0, restarts=0, failed=0, entry_best=math.inf,
+            converged_best=math.inf, first=math.inf, progress=math.inf, stalled=0, gain=0.0,
+            valley=False, converging_after=0, explorer_updates=0, start=start, key=key)
         return after(restarted(s, start, 0))
 
     def ask_fn(state: BlackBoxState) -> Ask:
@@ -283,8 +288,9 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         if stall_limit is None or stalled < stall_limit * (1 if behind else HOLDING_PATIENCE):
             return s
         place = moves.uniform_point(s.start, box(s), random.fold_in(s.key, 2 * s.restarts + 1))
-        return restarted(s._replace(failed=s.failed + 1 if now >= s.entry_best else 0), place,
-                         s.restarts + 1)
+        holder = new if now <= cost(s.best_loss) else s.holder  # the polish may go on from it
+        return restarted(s._replace(failed=s.failed + 1 if now >= s.entry_best else 0,
+                                    holder=holder), place, s.restarts + 1)
 
     def face_moves(s: BlackBoxState) -> moves.FaceScan:
         """The polish's face moves: the best point's coordinates moved onto the box's faces."""
@@ -313,10 +319,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             return s._replace(phase="faces")
         if not fits:
             return s._replace(phase="done")
-        if polishing:  # by the swarm that holds the best, else by one started there
-            if s.phase != "polish" and cost(s.swarm.best_loss) > cost(s.best_loss):
-                s = s._replace(phase="polish", swarm=polisher(s))
-            return s._replace(phase="polish" if s.phase == "polish" else "converge")
+        if polishing:
+            return s if s.phase == "polish" else s._replace(phase="polish", swarm=polisher(s))
         if s.explorer is None and hand_over is not None and s.failed >= hand_over:
             s = s._replace(explorer=plain.init(s.start, key=random.fold_in(s.key,
                                                                             EXPLORER_STREAM)))
@@ -325,13 +329,23 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         return s._replace(phase="explore" if explore else "converge")
 
     def polisher(s: BlackBoxState) -> AdaptiveBFOState:
-        """A swarm with every bacterium at the best point (its loss known), steps ``jitter``."""
-        state = plain.init(s.best_params, key=random.fold_in(s.key, POLISHER_STREAM))
-        return state._replace(
+        """The polishing swarm: every bacterium at the best point, its loss known.
+
+        Steps go from ``jitter`` down over ``POLISH_DECADES``, so that some bacteria start
+        at the scale the best point needs (reproduction spreads theirs), with no dispersal.
+        It goes on from the converging swarm that holds the best (the running one, or the
+        last one restarted holding it), keeping its metric, else from a new one.
+        """
+        held = [w for w in (s.swarm, s.holder)
+                if w is not None and cost(w.best_loss) <= cost(s.best_loss)]
+        state = held[0] if held else plain.init(s.best_params,
+                                                key=random.fold_in(s.key, POLISHER_STREAM))
+        steps = kick * torch.logspace(0, -POLISH_DECADES, population_size, dtype=torch.float64)
+        return with_hyperparams(state._replace(
             population=optree.tree_map(lambda x: x.expand(population_size, *x.shape).clone(),
                                        s.best_params),
             losses=torch.full_like(state.losses, float(s.best_loss)),
-            step_sizes=torch.full_like(state.step_sizes, kick))
+            step_sizes=steps.to(state.step_sizes)), elimination_prob=0.0, elimination_prob_max=0.0)
 
     def better(s: BlackBoxState, params: Params, loss: Tensor) -> BlackBoxState:
         """``s`` with ``params`` as its best point if their ``loss`` beats its best."""

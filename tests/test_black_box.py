@@ -363,26 +363,45 @@ def test_pytrees_open_sides_and_float32_go_through_the_metric_and_the_explorer()
     assert float(out.loss) < 5e-2
 
 
-def test_the_polish_share_goes_to_a_swarm_started_at_the_best():
-    """A loss that drifts up with every call: no later swarm beats the early best, so the
-    current swarm never holds it at the end and the last quarter polishes from the best."""
+def test_the_polish_goes_on_from_the_restarted_swarm_that_holds_the_best():
+    """A loss that drifts up with every call: no swarm after the first beats its early best,
+    so the polish goes on from that swarm, restarted long before: its metric and counters,
+    every bacterium gathered at the best, steps from jitter down over four decades, no
+    dispersal."""
     calls = []
 
     def drifting(p):
-        calls.append(p["x"].detach().clone())
-        return (p["x"] - 0.3).square().sum() + 1e-3 * len(calls)
+        calls.append(None)
+        return shifted_sphere(p) + 1e-3 * len(calls)
 
-    out = fb.black_box(drifting, start(2), (-1.0, 1.0), max_evals=16 * 40, key=fb.random.key(0),
+    opt = fb.black_box_search((-1.0, 1.0), max_evals=16 * 40, restart_after=4,
+                              explore_after=None, polish=0.25, evaluator=fb.evaluate.loop())
+    state = opt.init(start(2), key=fb.random.key(0))
+    while state.phase != "polish":
+        state = opt.update(state, drifting)
+    polisher, holder = state.swarm, state.holder
+    assert state.restarts > 1 and float(holder.best_loss) == float(state.best_loss)
+    assert int(polisher.step) == int(holder.step) > 4
+    assert torch.equal(polisher.metric.cov, holder.metric.cov) and polisher.metric.cov.numel()
+    assert bool((polisher.population["x"] == state.best_params["x"]).all())
+    assert torch.allclose(polisher.step_sizes, 0.01 * torch.logspace(0, -4, 8, dtype=torch.float64))
+    assert float(polisher.hyperparams.elimination_prob_max) == 0.0
+
+
+def test_a_best_no_swarm_holds_is_polished_by_a_swarm_started_there():
+    """The face moves put the best exactly on the corner (1, 1), where no swarm is: the last
+    quarter polishes from there, each bacterium's first tumble as long as its step."""
+    loss, calls = recording(lambda p: (p["x"] - 1.0).square().sum())
+    out = fb.black_box(loss, start(2), (-1.0, 1.0), max_evals=16 * 40, key=fb.random.key(0),
                        restart_after=4, explore_after=None, polish=0.25,
                        evaluator=fb.evaluate.loop())
-    # 30 updates, 4 face moves (2 coordinates, 2 faces; none helps), 9 polishing updates.
-    assert out.num_evals == 16 * 39 + 4 and len(out.history) == 40
-    assert all(x.abs().max() == 1.0 for x in calls[16 * 30:16 * 30 + 4])
-    first_polish = torch.stack(calls[16 * 30 + 4:16 * 31 + 4])
-    # All 8 bacteria start at the best; one tumble of 0.01 box widths (width 2), swim of 1.
-    reach = (first_polish - out.params["x"]).norm(dim=1)
-    assert bool((reach <= 2 * 0.01 * 2 + 1e-12).all()) and bool((reach > 0).all())
-    assert out.history[-1][1] == out.history[29][1] == float(out.loss)  # nothing beat it
+    # 30 updates, 5 face moves (2 coordinates on 2 faces, then the 2 that helped), 9 polishing.
+    assert out.num_evals == 16 * 39 + 5 and len(out.history) == 41
+    assert torch.equal(out.params["x"], torch.ones(2, dtype=torch.float64))
+    tumbles = torch.stack(calls[16 * 30 + 5:16 * 30 + 13])
+    steps = 0.01 * torch.logspace(0, -4, 8, dtype=torch.float64) * 2  # box widths (width 2)
+    reach = (tumbles - out.params["x"]).norm(dim=1)
+    assert torch.allclose(reach, steps, rtol=1e-9)  # a unit tumble, inside the box
 
 
 def test_an_explorer_kick_moves_even_bacteria_a_little_and_odd_ones_along_one_coordinate():
