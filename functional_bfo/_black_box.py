@@ -168,7 +168,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
 
     def optimizer(s: BlackBoxState) -> Optimizer:
         """The optimizer of the swarm whose round is next: it learns if it has a metric."""
-        return learner if _swarm(s).metric.width.numel() else plain
+        return learner if _learns(_swarm(s)) else plain
 
     def init_fn(params: Params, *, key: Key) -> BlackBoxState:
         check_params(params)
@@ -271,10 +271,10 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         """
         now = cost(new.best_loss)
         behind = s.progress > s.entry_best
-        valley = s.valley or (new.metric.width.numel() > 0 and int(new.step) % chemotaxis_steps
-                              == 0 and metric.condition(new.metric) > VALLEY_CONDITION)
+        valley = s.valley or (_learns(new) and int(new.step) % chemotaxis_steps == 0
+                              and metric.condition(new.metric) > VALLEY_CONDITION)
         if valley and not s.valley:
-            new = with_hyperparams(new, elimination_prob=0.0, elimination_prob_max=0.0)
+            new = _undispersed(new)
         first, progress, stalled, gain = s.first, s.progress, s.stalled + 1, s.gain
         if not math.isfinite(progress):  # its first finite loss is progress
             if now < progress:
@@ -341,11 +341,11 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         state = held[0] if held else plain.init(s.best_params,
                                                 key=random.fold_in(s.key, POLISHER_STREAM))
         steps = kick * torch.logspace(0, -POLISH_DECADES, population_size, dtype=torch.float64)
-        return with_hyperparams(state._replace(
+        return _undispersed(state._replace(
             population=optree.tree_map(lambda x: x.expand(population_size, *x.shape).clone(),
                                        s.best_params),
             losses=torch.full_like(state.losses, float(s.best_loss)),
-            step_sizes=steps.to(state.step_sizes)), elimination_prob=0.0, elimination_prob_max=0.0)
+            step_sizes=steps.to(state.step_sizes)))
 
     def better(s: BlackBoxState, params: Params, loss: Tensor) -> BlackBoxState:
         """``s`` with ``params`` as its best point if their ``loss`` beats its best."""
@@ -455,6 +455,16 @@ def as_params(flat_rows: Tensor, template: Params) -> Params:
     """
     return optree.tree_map(lambda v, t: v.to(t.dtype, copy=True),
                            unflatten_like(flat_rows, template), template)
+
+
+def _learns(swarm: AdaptiveBFOState) -> bool:
+    """Whether ``swarm`` learns a tumble metric (a plain swarm's has 0 coordinates)."""
+    return swarm.metric.width.numel() > 0
+
+
+def _undispersed(swarm: AdaptiveBFOState) -> AdaptiveBFOState:
+    """``swarm`` with elimination-dispersal off: a swarm in a valley, or polishing."""
+    return with_hyperparams(swarm, elimination_prob=0.0, elimination_prob_max=0.0)
 
 
 def _swarm(state: BlackBoxState) -> AdaptiveBFOState:
