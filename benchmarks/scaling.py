@@ -147,8 +147,8 @@ def main() -> None:
         return
     args = parser(__doc__).parse_args()
     device = args.device
-    populations = [16, 64, 256] if args.quick else [16, 64, 256, 1024, 4096]
-    dims = [10, 100] if args.quick else [10, 100, 1_000, 10_000, 100_000]
+    populations = [16] if args.quick else [16, 64, 256, 1024, 4096]
+    dims = [10] if args.quick else [10, 100, 1_000, 10_000, 100_000]
     variants = ["bfo"] if args.quick else ["bfo", "adaptive_bfo"]
     repeats = 3 if args.quick else 10
     rows = [measure(v, p, 30, repeats, device) for v in variants for p in populations]
