@@ -419,7 +419,7 @@ def adaptive_state(state: AdaptiveBFOState, static: AdaptiveStatic,
         steps = metric.flat_rows(step.fields["population"]) - metric.flat_rows(
             take(state.population, step.source))
         learned = metric.learn(state.metric, steps, step.known & (steps != 0).any(dim=1),
-                               static.metric_rate)
+                               static.metric_rate, step.known)
     return AdaptiveBFOState(**step.fields, metric=learned)
 
 

@@ -5,8 +5,9 @@ swarm's update, or one batch of face moves):
 
 - converge: small AdaptiveBFO swarms with steps in box widths (every other one tumbling
   along a metric learned from its successful tumbles, ``_metric.py``), each restarted from
-  a uniform place once it stops progressing. A swarm whose metric found a valley stops
-  dispersing and, while it holds the best, measures progress against its last gain;
+  a uniform place once it stops progressing. A swarm whose metric found a valley goes on
+  as its best bacterium alone, whose metric learns faster, and while it holds the best it
+  measures progress against its last gain;
 - explore: once ``explore_after`` swarms in a row end without beating the best, a swarm
   kicked every ``JITTER_PERIOD`` updates (``_moves.kicked``) takes all but
   ``CONVERGING_SHARE`` of the rounds: it rides a global structure restarts only sample;
@@ -47,7 +48,9 @@ from .evaluate import check_evaluator
 HOLDING_PATIENCE = 3
 # A learned metric of condition number above VALLEY_CONDITION (checked once per dispersal
 # cycle) marks a valley (offsets on, BBOB f10 ellipsoid, D = 2 / 10: 0.10 / 337 -> 0.0051
-# / 48.9; at 10: 10.2 at D = 10, but Rastrigin-10 19.9 -> 35.8).
+# / 48.9; at 10: 10.2 at D = 10, but Rastrigin-10 19.9 -> 35.8). The swarm then goes on as
+# a lone bacterium (summed log10 error over the 32 cells at D = 2 / 10: -180.3 / -20.0 ->
+# -205.0 / -35.4; a lone bacterium from each learning swarm's start: Rastrigin-2 lost).
 VALLEY_CONDITION = 30.0
 # The explorer kicks every JITTER_PERIOD of its updates, and the converging swarms keep
 # CONVERGING_SHARE of the rounds after it starts (1 : 1 instead: eight -0.23 at D = 10).
@@ -84,10 +87,10 @@ class BlackBoxState(NamedTuple):
     converged_best: float  # the best cost of every converging swarm so far
     first: float  # this swarm's first finite best cost
     progress: float  # its best cost at its last progress
-    stalled: int  # its updates since
+    stalled: int  # its evaluations since
     gain: float  # the gain of its last progress (0 before any)
-    valley: bool  # whether its metric found a valley: no dispersal, progress against gain
-    converging_after: int  # converging rounds since the explorer started
+    valley: bool  # whether its metric found a valley: a lone bacterium, progress against gain
+    converging_after: int  # converging evaluations since the explorer started
     explorer_updates: int
     start: Params  # the given params (float64): the explorer's start, open sides' place
     key: Key
@@ -151,6 +154,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
                     **adaptive_kwargs)
     plain = adaptive_bfo(population_size, **settings)  # isotropic tumbles
     learner = adaptive_bfo(population_size, metric_rate=rate, **settings) if rate else plain
+    lone = adaptive_bfo(1, metric_rate=rate, **settings) if rate else plain  # in a valley
     sign, evaluator = -1.0 if plain.maximize else 1.0, check_evaluator(settings.get("evaluator"))
     bounds = check_bounds(bounds)
     per_round = population_size * (swim_length + 1)
@@ -168,7 +172,9 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
 
     def optimizer(s: BlackBoxState) -> Optimizer:
         """The optimizer of the swarm whose round is next: it learns if it has a metric."""
-        return learner if _learns(_swarm(s)) else plain
+        if not _learns(_swarm(s)):
+            return plain
+        return lone if s.phase == "converge" and s.valley else learner
 
     def init_fn(params: Params, *, key: Key) -> BlackBoxState:
         check_params(params)
@@ -198,7 +204,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             raise TypeError("black_box_search.tell takes the Ask that ask(state) returned, "
                             f"got {type(asked).__name__}.")
         check_tag(_tag(state), asked.tag.cpu(), "black_box_search", check)
-        rows = per_round if swarm is not None else len(state.faces.rows)  # type: ignore[union-attr]
+        rows = (len(swarm.losses) * (swim_length + 1) if swarm is not None
+                else len(state.faces.rows))  # type: ignore[union-attr]
         if tuple(asked.mask.shape) != (rows,):  # a stale answer was named as one above
             raise ValueError(f"asked has {len(asked.mask)} rows, but the state's round "
                              f"{state.rounds} ({state.phase}) has {rows}: tell the Ask that "
@@ -231,7 +238,9 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         if state.phase == "faces":
             return None
         swarm = _swarm(state)
-        check_state(swarm, population_size, AdaptiveBFOState, "black_box_search")
+        lone_round = state.phase == "converge" and state.valley and _learns(swarm)
+        check_state(swarm, 1 if lone_round else population_size, AdaptiveBFOState,
+                    "black_box_search")
         return swarm
 
     def told(state: BlackBoxState, new: AdaptiveBFOState) -> BlackBoxState:
@@ -266,16 +275,17 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
 
         Progress is a gain of more than ``rtol`` of the way still to the best of the swarms
         before or, while the swarm holds the best, of its own descent so far or, in a valley,
-        of its last gain. A swarm in a valley stops dispersing: a dispersed bacterium's
-        tumbles elsewhere teach the metric nothing about the valley.
+        of its last gain, within ``restart_after`` updates' worth of a full swarm's
+        evaluations (3x while holding the best). A swarm in a valley goes on as its best
+        bacterium alone (``narrowed``).
         """
-        now = cost(new.best_loss)
+        now, spent = cost(new.best_loss), int(new.num_evals - s.swarm.num_evals)
         behind = s.progress > s.entry_best
         valley = s.valley or (_learns(new) and int(new.step) % chemotaxis_steps == 0
                               and metric.condition(new.metric) > VALLEY_CONDITION)
         if valley and not s.valley:
-            new = _undispersed(new)
-        first, progress, stalled, gain = s.first, s.progress, s.stalled + 1, s.gain
+            new = narrowed(new)
+        first, progress, stalled, gain = s.first, s.progress, s.stalled + spent, s.gain
         if not math.isfinite(progress):  # its first finite loss is progress
             if now < progress:
                 first, progress, stalled = now, now, 0
@@ -284,13 +294,28 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             progress, stalled, gain = now, 0, progress - now
         s = s._replace(swarm=new, converged_best=min(s.converged_best, now),
                        first=first, progress=progress, stalled=stalled, gain=gain, valley=valley,
-                       converging_after=s.converging_after + (s.explorer is not None))
-        if stall_limit is None or stalled < stall_limit * (1 if behind else HOLDING_PATIENCE):
+                       converging_after=s.converging_after + spent * (s.explorer is not None))
+        patience = per_round * (1 if behind else HOLDING_PATIENCE)
+        if stall_limit is None or stalled < stall_limit * patience:
             return s
         place = moves.uniform_point(s.start, box(s), random.fold_in(s.key, 2 * s.restarts + 1))
         holder = new if now <= cost(s.best_loss) else s.holder  # the polish may go on from it
         return restarted(s._replace(failed=s.failed + 1 if now >= s.entry_best else 0,
                                     holder=holder), place, s.restarts + 1)
+
+    def narrowed(w: AdaptiveBFOState) -> AdaptiveBFOState:
+        """A swarm in a valley as its best bacterium alone, with its step and the metric.
+
+        A lone bacterium's successes add up into an evolution path, which learns a valley's
+        axis in about n successes where a swarm's take about n^2 (``_metric.py``); no
+        dispersal, which would be a restart of its own.
+        """
+        i = int((sign * w.losses).nan_to_num(math.inf).argmin())
+        return _undispersed(lone.init(w.best_params, key=w.key)._replace(
+            population=optree.tree_map(lambda x: x[i:i + 1].clone(), w.population),
+            losses=w.losses[i:i + 1].clone(), best_params=w.best_params,
+            best_loss=w.best_loss, step=w.step, num_evals=w.num_evals,
+            step_sizes=w.step_sizes[i:i + 1].clone(), stall=w.stall, metric=w.metric))
 
     def face_moves(s: BlackBoxState) -> moves.FaceScan:
         """The polish's face moves: the best point's coordinates moved onto the box's faces."""
@@ -325,7 +350,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             s = s._replace(explorer=plain.init(s.start, key=random.fold_in(s.key,
                                                                             EXPLORER_STREAM)))
         explore = s.explorer is not None and s.converging_after >= CONVERGING_SHARE * (
-            s.converging_after + s.explorer_updates + 1)
+            s.converging_after + per_round * (s.explorer_updates + 1))
         return s._replace(phase="explore" if explore else "converge")
 
     def polisher(s: BlackBoxState) -> AdaptiveBFOState:
@@ -334,12 +359,16 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         Steps go from ``jitter`` down over ``POLISH_DECADES``, so that some bacteria start
         at the scale the best point needs (reproduction spreads theirs), with no dispersal.
         It goes on from the converging swarm that holds the best (the running one, or the
-        last one restarted holding it), keeping its metric, else from a new one.
+        last one restarted holding it), keeping its metric (a lone bacterium's in a new full
+        swarm), else from a new one.
         """
         held = [w for w in (s.swarm, s.holder)
                 if w is not None and cost(w.best_loss) <= cost(s.best_loss)]
-        state = held[0] if held else plain.init(s.best_params,
-                                                key=random.fold_in(s.key, POLISHER_STREAM))
+        key = random.fold_in(s.key, POLISHER_STREAM)
+        state = held[0] if held else plain.init(s.best_params, key=key)
+        if len(state.losses) != population_size:  # a lone bacterium's metric
+            state = learner.init(s.best_params, key=key)._replace(
+                metric=state.metric._replace(path=torch.zeros_like(state.metric.path)))
         steps = kick * torch.logspace(0, -POLISH_DECADES, population_size, dtype=torch.float64)
         return _undispersed(state._replace(
             population=optree.tree_map(lambda x: x.expand(population_size, *x.shape).clone(),

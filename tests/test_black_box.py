@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import functional_bfo as fb
+from functional_bfo._metric import condition
 
 
 def shifted_sphere(p):
@@ -269,10 +270,10 @@ def test_the_learned_metric_follows_a_rotated_valley():
     assert max(final_losses()) < 1e-7 and min(final_losses(metric_rate=0.0)) > 1e-4
 
 
-def test_a_swarm_in_a_valley_stops_dispersing_and_keeps_descending():
-    """A rotated 4-D ellipsoid of condition 1e6 plus 100: against its whole descent the
-    swarm holding the best stalled half-way down the valley and was restarted (error 1.3);
-    in the valley its metric found, it measures progress against its last gain."""
+def test_a_swarm_in_a_valley_goes_on_as_its_best_bacterium_alone_and_descends_it():
+    """A rotated 4-D ellipsoid of condition 1e6 plus 100: once its metric finds the valley
+    the swarm goes on as its best bacterium alone, with the metric, at two evaluations a
+    round and no dispersal, and reaches the bottom before its first restart."""
     q = torch.linalg.qr(torch.randn(4, 4, generator=torch.Generator().manual_seed(0),
                                     dtype=torch.float64))[0]
     scales = 10.0 ** (2 * torch.arange(4, dtype=torch.float64))
@@ -283,12 +284,20 @@ def test_a_swarm_in_a_valley_stops_dispersing_and_keeps_descending():
 
     opt = fb.black_box_search((-5.0, 5.0), max_evals=8000)
     state = opt.init(start(4), key=fb.random.key(0))
-    while state.phase != "done":
-        state = opt.update(state, valley)
-    assert state.valley and state.restarts == 0
-    assert float(state.swarm.hyperparams.elimination_prob_max) == 0.0
+    while not state.valley:
+        before, state = state, opt.update(state, valley)
+    swarm, lone = before.swarm, state.swarm
+    assert len(swarm.losses) == 8 and len(lone.losses) == 1 and state.restarts == 0
+    assert condition(lone.metric) > 30 and torch.equal(lone.metric.path, torch.zeros(4,
+                                                                                  dtype=torch.float64))
+    assert float(lone.hyperparams.elimination_prob_max) == 0.0
+    assert float(lone.losses[0]) == float(lone.best_loss) == float(state.best_loss)
+    assert torch.equal(lone.population["x"][0], lone.best_params["x"])
+    while state.restarts == 0:
+        before, state = state, opt.update(state, valley)
+        assert state.num_evals - before.num_evals == 2 or state.restarts == 1
     assert float(state.best_loss) - 100.0 < 1e-8
-
+    assert float(state.best_loss) == float(before.swarm.best_loss)  # the lone bacterium's
 
 def test_after_failed_restarts_the_exploring_swarm_takes_nine_updates_in_ten():
     """On a flat loss no swarm beats the best: two failures in a row hand the budget over."""
