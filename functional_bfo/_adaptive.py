@@ -155,7 +155,9 @@ def adaptive_bfo(
             black-box setup (docs/variants.md).
         metric_rate: above 0, tumbles follow a metric (``state.metric``) learned from the
             swarm's successful tumbles at this rate, 2.0 in the black-box setup: along a
-            narrow rotated valley they learn to point along it (docs/variants.md). It
+            narrow rotated valley they learn to point along it (docs/variants.md). A lone
+            bacterium (``population_size=1``) learns from its evolution path, as the
+            (1+1)-CMA-ES does, which learns a valley in about ``n`` successes. It
             costs ``n^2`` memory and ``n^3`` time per update for ``n`` parameters, so it is
             limited to 2000.
         init_scale: spread of new bacteria on coordinates with no finite box.

@@ -154,7 +154,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
                     **adaptive_kwargs)
     plain = adaptive_bfo(population_size, **settings)  # isotropic tumbles
     learner = adaptive_bfo(population_size, metric_rate=rate, **settings) if rate else plain
-    lone = adaptive_bfo(1, metric_rate=rate, **settings) if rate else plain  # in a valley
+    lone = adaptive_bfo(1, metric_rate=rate, **{**settings, "min_population_size": None}
+                        ) if rate else plain  # a swarm in a valley goes on as one bacterium
     sign, evaluator = -1.0 if plain.maximize else 1.0, check_evaluator(settings.get("evaluator"))
     bounds = check_bounds(bounds)
     per_round = population_size * (swim_length + 1)

@@ -250,6 +250,29 @@ def test_a_learned_metric_runs_along_a_rotated_valley_where_isotropic_tumbles_cr
     assert max(errors(2.0)) < 1e-7 < 1e-5 < min(errors(0.0))
 
 
+def test_a_lone_bacterium_learns_a_valley_from_its_path_faster_than_a_swarm():
+    """A rotated 5-D ellipsoid of condition 1e6: the (1+1)-CMA-ES's evolution path makes a
+    lone bacterium's metric fit the valley within the budget; 8 bacteria, each success
+    counted alone, are still crawling down it."""
+    rotation = torch.linalg.qr(torch.randn(5, 5, generator=torch.Generator().manual_seed(1),
+                                           dtype=torch.float64))[0]
+    scales = torch.logspace(0, 6, 5, dtype=torch.float64)
+
+    def valley(p):
+        y = rotation @ (p["x"] - 0.3)
+        return (scales * y * y).sum() + 5.0
+
+    def errors(size):
+        opt = fb.adaptive_bfo(size, bounds=(-1.0, 1.0), relative_steps=True, swim_length=1,
+                              step_size_min=1e-12, metric_rate=2.0, elimination_prob=0.0,
+                              elimination_prob_max=0.0)
+        params = {"x": torch.zeros(5, dtype=torch.float64)}
+        return [float(fb.run(opt, opt.init(params, key=fb.random.key(k)), valley,
+                             max_evals=4000).best_loss) - 5.0 for k in range(3)]
+
+    assert max(errors(1)) < 1e-8 and min(errors(8)) > 1e-3
+
+
 def test_the_metric_is_in_the_state_only_when_learned_and_limited_in_size():
     params = {"x": torch.zeros(3), "y": torch.zeros(2, 2)}
     none = fb.adaptive_bfo(4).init(params, key=fb.random.key(0)).metric  # of no coordinates

@@ -298,6 +298,13 @@ def test_a_swarm_in_a_valley_goes_on_as_its_best_bacterium_alone_and_descends_it
         assert state.num_evals - before.num_evals == 2 or state.restarts == 1
     assert float(state.best_loss) - 100.0 < 1e-8
     assert float(state.best_loss) == float(before.swarm.best_loss)  # the lone bacterium's
+    # With a varying population in the swarms, the lone bacterium is still one.
+    varying = fb.black_box_search((-5.0, 5.0), max_evals=8000, min_population_size=4)
+    state = varying.init(start(4), key=fb.random.key(0))
+    while not state.valley:
+        state = varying.update(state, valley)
+    assert len(state.swarm.losses) == 1 and int(state.swarm.active_size) == 1
+    assert varying.update(state, valley).num_evals == state.num_evals + 2
 
 def test_after_failed_restarts_the_exploring_swarm_takes_nine_updates_in_ten():
     """On a flat loss no swarm beats the best: two failures in a row hand the budget over."""
