@@ -30,7 +30,8 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "error at D = 10 (log-spaced fractions of the budget). `fb.adaptive_bfo black-box` is "
      "`fb.adaptive_bfo(8, bounds=box, relative_steps=True, swim_length=1, "
      "step_size_min=1e-12)`; `fb.black_box` is that swarm restarted when it stalls, every "
-     "other swarm with a learned tumble metric, an exploring swarm of kicked bacteria once "
+     "other swarm with a learned tumble metric (going on as its best bacterium alone once "
+     "the metric finds a valley), an exploring swarm of kicked bacteria once "
      "restarts stop finding better basins, and the last tenth of the budget spent "
      "refining the best point, first tried on the box's faces (docs/variants.md)."),
     ("quality_bbob", "Quality vs peers on COCO's BBOB suite",
@@ -120,6 +121,11 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "`python benchmarks/adapter_paths.py --device cuda`."),
     ("adaptive_vs_bfo", "AdaptiveBFO vs canonical BFO",
      "`python benchmarks/adaptive_vs_bfo.py`."),
+    ("lone_metric", "A learned metric: a lone bacterium against a swarm",
+     "`python benchmarks/lone_metric.py`: `fb.adaptive_bfo` with `metric_rate=2` down a "
+     "rotated ellipsoid, as the black box runs a swarm in a valley: a lone bacterium's "
+     "metric follows its evolution path (the (1+1)-CMA-ES's), a swarm's counts each success "
+     "alone (docs/variants.md)."),
     ("distributed", "A population sharded across processes (CPU, gloo)",
      "`python benchmarks/distributed.py`: `fb.distributed.sharded()` on 1 and 2 processes "
      "of one thread each, against one process with 1 and 2 threads (docs/distributed.md)."),

@@ -50,7 +50,7 @@ HOLDING_PATIENCE = 3
 # cycle) marks a valley (offsets on, BBOB f10 ellipsoid, D = 2 / 10: 0.10 / 337 -> 0.0051
 # / 48.9; at 10: 10.2 at D = 10, but Rastrigin-10 19.9 -> 35.8). The swarm then goes on as
 # a lone bacterium (summed log10 error over the 32 cells at D = 2 / 10: -180.3 / -20.0 ->
-# -205.0 / -35.4; a lone bacterium from each learning swarm's start: Rastrigin-2 lost).
+# -203.7 / -30.8; a lone bacterium from each learning swarm's start: Rastrigin-2 lost).
 VALLEY_CONDITION = 30.0
 # The explorer kicks every JITTER_PERIOD of its updates, and the converging swarms keep
 # CONVERGING_SHARE of the rounds after it starts (1 : 1 instead: eight -0.23 at D = 10).
