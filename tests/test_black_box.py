@@ -299,6 +299,10 @@ def test_a_swarm_in_a_valley_goes_on_as_its_best_bacterium_alone_and_descends_it
         assert state.num_evals - before.num_evals == 2 or state.restarts == 1
     assert float(state.best_loss) - 100.0 < 1e-8
     assert float(state.best_loss) == float(before.swarm.best_loss)  # the lone bacterium's
+    while state.phase != "polish":  # it still holds the best: the polish goes on from it
+        state = opt.update(state, valley)
+    assert len(state.holder.losses) == 1 and len(state.swarm.losses) == 8
+    assert torch.equal(state.swarm.metric.cov, state.holder.metric.cov)
     # With a varying population in the swarms, the lone bacterium is still one.
     varying = fb.black_box_search((-5.0, 5.0), max_evals=8000, min_population_size=4)
     state = varying.init(start(4), key=fb.random.key(0))
