@@ -175,7 +175,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         """The optimizer of the swarm whose round is next: it learns if it has a metric."""
         if not _learns(_swarm(s)):
             return plain
-        return lone if s.phase == "converge" and s.valley else learner
+        return lone if _lone(s) else learner
 
     def init_fn(params: Params, *, key: Key) -> BlackBoxState:
         check_params(params)
@@ -239,8 +239,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         if state.phase == "faces":
             return None
         swarm = _swarm(state)
-        lone_round = state.phase == "converge" and state.valley and _learns(swarm)
-        check_state(swarm, 1 if lone_round else population_size, AdaptiveBFOState,
+        check_state(swarm, 1 if _lone(state) else population_size, AdaptiveBFOState,
                     "black_box_search")
         return swarm
 
@@ -490,6 +489,11 @@ def as_params(flat_rows: Tensor, template: Params) -> Params:
 def _learns(swarm: AdaptiveBFOState) -> bool:
     """Whether ``swarm`` learns a tumble metric (a plain swarm's has 0 coordinates)."""
     return swarm.metric.width.numel() > 0
+
+
+def _lone(state: BlackBoxState) -> bool:
+    """Whether the next round is a lone bacterium's: a converging swarm in a valley."""
+    return state.phase == "converge" and state.valley
 
 
 def _undispersed(swarm: AdaptiveBFOState) -> AdaptiveBFOState:
