@@ -59,8 +59,7 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "instance, target) triples reached against evaluations / D, for COCO's 51 targets "
      "10^[-8..2] on f - f_opt, beside COCO's best-2009 reference. `fb.black_box` sees COCO's "
      "own f(x) and starts from the centre of the box. Recorded before a swarm in a valley "
-     "went on as a lone bacterium (the quality tables above have that change): the "
-     "ill-conditioned functions at D = 2 to 10 reach more targets now than shown here."),
+     "went on as a lone bacterium; the quality tables above include that change."),
     ("speed", "Speed vs peers",
      "`python benchmarks/speed.py`: every optimizer on the same shifted Rastrigin in one run; "
      "ratios are to the fastest BFO peer of that run."),
