@@ -289,8 +289,8 @@ def test_a_swarm_in_a_valley_goes_on_as_its_best_bacterium_alone_and_descends_it
         before, state = state, opt.update(state, valley)
     swarm, lone = before.swarm, state.swarm
     assert len(swarm.losses) == 8 and len(lone.losses) == 1 and state.restarts == 0
-    assert condition(lone.metric) > 30 and torch.equal(lone.metric.path, torch.zeros(4,
-                                                                                  dtype=torch.float64))
+    assert condition(lone.metric) > 30
+    assert torch.equal(lone.metric.path, torch.zeros(4, dtype=torch.float64))
     assert float(lone.hyperparams.elimination_prob_max) == 0.0
     assert float(lone.losses[0]) == float(lone.best_loss) == float(state.best_loss)
     assert torch.equal(lone.population["x"][0], lone.best_params["x"])
@@ -310,6 +310,7 @@ def test_a_swarm_in_a_valley_goes_on_as_its_best_bacterium_alone_and_descends_it
         state = varying.update(state, valley)
     assert len(state.swarm.losses) == 1 and int(state.swarm.active_size) == 1
     assert varying.update(state, valley).num_evals == state.num_evals + 2
+
 
 def test_after_failed_restarts_the_exploring_swarm_takes_nine_updates_in_ten():
     """On a flat loss no swarm beats the best: two failures in a row hand the budget over."""

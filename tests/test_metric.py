@@ -24,7 +24,8 @@ def random_metric(n: int, seed: int, width: float = 1.0) -> TumbleMetric:
     cov = 0.5 * (cov + cov.T)
     cov = cov * (n / torch.trace(cov))
     return TumbleMetric(cov, torch.linalg.cholesky(cov),
-                        torch.full((n,), width, dtype=torch.float64), torch.zeros(n))
+                        torch.full((n,), width, dtype=torch.float64),
+                        torch.zeros(n, dtype=torch.float64))
 
 
 def ones(n: int) -> torch.Tensor:
