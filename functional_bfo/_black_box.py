@@ -47,11 +47,11 @@ from .evaluate import check_evaluator
 # (offsets on, D = 10, BBOB f10 ellipsoid: 828 at 1, 337 at 3; Rastrigin-10 19.9 at both).
 HOLDING_PATIENCE = 3
 # A learned metric of condition number above VALLEY_CONDITION (checked once per dispersal
-# cycle) marks a valley (offsets on, BBOB f10 ellipsoid, D = 2 / 10: 0.10 / 337 -> 0.0051
-# / 48.9; at 10: 10.2 at D = 10, but Rastrigin-10 19.9 -> 35.8). The swarm then goes on as
-# a lone bacterium (summed log10 error over the 32 cells at D = 2 / 10: -180.3 / -20.0 ->
-# -203.7 / -30.8; a lone bacterium from each learning swarm's start: Rastrigin-2 lost).
-VALLEY_CONDITION = 30.0
+# cycle) marks a valley, and the swarm goes on as a lone bacterium (offsets on, summed log10
+# error over the 32 cells at D = 2 / 10 / 30: no valley -180.3 / -20.0 / 17.8; condition 30
+# -203.7 / -30.8 / 17.8; 20 -205.6 / -45.0 / 17.8, BBOB f10-10 38 -> 1e-8; 10: -61.4 at
+# D = 10 but Rastrigin-10 19.9 -> 35.8; a lone bacterium from the start: Rastrigin-2 lost).
+VALLEY_CONDITION = 20.0
 # The explorer kicks every JITTER_PERIOD of its updates, and the converging swarms keep
 # CONVERGING_SHARE of the rounds after it starts (1 : 1 instead: eight -0.23 at D = 10).
 JITTER_PERIOD = 10
