@@ -58,8 +58,9 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "data set and drawn by `cocopp` as the field reports it: the share of (function, "
      "instance, target) triples reached against evaluations / D, for COCO's 51 targets "
      "10^[-8..2] on f - f_opt, beside COCO's best-2009 reference. `fb.black_box` sees COCO's "
-     "own f(x) and starts from the centre of the box. Recorded before a swarm in a valley "
-     "went on as a lone bacterium; the quality tables above include that change."),
+     "own f(x) and starts from the centre of the box. Its seconds are wall time on a "
+     "machine whose two cores ran other benchmarks too: alone, an evaluation takes about "
+     "85 us (coco.py)."),
     ("speed", "Speed vs peers",
      "`python benchmarks/speed.py`: every optimizer on the same shifted Rastrigin in one run; "
      "ratios are to the fastest BFO peer of that run."),
