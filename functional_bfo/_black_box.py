@@ -1,21 +1,17 @@
-"""The black-box setup: box-relative AdaptiveBFO swarms with restarts, as an ask/tell pair.
+"""The black-box setup: AdaptiveBFO swarms stepping in box widths, restarted, as ask/tell.
 
-A search is a sequence of phases over one :class:`BlackBoxState`, a round each (one
-swarm's update, or one batch of face moves):
+A search is a sequence of phases over one :class:`BlackBoxState`, a round each:
 
-- converge: small AdaptiveBFO swarms with steps in box widths (every other one tumbling
-  along a metric learned from its successful tumbles, ``_metric.py``), each restarted from
-  a uniform place once it stops progressing. A swarm whose metric found a valley goes on
-  as its best bacterium alone, whose metric learns faster, and while it holds the best it
-  measures progress against its last gain;
-- explore: once ``explore_after`` swarms in a row end without beating the best, a swarm
-  kicked every ``JITTER_PERIOD`` updates (``_moves.kicked``) takes all but
-  ``CONVERGING_SHARE`` of the rounds: it rides a global structure restarts only sample;
+- converge: small swarms, each restarted from a uniform place once it stops progressing.
+  Every other one tumbles along a metric learned from its successes (``_metric.py``) and,
+  once the metric finds a valley, goes on as its best bacterium alone;
+- explore: after ``explore_after`` failed swarms in a row, one swarm kicked every
+  ``JITTER_PERIOD`` updates (``_moves.kicked``) takes most rounds;
 - faces, then polish: the last ``polish`` of the budget moves the best point onto the box's
-  faces (``_moves.face_*``), then refines it with one swarm gathered there (``polisher``).
+  faces, then refines it with one swarm gathered there.
 
 Every decision compares losses with each other, in float64, so ``f``, ``f + c`` and
-``a * f`` get the same run. docs/variants.md tables each constant against its alternatives.
+``a * f`` get the same run.
 """
 
 from __future__ import annotations
@@ -37,42 +33,39 @@ from ._adaptive import AdaptiveBFOState, adaptive_bfo
 from ._ask_tell import Ask, check_tag, round_tag, told_costs
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import check_bounds, resolve
-from ._checks import check_float, check_int, check_losses, check_params, check_state
+from ._checks import check_float, check_int, check_losses, check_params
 from ._run import _reporter
 from ._state import with_hyperparams
 from ._tree import unflatten_like
 from .evaluate import check_evaluator
 
-# A swarm holding the best waits HOLDING_PATIENCE * restart_after updates before a restart
-# (offsets on, D = 10, BBOB f10 ellipsoid: 828 at 1, 337 at 3; Rastrigin-10 19.9 at both).
+# The tuned constants and what chose each: offsets on, 5 seeds; "sum" is the summed log10
+# error over the 32 cells at D = 2 / 10 / 30. docs/variants.md has the alternatives.
+# A swarm holding the best waits 3x as long to restart (BBOB f10-10: 828 at 1, 337 at 3).
 HOLDING_PATIENCE = 3
-# A learned metric of condition number above VALLEY_CONDITION (checked once per dispersal
-# cycle) marks a valley, and the swarm goes on as a lone bacterium (offsets on, summed log10
-# error over the 32 cells at D = 2 / 10 / 30: no valley -180.3 / -20.0 / 17.8; condition 30
-# -203.7 / -30.8 / 17.8; 20 -205.6 / -45.0 / 17.8, BBOB f10-10 38 -> 1e-8; 10: -61.4 at
-# D = 10 but Rastrigin-10 19.9 -> 35.8; a lone bacterium from the start: Rastrigin-2 lost).
+# A metric of this condition (checked once per dispersal cycle) marks a valley. Sum: no
+# valley -180.3 / -20.0 / 17.8, 30 -203.7 / -30.8 / 17.8, 20 -205.6 / -45.0 / 17.8; 10 lost
+# Rastrigin-10 (19.9 -> 35.8); a lone bacterium from the start lost Rastrigin-2.
 VALLEY_CONDITION = 20.0
-# The explorer kicks every JITTER_PERIOD of its updates, and the converging swarms keep
-# CONVERGING_SHARE of the rounds after it starts (1 : 1 instead: eight -0.23 at D = 10).
+# The explorer is kicked every JITTER_PERIOD updates, and converging swarms keep
+# CONVERGING_SHARE of the rounds once it starts (1 : 1: the eight's D = 10 mean -0.23 worse).
 JITTER_PERIOD = 10
 CONVERGING_SHARE = 0.1
-# The face moves spend at most FACE_SHARE of the polish, on points of at most FACE_SCAN_SIZE
-# coordinates (none beyond) (BBOB f05, D = 2 / 10 / 30: 6e-6 / 0.017 / 29.7 -> exactly 0).
+# Face moves spend at most FACE_SHARE of the polish, on at most FACE_SCAN_SIZE coordinates
+# (BBOB f05, D = 2 / 10 / 30: 6e-6 / 0.017 / 29.7 -> exactly 0).
 FACE_SHARE = 0.1
 FACE_SCAN_SIZE = 2000
-# The polishing swarm's steps are spread evenly in log scale over POLISH_DECADES below jitter
-# (offsets on, D = 2 / 10, summed log10 error over 32 cells each: 2 -172 / -19.4, 4 -180 /
-# -20.0, 6 -178 / -19.3, 8 -174 / -18.8; all at jitter -167 / -17.6).
+# The polish's steps spread over POLISH_DECADES below jitter (sum at D = 2 / 10: 2 -172 /
+# -19.4, 4 -180 / -20.0, 6 -178 / -19.3, 8 -174 / -18.8; all at jitter -167 / -17.6).
 POLISH_DECADES = 4
-EXPLORER_STREAM = 2**31 - 1  # fold_in data of the explorer's key (restarts use 0, 1, ...)
-POLISHER_STREAM = 2**31 - 2  # and of the polishing swarm's
+EXPLORER_STREAM, POLISHER_STREAM = 2**31 - 1, 2**31 - 2  # fold_in data; restarts use 0, 1, ..
 PHASES = ("converge", "explore", "faces", "polish", "done")
 
 
 class BlackBoxState(NamedTuple):
     """The state of :func:`black_box_search`: its swarms, the best point, the counters."""
 
-    phase: str  # the next round's: "converge", "explore", "faces", "polish" or "done"
+    phase: str  # the next round's, one of PHASES
     swarm: AdaptiveBFOState  # the converging swarm (in the polish: the polishing one)
     explorer: AdaptiveBFOState | None
     holder: AdaptiveBFOState | None  # the last converging swarm restarted holding the best
@@ -82,7 +75,7 @@ class BlackBoxState(NamedTuple):
     num_evals: int
     rounds: int  # rounds told
     restarts: int  # converging swarms started after the first
-    failed: int  # converging swarms in a row that ended without beating the best before
+    failed: int  # converging swarms in a row that ended without beating the ones before
     entry_best: float  # the cost to beat: the best of the converging swarms before this one
     converged_best: float  # the best cost of every converging swarm so far
     first: float  # this swarm's first finite best cost
@@ -116,12 +109,11 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
                      **adaptive_kwargs: Any) -> Optimizer:
     """:func:`black_box` as an ask/tell pair, for losses computed anywhere.
 
-    ``state = opt.init(params, key=...)``, then ``asked = opt.ask(state)`` and
-    ``state = opt.tell(state, asked, losses)`` (a loss per row of ``asked.params``) until
-    ``state.phase == "done"``: restarts, exploration and the polish happen inside ``tell``;
-    ``state.best_params`` and ``state.best_loss`` hold the best point. Candidates are
-    float64. ``opt.update(state, loss_fn, *args)`` is one round. The settings are
-    :func:`black_box`'s.
+    ``asked = opt.ask(state)``, then ``state = opt.tell(state, asked, losses)`` (a loss per
+    row of the float64 ``asked.params``) until ``state.phase == "done"``: restarts,
+    exploration and the polish happen inside ``tell``, and ``state.best_params`` and
+    ``state.best_loss`` hold the best point. ``opt.update(state, loss_fn, *args)`` is one
+    round. The settings are :func:`black_box`'s.
 
     Examples:
         >>> import numpy as np, torch, functional_bfo as fb
@@ -172,10 +164,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         return resolve(bounds, s.start, torch.float64)
 
     def optimizer(s: BlackBoxState) -> Optimizer:
-        """The optimizer of the swarm whose round is next: it learns if it has a metric."""
-        if not _learns(_swarm(s)):
-            return plain
-        return lone if _lone(s) else learner
+        """The optimizer of the swarm whose round is next."""
+        return (lone if _lone(s) else learner) if _learns(_swarm(s)) else plain
 
     def init_fn(params: Params, *, key: Key) -> BlackBoxState:
         check_params(params)
@@ -191,12 +181,11 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         return after(restarted(s, start, 0))
 
     def ask_fn(state: BlackBoxState) -> Ask:
-        swarm = round_swarm(state)
-        if swarm is None:  # the face moves
-            rows = state.faces.rows  # type: ignore[union-attr]
-            return Ask(as_params(rows, state.start),
-                       torch.ones(len(rows), dtype=torch.bool, device=rows.device), _tag(state))
-        return optimizer(state).ask(swarm)._replace(tag=_tag(state))  # type: ignore[misc]
+        if round_swarm(state) is not None:
+            return optimizer(state).ask(_swarm(state))._replace(tag=_tag(state))  # type: ignore[misc]
+        rows = state.faces.rows  # type: ignore[union-attr]
+        return Ask(as_params(rows, state.start),
+                   torch.ones(len(rows), dtype=torch.bool, device=rows.device), _tag(state))
 
     def tell_fn(state: BlackBoxState, asked: Ask, losses: Any, *,
                 check: bool = True) -> BlackBoxState:
@@ -205,8 +194,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             raise TypeError("black_box_search.tell takes the Ask that ask(state) returned, "
                             f"got {type(asked).__name__}.")
         check_tag(_tag(state), asked.tag.cpu(), "black_box_search", check)
-        rows = (len(swarm.losses) * (swim_length + 1) if swarm is not None
-                else len(state.faces.rows))  # type: ignore[union-attr]
+        rows = len(swarm.losses) * (swim_length + 1) if swarm is not None else len(
+            state.faces.rows)  # type: ignore[union-attr]
         if tuple(asked.mask.shape) != (rows,):  # a stale answer was named as one above
             raise ValueError(f"asked has {len(asked.mask)} rows, but the state's round "
                              f"{state.rounds} ({state.phase}) has {rows}: tell the Ask that "
@@ -228,7 +217,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         return tell_fn(state, asked, losses, check=False)
 
     def round_swarm(state: BlackBoxState) -> AdaptiveBFOState | None:
-        """The swarm whose round is next (None: the face moves'), if this search's."""
+        """The swarm whose round is next (None: the face moves'); its optimizer checks it."""
         if not isinstance(state, BlackBoxState):
             raise TypeError(f"black_box_search takes the BlackBoxState its init made, got "
                             f"{type(state).__name__}.")
@@ -236,12 +225,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             raise ValueError(f"black_box_search has spent its budget ({state.num_evals} of "
                              f"{budget} evaluations; no round fits): the best point is "
                              "state.best_params, its loss state.best_loss.")
-        if state.phase == "faces":
-            return None
-        swarm = _swarm(state)
-        check_state(swarm, 1 if _lone(state) else population_size, AdaptiveBFOState,
-                    "black_box_search")
-        return swarm
+        return None if state.phase == "faces" else _swarm(state)
 
     def told(state: BlackBoxState, new: AdaptiveBFOState) -> BlackBoxState:
         """After a swarm's round: the best point, the counters, the phase's own rule."""
@@ -261,8 +245,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
     def restarted(s: BlackBoxState, start: Params, restarts: int) -> BlackBoxState:
         """``s`` with a new converging swarm at ``start``.
 
-        Even swarms learn a metric, odd ones tumble isotropically: a portfolio, because a
-        learned metric makes a swarm less likely to find Ackley's funnel.
+        Even swarms learn a metric, odd ones tumble isotropically: a learned metric makes a
+        swarm less likely to find Ackley's funnel.
         """
         swarm = (learner if restarts % 2 == 0 else plain).init(
             start, key=random.fold_in(s.key, 2 * restarts))
@@ -276,8 +260,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         Progress is a gain of more than ``rtol`` of the way still to the best of the swarms
         before or, while the swarm holds the best, of its own descent so far or, in a valley,
         of its last gain, within ``restart_after`` updates' worth of a full swarm's
-        evaluations (3x while holding the best). A swarm in a valley goes on as its best
-        bacterium alone (``narrowed``).
+        evaluations (``HOLDING_PATIENCE`` x as long while holding the best).
         """
         now, spent = cost(new.best_loss), int(new.num_evals - s.swarm.num_evals)
         behind = s.progress > s.entry_best
@@ -304,11 +287,10 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
                                     holder=holder), place, s.restarts + 1)
 
     def narrowed(w: AdaptiveBFOState) -> AdaptiveBFOState:
-        """A swarm in a valley as its best bacterium alone, with its step and the metric.
+        """A swarm in a valley as its best bacterium alone, with its step and metric.
 
         A lone bacterium's successes add up into an evolution path, which learns a valley's
-        axis in about n successes where a swarm's take about n^2 (``_metric.py``); no
-        dispersal, which would be a restart of its own.
+        axis in about n successes where a swarm's take about n^2 (``_metric.py``).
         """
         i = int((sign * w.losses).nan_to_num(math.inf).argmin())
         return _undispersed(lone.init(w.best_params, key=w.key)._replace(
@@ -357,10 +339,9 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         """The polishing swarm: every bacterium at the best point, its loss known.
 
         Steps go from ``jitter`` down over ``POLISH_DECADES``, so that some bacteria start
-        at the scale the best point needs (reproduction spreads theirs), with no dispersal.
-        It goes on from the converging swarm that holds the best (the running one, or the
-        last one restarted holding it), keeping its metric (a lone bacterium's in a new full
-        swarm), else from a new one.
+        at the scale the best point needs, with no dispersal. It goes on from the converging
+        swarm that holds the best (the running one, or the last one restarted holding it),
+        keeping its metric (a lone bacterium's in a new full swarm), else from a new one.
         """
         held = [w for w in (s.swarm, s.holder)
                 if w is not None and cost(w.best_loss) <= cost(s.best_loss)]
@@ -478,7 +459,7 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
 
 
 def as_params(flat_rows: Tensor, template: Params) -> Params:
-    """Rows of flat coordinates as a population shaped and typed like ``template``.
+    """Rows of flat coordinates as a population like ``template``.
 
     Copies: an Ask edited in place must not edit the rows the state keeps.
     """
@@ -497,7 +478,7 @@ def _lone(state: BlackBoxState) -> bool:
 
 
 def _undispersed(swarm: AdaptiveBFOState) -> AdaptiveBFOState:
-    """``swarm`` with elimination-dispersal off: a swarm in a valley, or polishing."""
+    """``swarm`` with elimination-dispersal off: a lone bacterium's, or polishing."""
     return with_hyperparams(swarm, elimination_prob=0.0, elimination_prob_max=0.0)
 
 
@@ -509,12 +490,11 @@ def _swarm(state: BlackBoxState) -> AdaptiveBFOState:
 def _tag(state: BlackBoxState) -> Tensor:
     """The round ``state`` is in: rounds told, evaluations, key, and a digest.
 
-    The digest mixes the phase, the best loss and the losses of the swarm whose round it is,
-    so that an ``Ask`` of another history with the same counters is refused.
+    The digest mixes the phase, the best loss and the round's swarm's losses, so that an
+    ``Ask`` of another history with the same counters is refused.
     """
-    swarm = _swarm(state)
     best = int(state.best_loss.cpu().view(torch.int64))
-    digest = int(round_tag(swarm)[4]) * 31 + best * 7 + PHASES.index(state.phase)
+    digest = int(round_tag(_swarm(state))[4]) * 31 + best * 7 + PHASES.index(state.phase)
     return torch.tensor([state.rounds, state.num_evals, int(state.key[0]), int(state.key[1]),
                          (digest + 2**63) % 2**64 - 2**63])
 
