@@ -6,7 +6,7 @@ A search is a sequence of phases over one :class:`BlackBoxState`, a round each:
   Every other one tumbles along a metric learned from its successes (``_metric.py``) and,
   once the metric finds a valley, goes on as its best bacterium alone;
 - explore: after ``explore_after`` failed swarms in a row, one swarm kicked every
-  ``JITTER_PERIOD`` updates (``_moves.kicked``) takes most rounds;
+  ``JITTER_PERIOD`` updates (``_moves.kicked``) takes every round until the polish;
 - faces, then polish: the last ``polish`` of the budget moves the best point onto the box's
   faces, then refines it with one swarm gathered there.
 
@@ -47,10 +47,8 @@ HOLDING_PATIENCE = 3
 # valley -180.3 / -20.0 / 17.8, 30 -203.7 / -30.8 / 17.8, 20 -205.6 / -45.0 / 17.8; 10 lost
 # Rastrigin-10 (19.9 -> 35.8); a lone bacterium from the start lost Rastrigin-2.
 VALLEY_CONDITION = 20.0
-# The explorer is kicked every JITTER_PERIOD updates, and converging swarms keep
-# CONVERGING_SHARE of the rounds once it starts (1 : 1: the eight's D = 10 mean -0.23 worse).
+# The explorer is kicked every JITTER_PERIOD updates (5 or 20: Rastrigin-10 and f21-10 lost).
 JITTER_PERIOD = 10
-CONVERGING_SHARE = 0.1
 # Face moves spend at most FACE_SHARE of the polish, on at most FACE_SCAN_SIZE coordinates
 # (BBOB f05, D = 2 / 10 / 30: 6e-6 / 0.017 / 29.7 -> exactly 0).
 FACE_SHARE = 0.1
@@ -68,7 +66,6 @@ class BlackBoxState(NamedTuple):
     phase: str  # the next round's, one of PHASES
     swarm: AdaptiveBFOState  # the converging swarm (in the polish: the polishing one)
     explorer: AdaptiveBFOState | None
-    holder: AdaptiveBFOState | None  # the last converging swarm restarted holding the best
     faces: moves.FaceScan | None  # the polish's face moves
     best_params: Params  # the best point evaluated (float64)
     best_loss: Tensor  # () float64 (inf, or -inf when maximizing, before a finite loss)
@@ -83,7 +80,6 @@ class BlackBoxState(NamedTuple):
     stalled: int  # its evaluations since
     gain: float  # the gain of its last progress (0 before any)
     valley: bool  # whether its metric found a valley: a lone bacterium, progress against gain
-    converging_after: int  # converging evaluations since the explorer started
     explorer_updates: int
     start: Params  # the given params (float64): the explorer's start, open sides' place
     key: Key
@@ -174,10 +170,10 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
                             device=optree.tree_leaves(start)[0].device)
         s = BlackBoxState(
             phase="converge", swarm=None,  # type: ignore[arg-type]  # restarted() sets it
-            explorer=None, holder=None, faces=None, best_params=start, best_loss=none,
+            explorer=None, faces=None, best_params=start, best_loss=none,
             num_evals=0, rounds=0, restarts=0, failed=0, entry_best=math.inf,
             converged_best=math.inf, first=math.inf, progress=math.inf, stalled=0, gain=0.0,
-            valley=False, converging_after=0, explorer_updates=0, start=start, key=key)
+            valley=False, explorer_updates=0, start=start, key=key)
         return after(restarted(s, start, 0))
 
     def ask_fn(state: BlackBoxState) -> Ask:
@@ -276,15 +272,13 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
               or (valley and not behind and progress - now > rtol * gain)):
             progress, stalled, gain = now, 0, progress - now
         s = s._replace(swarm=new, converged_best=min(s.converged_best, now),
-                       first=first, progress=progress, stalled=stalled, gain=gain, valley=valley,
-                       converging_after=s.converging_after + spent * (s.explorer is not None))
+                       first=first, progress=progress, stalled=stalled, gain=gain, valley=valley)
         patience = per_round * (1 if behind else HOLDING_PATIENCE)
         if stall_limit is None or stalled < stall_limit * patience:
             return s
         place = moves.uniform_point(s.start, box(s), random.fold_in(s.key, 2 * s.restarts + 1))
-        holder = new if now <= cost(s.best_loss) else s.holder  # the polish may go on from it
-        return restarted(s._replace(failed=s.failed + 1 if now >= s.entry_best else 0,
-                                    holder=holder), place, s.restarts + 1)
+        return restarted(s._replace(failed=s.failed + 1 if now >= s.entry_best else 0),
+                         place, s.restarts + 1)
 
     def narrowed(w: AdaptiveBFOState) -> AdaptiveBFOState:
         """A swarm in a valley as its best bacterium alone, with its step and metric.
@@ -331,22 +325,19 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         if s.explorer is None and hand_over is not None and s.failed >= hand_over:
             s = s._replace(explorer=plain.init(s.start, key=random.fold_in(s.key,
                                                                             EXPLORER_STREAM)))
-        explore = s.explorer is not None and s.converging_after >= CONVERGING_SHARE * (
-            s.converging_after + per_round * (s.explorer_updates + 1))
-        return s._replace(phase="explore" if explore else "converge")
+        return s._replace(phase="converge" if s.explorer is None else "explore")
 
     def polisher(s: BlackBoxState) -> AdaptiveBFOState:
         """The polishing swarm: every bacterium at the best point, its loss known.
 
         Steps go from ``jitter`` down over ``POLISH_DECADES``, so that some bacteria start
         at the scale the best point needs, with no dispersal. It goes on from the converging
-        swarm that holds the best (the running one, or the last one restarted holding it),
-        keeping its metric (a lone bacterium's in a new full swarm), else from a new one.
+        swarm if that holds the best, keeping its metric (a lone bacterium's in a new full
+        swarm), else from a new one.
         """
-        held = [w for w in (s.swarm, s.holder)
-                if w is not None and cost(w.best_loss) <= cost(s.best_loss)]
         key = random.fold_in(s.key, POLISHER_STREAM)
-        state = held[0] if held else plain.init(s.best_params, key=key)
+        held = cost(s.swarm.best_loss) <= cost(s.best_loss)
+        state = s.swarm if held else plain.init(s.best_params, key=key)
         if len(state.losses) != population_size:  # a lone bacterium's metric
             state = learner.init(s.best_params, key=key)._replace(
                 metric=state.metric._replace(path=torch.zeros_like(state.metric.path)))
