@@ -177,8 +177,9 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         return after(restarted(s, start, 0))
 
     def ask_fn(state: BlackBoxState) -> Ask:
-        if round_swarm(state) is not None:
-            return optimizer(state).ask(_swarm(state))._replace(tag=_tag(state))  # type: ignore[misc]
+        swarm = round_swarm(state)
+        if swarm is not None:
+            return optimizer(state).ask(swarm)._replace(tag=_tag(state))  # type: ignore[misc]
         rows = state.faces.rows  # type: ignore[union-attr]
         return Ask(as_params(rows, state.start),
                    torch.ones(len(rows), dtype=torch.bool, device=rows.device), _tag(state))

@@ -328,7 +328,7 @@ def test_after_failed_restarts_the_exploring_swarm_takes_every_update():
     assert all(bool((x.abs() <= 1.0).all()) for x in seen)  # kicks are clipped to the box
     again = fb.black_box(flat, start(2), (-1.0, 1.0), max_evals=16 * 100, polish=0.0,
                          **settings)
-    assert again.history == out.history
+    assert again.explorer_updates == out.explorer_updates and again.history == out.history
     # Polishing the last 10 updates: the converging swarm that holds the flat best takes
     # all of them; the explorer only had the 51 before.
     polished = fb.black_box(flat, start(2), (-1.0, 1.0), max_evals=16 * 100, polish=0.1,
