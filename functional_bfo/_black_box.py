@@ -257,15 +257,17 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         Progress is a gain of more than ``rtol`` of the way still to the best of the swarms
         before or, while the swarm holds the best, of its own descent so far or, in a valley,
         of its last gain, within ``restart_after`` updates' worth of a full swarm's
-        evaluations (``HOLDING_PATIENCE`` x as long while holding the best).
+        evaluations (``HOLDING_PATIENCE`` x as long while holding the best). A swarm that
+        goes on as its lone bacterium starts these counts afresh: the swarm's last gain, made
+        at the scale of its first updates, may be out of the lone bacterium's reach.
         """
         now, spent = cost(new.best_loss), int(new.num_evals - s.swarm.num_evals)
         behind = s.progress > s.entry_best
         valley = s.valley or (_learns(new) and int(new.step) % chemotaxis_steps == 0
                               and metric.condition(new.metric) > VALLEY_CONDITION)
-        if valley and not s.valley:
-            new = narrowed(new)
         first, progress, stalled, gain = s.first, s.progress, s.stalled + spent, s.gain
+        if valley and not s.valley:  # the lone bacterium's own descent starts here
+            new, first, progress, stalled, gain = narrowed(new), now, now, 0, 0.0
         if not math.isfinite(progress):  # its first finite loss is progress
             if now < progress:
                 first, progress, stalled = now, now, 0

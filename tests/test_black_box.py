@@ -295,6 +295,10 @@ def test_a_swarm_in_a_valley_goes_on_as_its_best_bacterium_alone_and_descends_it
     assert float(lone.hyperparams.elimination_prob_max) == 0.0
     assert float(lone.losses[0]) == float(lone.best_loss) == float(state.best_loss)
     assert torch.equal(lone.population["x"][0], lone.best_params["x"])
+    # Its progress is measured from its own start: the swarm's descent, its stall count
+    # and its last gain (on the scale of the swarm's first updates) are not inherited.
+    assert state.first == state.progress == float(lone.best_loss) and state.stalled == 0
+    assert state.gain == 0.0 and before.gain > 0.0
     while state.restarts == 0:
         before, state = state, opt.update(state, valley)
         assert state.num_evals - before.num_evals == 2 or state.restarts == 1
