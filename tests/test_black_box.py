@@ -1,5 +1,6 @@
 """fb.black_box: the black-box setup with restarts, driven to an evaluation budget."""
 
+import functools
 import itertools
 import math
 
@@ -132,24 +133,28 @@ def integer_valued_valley(p):
     return ((x.square() * torch.logspace(0, 4, 4, dtype=torch.float64)).sum() / 64).round()
 
 
+@functools.cache
+def valley_rounds(op="+", value=0.0):
+    """Every round of a search on ``integer_valued_valley`` ``op`` ``value``, its best loss."""
+    def loss_fn(p):
+        return integer_valued_valley(p) + value if op == "+" else integer_valued_valley(p) * value
+
+    opt = fb.black_box_search((-1.0, 1.0), max_evals=6000, restart_after=8)
+    state, seen = opt.init(start(4), key=fb.random.key(3)), []
+    while state.phase != "done":
+        state = opt.update(state, loss_fn)
+        seen.append((state.num_evals, state.restarts, state.phase, state.valley,
+                     state.best_params["x"].tolist()))
+    return seen, float(state.best_loss)
+
+
 @pytest.mark.parametrize("change", [("+", 37.5), ("*", 4.0)], ids=str)
 def test_the_loss_offset_or_scale_changes_nothing_in_a_valley(change):
     """A swarm's valley is read from its metric, learned from comparisons only: f + c and
     a * f find the same valleys and the same run."""
     op, value = change
-
-    def rounds(loss_fn):
-        opt = fb.black_box_search((-1.0, 1.0), max_evals=6000, restart_after=8)
-        state, seen = opt.init(start(4), key=fb.random.key(3)), []
-        while state.phase != "done":
-            state = opt.update(state, loss_fn)
-            seen.append((state.num_evals, state.restarts, state.phase, state.valley,
-                         state.best_params["x"].tolist()))
-        return seen, float(state.best_loss)
-
-    plain, best = rounds(integer_valued_valley)
-    other, other_best = rounds(lambda p: integer_valued_valley(p) + value if op == "+"
-                               else integer_valued_valley(p) * value)
+    plain, best = valley_rounds()
+    other, other_best = valley_rounds(op, value)
     assert sum(valley for *_, valley, _ in plain) > 100  # most of the run in a valley
     assert other == plain and (other_best - value if op == "+" else other_best / value) == best
 
@@ -265,9 +270,14 @@ def ellipsoid(p):
 def test_the_learned_metric_follows_a_rotated_valley():
     """Isotropic tumbles crawl along the valley; the learned metric stretches along it."""
     def final_losses(**settings):
-        return [float(fb.black_box(ellipsoid, start(2), (-1.0, 1.0), max_evals=8000,
-                                   key=fb.random.key(k), explore_after=None, **settings).loss)
-                for k in range(3)]
+        opt = fb.black_box_search((-1.0, 1.0), max_evals=8000, explore_after=None, **settings)
+        losses = []
+        for k in range(3):
+            state = opt.init(start(2), key=fb.random.key(k))
+            while state.phase != "done" and float(state.best_loss) >= 1e-8:  # ends at 1e-8
+                state = opt.update(state, ellipsoid)
+            losses.append(float(state.best_loss))
+        return losses
 
     assert max(final_losses()) < 1e-7 and min(final_losses(metric_rate=0.0)) > 1e-4
 
