@@ -316,7 +316,7 @@ def test_a_swarm_in_a_valley_goes_on_as_its_best_bacterium_alone_and_descends_it
     assert float(state.best_loss) == float(before.swarm.best_loss)  # the lone bacterium's
     # Never restarted, the lone bacterium holds the best when the polish starts: the
     # polishing swarm of 8 goes on with its metric.
-    kept = fb.black_box_search((-5.0, 5.0), max_evals=8000, restart_after=None)
+    kept = fb.black_box_search((-5.0, 5.0), max_evals=2000, restart_after=None)
     state = kept.init(start(4), key=fb.random.key(0))
     while state.phase != "polish":
         lone, state = state.swarm, kept.update(state, valley)
