@@ -18,9 +18,9 @@ COCO's 51 targets 10^[-8..2] on f - f_opt.
 
     python benchmarks/coco.py [--quick] [--optimizers NAME ...] [--dims D ...]
 
-fb.black_box takes about 85 us an evaluation on one core: 1.5 / 3 / 5 / 10 / 21 minutes for
-D = 2 / 3 / 5 / 10 / 20 (3, 10, 20 extrapolated from two instances), cocopp 20 s per D:
-about 45 minutes in one process (a second core does not help); IPOP-CMA-ES adds about 20.
+In one process, on a 2-core machine whose other core ran other benchmarks, fb.black_box took
+5 / 10 / 37 / 39 / 41 minutes for D = 2 / 3 / 5 / 10 / 20 (``results/coco.json``: about 2
+hours; a second core does not help), cocopp 20 s per D; IPOP-CMA-ES adds about 20 minutes.
 """
 
 from __future__ import annotations

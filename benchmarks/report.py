@@ -63,11 +63,7 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "instance, target) triples reached against evaluations / D, for COCO's 51 targets "
      "10^[-8..2] on f - f_opt, beside COCO's best-2009 reference. `fb.black_box` sees COCO's "
      "own f(x) and starts from the centre of the box. Its seconds are wall time on a "
-     "machine whose two cores ran other benchmarks too: alone, an evaluation takes about "
-     "85 us (coco.py). This data set predates two simplifications of the setup (the "
-     "explorer takes every round after the hand-over; the polish no longer goes on from an "
-     "earlier restarted swarm), which moved few runs of the quality tables above and no "
-     "cell's side against the BFO peers."),
+     "machine whose two cores ran other benchmarks too."),
     ("speed", "Speed vs peers",
      "`python benchmarks/speed.py`: every optimizer on the same shifted Rastrigin in one run; "
      "ratios are to the fastest BFO peer of that run."),
