@@ -8,6 +8,9 @@ import sys
 
 import pytest
 
+# One pytest-xdist worker runs them all, so that the smoke runs start once (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("benchmarks")
+
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
 
 

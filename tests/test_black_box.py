@@ -148,6 +148,7 @@ def valley_rounds(op="+", value=0.0):
     return seen, float(state.best_loss)
 
 
+@pytest.mark.xdist_group("valley_rounds")  # one worker: the plain run is computed once
 @pytest.mark.parametrize("change", [("+", 37.5), ("*", 4.0)], ids=str)
 def test_the_loss_offset_or_scale_changes_nothing_in_a_valley(change):
     """A swarm's valley is read from its metric, learned from comparisons only: f + c and
