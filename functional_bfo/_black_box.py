@@ -56,6 +56,9 @@ FACE_SCAN_SIZE = 2000
 # The polish's steps spread over POLISH_DECADES below jitter (sum at D = 2 / 10: 2 -172 /
 # -19.4, 4 -180 / -20.0, 6 -178 / -19.3, 8 -174 / -18.8; all at jitter -167 / -17.6).
 POLISH_DECADES = 4
+# A swarm behind the best restarts once it has spent BEHIND_BUDGET x the evaluations the
+# best's swarm took to find it (the eight's ellipsoid-10: 5.96 -> 1e-8; 1x lost a seed of it).
+BEHIND_BUDGET = 2
 EXPLORER_STREAM, POLISHER_STREAM = 2**31 - 1, 2**31 - 2  # fold_in data; restarts use 0, 1, ..
 PHASES = ("converge", "explore", "faces", "polish", "done")
 
@@ -75,6 +78,7 @@ class BlackBoxState(NamedTuple):
     failed: int  # converging swarms in a row that ended without beating the ones before
     entry_best: float  # the cost to beat: the best of the converging swarms before this one
     converged_best: float  # the best cost of every converging swarm so far
+    found_after: int  # the evaluations its swarm had spent when it found it
     first: float  # this swarm's first finite best cost
     progress: float  # its best cost at its last progress
     stalled: int  # its evaluations since
@@ -172,8 +176,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             phase="converge", swarm=None,  # type: ignore[arg-type]  # restarted() sets it
             explorer=None, faces=None, best_params=start, best_loss=none,
             num_evals=0, rounds=0, restarts=0, failed=0, entry_best=math.inf,
-            converged_best=math.inf, first=math.inf, progress=math.inf, stalled=0, gain=0.0,
-            valley=False, explorer_updates=0, start=start, key=key)
+            converged_best=math.inf, found_after=0, first=math.inf, progress=math.inf,
+            stalled=0, gain=0.0, valley=False, explorer_updates=0, start=start, key=key)
         return after(restarted(s, start, 0))
 
     def ask_fn(state: BlackBoxState) -> Ask:
@@ -257,9 +261,11 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         Progress is a gain of more than ``rtol`` of the way still to the best of the swarms
         before or, while the swarm holds the best, of its own descent so far or, in a valley,
         of its last gain, within ``restart_after`` updates' worth of a full swarm's
-        evaluations (``HOLDING_PATIENCE`` x as long while holding the best). A swarm that
-        goes on as its lone bacterium starts these counts afresh: the swarm's last gain, made
-        at the scale of its first updates, may be out of the lone bacterium's reach.
+        evaluations (``HOLDING_PATIENCE`` x as long while holding the best). A swarm behind
+        stops after ``BEHIND_BUDGET`` x the evaluations the best's swarm took to find it,
+        progressing or not: a slow descent would spend the budget the next swarms need. A
+        swarm that goes on as its lone bacterium starts these counts afresh: the swarm's
+        last gain, made at the scale of its first updates, may be out of its reach.
         """
         now, spent = cost(new.best_loss), int(new.num_evals - s.swarm.num_evals)
         behind = s.progress > s.entry_best
@@ -274,10 +280,13 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         elif (progress - now > rtol * (progress - s.entry_best if behind else first - progress)
               or (valley and not behind and progress - now > rtol * gain)):
             progress, stalled, gain = now, 0, progress - now
+        spent_all = int(new.num_evals)
         s = s._replace(swarm=new, converged_best=min(s.converged_best, now),
+                       found_after=spent_all if now < s.converged_best else s.found_after,
                        first=first, progress=progress, stalled=stalled, gain=gain, valley=valley)
         patience = per_round * (1 if behind else HOLDING_PATIENCE)
-        if stall_limit is None or stalled < stall_limit * patience:
+        late = behind and spent_all > BEHIND_BUDGET * s.found_after
+        if stall_limit is None or (stalled < stall_limit * patience and not late):
             return s
         place = moves.uniform_point(s.start, box(s), random.fold_in(s.key, 2 * s.restarts + 1))
         return restarted(s._replace(failed=s.failed + 1 if now >= s.entry_best else 0),
@@ -385,11 +394,11 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
             updates without a gain of ``restart_rtol`` (0.01) of the way still to the best
             of the swarms before (of its own descent, or in a valley its metric found of
             its last gain, for 3x as long, while it holds the best) end a converging
-            swarm; ``metric_rate`` (2.0; 0: isotropic tumbles, needed beyond 2000
-            parameters); ``explore_after`` (2; None: never) failed swarms in a
-            row start the explorer, kicked by ``jitter`` (0.01) box widths; the last
-            ``polish`` (0.1) of the budget polishes; any
-            :func:`functional_bfo.adaptive_bfo` setting (``maximize``, ``evaluator``, ...).
+            swarm, as do 2x the evaluations the best's swarm took, for a swarm behind it;
+            ``metric_rate`` (2.0; 0: isotropic tumbles, needed beyond 2000 parameters);
+            ``explore_after`` (2; None: never) failed swarms in a row start the explorer,
+            kicked by ``jitter`` (0.01) box widths; the last ``polish`` (0.1) of the budget
+            polishes; any :func:`functional_bfo.adaptive_bfo` setting (``maximize``, ...).
 
     Returns:
         A :class:`BlackBoxResult`.

@@ -82,14 +82,38 @@ def test_a_stalled_swarm_restarts_from_a_new_place_in_the_box():
 
     scored, seen = recording(only_the_start)
     out = fb.black_box(scored, start(2), (-1.0, 1.0), max_evals=16 * 38, key=fb.random.key(1),
-                       restart_after=4, explore_after=None, polish=0.0,
+                       restart_after=1, explore_after=None, polish=0.0,
                        evaluator=fb.evaluate.loop())
-    assert out.restarts == 1 + (38 - 13) // 5  # updates 1..13, then 14..18, 19..23, ...
+    assert out.restarts == 1 + (38 - 4) // 2  # updates 1..4, then 5..6, 7..8, ...
     # Bacterium 0 of each swarm's first evaluation: the given start, then new uniform places.
-    firsts = [tuple(seen[16 * (13 + 5 * (k - 1) if k else 0)].tolist())
+    firsts = [tuple(seen[16 * (4 + 2 * (k - 1) if k else 0)].tolist())
               for k in range(out.restarts)]
     assert firsts[0] == (0.0, 0.0) and len(set(firsts)) == len(firsts)
     assert all(bool((x.abs() <= 1.0).all()) for x in seen)
+
+
+def test_a_swarm_behind_the_best_stops_after_twice_the_evaluations_the_best_took():
+    """An isotropic swarm gains a steady 1% of its way to the best on an ill-conditioned
+    valley and would spend the budget catching up; it stops at 2x the best's evaluations."""
+    rotation = torch.linalg.qr(torch.randn(8, 8, generator=torch.Generator().manual_seed(0),
+                                           dtype=torch.float64))[0]
+
+    def valley(p):
+        return (torch.logspace(0, 6, 8, dtype=torch.float64) * ((p["x"] - 0.3) @ rotation
+                                                                ).square()).sum()
+
+    opt = fb.black_box_search((-1.0, 1.0), max_evals=8000)
+    state, ends = opt.init({"x": torch.rand(8, generator=torch.Generator().manual_seed(0),
+                                            dtype=torch.float64) * 2 - 1},
+                           key=fb.random.key(0)), []
+    while state.phase != "done":
+        before, state = state, opt.update(state, valley)
+        if state.restarts != before.restarts:
+            ends.append((before.progress > before.entry_best, int(before.swarm.num_evals),
+                         before.found_after, before.stalled))
+    behind = [(spent, found, stalled) for is_behind, spent, found, stalled in ends if is_behind]
+    assert behind and all(found < spent <= 2 * found + 16 for spent, found, _ in behind)
+    assert any(stalled < 30 * 16 for *_, stalled in behind)  # progressing when it stopped
 
 
 def integer_valued(p):
