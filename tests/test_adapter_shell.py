@@ -482,7 +482,7 @@ def test_torchs_state_dict_hooks_run():
 
 # ----- compile modes -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode", [True, "default", "reduce-overhead", "max-autotune"])
+@pytest.mark.parametrize("mode", [True, "reduce-overhead", "max-autotune"])  # True: default
 def test_each_compile_mode_runs_the_fast_path_as_eager_does(mode):
     results = []
     for compile in (False, mode):

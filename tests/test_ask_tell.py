@@ -138,18 +138,11 @@ def test_ask_and_tell_compile_without_graph_breaks_and_vmap_over_states(variant)
     torch.compiler.reset()
     opt = variant.make()
     state = ask_tell(variant, opt, opt.init(params(), key=fb.random.key(5)), 1)
-    for fn, call in [(opt.ask, (state,)), (opt.tell, None)]:
-        if call is None:
-            asked = opt.ask(state)
-            losses, extra = answer(variant, asked)
-            call = (state, asked, losses, *extra.values())
-
-            def fn(s, a, v, *g, names=tuple(extra)):
-                return opt.tell(s, a, v, check=False, **dict(zip(names, g)))
-        explain = torch._dynamo.explain(fn)(*call)
-        assert explain.graph_break_count == 0, explain.break_reasons
-    compiled_ask = torch.compile(opt.ask, fullgraph=True)
-    compiled_tell = torch.compile(functools.partial(opt.tell, check=False), fullgraph=True)
+    # Dynamo and AOTAutograd trace them whole (a graph break raises); Inductor's code for
+    # the plan and assembly they share with update is test_contract.py's.
+    compiled_ask = torch.compile(opt.ask, fullgraph=True, backend="aot_eager")
+    compiled_tell = torch.compile(functools.partial(opt.tell, check=False), fullgraph=True,
+                                  backend="aot_eager")
     eager = compiled = state
     for _ in range(3):
         asked = compiled_ask(compiled)

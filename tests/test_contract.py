@@ -102,12 +102,8 @@ def test_compile_fullgraph_has_no_graph_breaks_and_matches_eager(variant):
     torch.compiler.reset()
     opt = variant.make()
     state = opt.update(opt.init(params(), key=fb.random.key(9)), loss_fn)
-    explain = torch._dynamo.explain(opt.update)(state, loss_fn)
-    assert explain.graph_break_count == 0, explain.break_reasons
-    assert explain.graph_count == 1
-
     counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
-    compiled = torch.compile(opt.update, fullgraph=True, backend=counter)
+    compiled = torch.compile(opt.update, fullgraph=True, backend=counter)  # a break raises
     eager_state, compiled_state = state, state
     for i in range(3):
         eager_state = opt.update(eager_state, loss_fn)

@@ -52,7 +52,7 @@ def assert_bitwise(a, b):
             assert x == y
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3])  # 7 bacteria: 4 + 3, 3 + 2 + 2; 8: 4 + 4, 3 + 3 + 2
 def test_sharded_world_sizes_give_the_one_process_trajectory(world, tmp_path):
     codes, outputs, results = launch("variants", world, tmp_path / "run")
     assert codes == [0] * world, outputs
