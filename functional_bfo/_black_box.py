@@ -32,7 +32,7 @@ from . import random
 from ._adaptive import AdaptiveBFOState, adaptive_bfo
 from ._ask_tell import Ask, check_tag, round_tag, told_costs
 from ._base import Key, LossFn, Optimizer, Params
-from ._bounds import check_bounds, resolve
+from ._bounds import check_bounds, project, resolve
 from ._checks import check_float, check_int, check_losses, check_params
 from ._run import _reporter
 from ._state import with_hyperparams
@@ -86,6 +86,7 @@ class BlackBoxState(NamedTuple):
     valley: bool  # whether its metric found a valley: a lone bacterium, progress against gain
     explorer_updates: int
     start: Params  # the given params (float64): the explorer's start, open sides' place
+    dtypes: Any  # the given params' dtypes, a pytree like them: update's loss gets these
     key: Key
 
 
@@ -113,7 +114,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
     row of the float64 ``asked.params``) until ``state.phase == "done"``: restarts,
     exploration and the polish happen inside ``tell``, and ``state.best_params`` and
     ``state.best_loss`` hold the best point. ``opt.update(state, loss_fn, *args)`` is one
-    round. The settings are :func:`black_box`'s.
+    round, its ``loss_fn`` called as :func:`black_box`'s is. The settings are
+    :func:`black_box`'s.
 
     Examples:
         >>> import numpy as np, torch, functional_bfo as fb
@@ -177,7 +179,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             explorer=None, faces=None, best_params=start, best_loss=none,
             num_evals=0, rounds=0, restarts=0, failed=0, entry_best=math.inf,
             converged_best=math.inf, found_after=0, first=math.inf, progress=math.inf,
-            stalled=0, gain=0.0, valley=False, explorer_updates=0, start=start, key=key)
+            stalled=0, gain=0.0, valley=False, explorer_updates=0, start=start,
+            dtypes=optree.tree_map(lambda x: x.dtype, params), key=key)
         return after(restarted(s, start, 0))
 
     def ask_fn(state: BlackBoxState) -> Ask:
@@ -209,13 +212,21 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
 
     def update_fn(state: BlackBoxState, loss_fn: LossFn, *args: Any) -> BlackBoxState:
         """One round: ``tell(state, ask(state), losses)``, a swarm's by its own ``update``."""
-        swarm = round_swarm(state)
+        swarm, loss_fn = round_swarm(state), in_given_dtypes(state, loss_fn)
         if swarm is not None:
             return told(state, optimizer(state).update(swarm, loss_fn, *args))
         asked = ask_fn(state)
         with torch.no_grad():
             losses = check_losses(evaluator(loss_fn, asked.params, *args), len(asked.mask))
         return tell_fn(state, asked, losses, check=False)
+
+    def in_given_dtypes(s: BlackBoxState, loss_fn: LossFn) -> LossFn:
+        """``loss_fn`` taking its params in the given dtypes, as :func:`black_box` does."""
+        like = optree.tree_map(lambda x, d: x.to(d), s.start, s.dtypes)
+        if all(x.dtype == torch.float64 for x in optree.tree_leaves(like)):
+            return loss_fn
+        boxes = resolve(bounds, like, torch.float64)
+        return lambda p, *args: loss_fn(as_given(p, like, boxes), *args)
 
     def round_swarm(state: BlackBoxState) -> AdaptiveBFOState | None:
         """The swarm whose round is next (None: the face moves'); its optimizer checks it."""
@@ -420,17 +431,14 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
         >>> bool(out.loss < 1e-8), out.num_evals <= 6000
         (True, True)
     """
-    check_params(params)
-    given = params
-    if bounds is not None and any(x.dtype != torch.float64 for x in optree.tree_leaves(params)):
-        params, loss_fn, bounds = _in_float64(params, loss_fn, check_bounds(bounds))
     search = black_box_search(bounds, max_evals=max_evals, **settings)
     state = search.init(params, key=key)
+    boxes = resolve(check_bounds(bounds), params, torch.float64)
     history: list[tuple[int, float]] = []
     report, started = _reporter(progress, max_evals), time.perf_counter()
 
     def result() -> BlackBoxResult:
-        found = optree.tree_map(lambda x, g: x.to(g.dtype), state.best_params, given)
+        found = as_given(state.best_params, params, boxes)  # the point its loss is of
         return BlackBoxResult(found, state.best_loss, state.num_evals, state.restarts,
                               state.explorer_updates, history)
 
@@ -470,6 +478,16 @@ def as_params(flat_rows: Tensor, template: Params) -> Params:
                            unflatten_like(flat_rows, template), template)
 
 
+def as_given(params: Params, like: Params, boxes: list) -> Params:
+    """Float64 ``params`` in the dtypes of ``like``, inside ``like``'s resolved ``boxes``.
+
+    ``resolve`` rounds a box inward to its leaf's dtype, so the cast stays inside it.
+    """
+    leaves, spec = optree.tree_flatten(like)
+    return spec.unflatten([project(x, b, "clip").to(t.dtype) for x, t, b in zip(
+        optree.tree_leaves(params), leaves, boxes)])
+
+
 def _learns(swarm: AdaptiveBFOState) -> bool:
     """Whether ``swarm`` learns a tumble metric (a plain swarm's has 0 coordinates)."""
     return swarm.metric.width.numel() > 0
@@ -500,21 +518,3 @@ def _tag(state: BlackBoxState) -> Tensor:
     digest = int(round_tag(_swarm(state))[4]) * 31 + best * 7 + PHASES.index(state.phase)
     return torch.tensor([state.rounds, state.num_evals, int(state.key[0]), int(state.key[1]),
                          (digest + 2**63) % 2**64 - 2**63])
-
-
-def _in_float64(params: Params, loss_fn: LossFn, bounds: Any) -> tuple[Params, Any, Any]:
-    """``params`` in float64, and ``loss_fn`` and ``bounds`` that go with them.
-
-    ``loss_fn`` gets its params back in their own dtypes; ``bounds`` is rounded inward to
-    those, so that a candidate cast back to its leaf's dtype stays in the box.
-    """
-    leaves, spec = optree.tree_flatten(params)
-    box = resolve(bounds, params, torch.float64)
-    wide = spec.unflatten([x.detach().to(torch.float64) for x in leaves])
-    pairs = spec.unflatten([(-math.inf, math.inf) if b is None else (b.low, b.high)
-                            for b in box])
-
-    def in_given_dtypes(p: Params, *args: Any) -> Tensor:
-        return loss_fn(optree.tree_map(lambda x, g: x.to(g.dtype), p, params), *args)
-
-    return wide, in_given_dtypes, pairs

@@ -202,6 +202,28 @@ def test_float32_params_are_searched_and_scored_in_float64():
     assert out.loss.dtype == torch.float64 and float(out.loss) - 1000.0 < 1e-7
 
 
+@pytest.mark.parametrize("evaluator", [None, fb.evaluate.loop()])
+def test_the_search_evaluates_a_float32_model_in_float32_inside_the_box(evaluator):
+    """black_box_search's update, as fb.black_box, hands the loss its params in their own
+    dtypes (a float64 population would not multiply a float32 model's data), inside the box
+    rounded inward to them; its state keeps them in float64."""
+    model = torch.nn.Linear(3, 1)
+    x = torch.linspace(-1, 1, 30).reshape(10, 3)
+
+    def loss(p):
+        assert all(v.dtype == torch.float32 for v in p.values())
+        if evaluator is not None:  # one bacterium at a time: its values can be read
+            assert all(bool((v.abs() <= 1.1).all()) for v in p.values())
+        return (torch.func.functional_call(model, p, (x,)) - 0.5 * x.sum(1, True)).square().mean()
+
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    opt = fb.black_box_search((-1.1, 1.1), max_evals=1600, evaluator=evaluator)
+    state = opt.init(params, key=fb.random.key(0))
+    while state.phase != "done":
+        state = opt.update(state, loss)
+    assert state.best_params["weight"].dtype == torch.float64 and float(state.best_loss) < 1e-3
+
+
 def test_same_key_same_result_and_maximize():
     a = fb.black_box(shifted_sphere, start(), (-1.0, 1.0), max_evals=300, key=fb.random.key(5))
     b = fb.black_box(shifted_sphere, start(), (-1.0, 1.0), max_evals=300, key=fb.random.key(5))
