@@ -58,11 +58,8 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "data set and drawn by `cocopp` as the field reports it: the share of (function, "
      "instance, target) triples reached against evaluations / D, for COCO's 51 targets "
      "10^[-8..2] on f - f_opt, beside COCO's best-2009 reference. `fb.black_box` sees COCO's "
-     "own f(x) and starts from the centre of the box. Its seconds are wall time on a "
-     "machine whose two cores ran other benchmarks too. The data set comes from the search "
-     "before a swarm behind the best stopped at twice the evaluations the best took: on the "
-     "quality tables that rule moved 27 of 480 runs, and the only median it moved by more "
-     "than 10% is the eight's ellipsoid-10 (5.96 -> 1e-8)."),
+     "own f(x) and starts from the centre of the box. The runs are split by function over "
+     "two processes on two cores; the seconds column sums each run's own time."),
     ("speed", "Speed vs peers",
      "`python benchmarks/speed.py`: every optimizer on the same shifted Rastrigin in one run; "
      "ratios are to the fastest BFO peer of that run."),

@@ -82,14 +82,18 @@ def test_quality_quick_run_writes_results(quick_runs):
 
 
 def test_coco_quick_run_writes_a_coco_data_set_and_its_ecdf(quick_runs):
-    """cocoex's observer logs every run, cocopp draws the ECDF; docs/figures is untouched."""
+    """cocoex's observer logs every run, a function per process, merged into one data set;
+    cocopp draws the ECDF; docs/figures is untouched."""
     figures = BENCHMARKS.parent / "docs" / "figures"
     before = sorted(figures.glob("coco_ecdf_*"))
     out = finished(quick_runs, "coco.py")
     result = json.loads((out / "coco_quick.json").read_text())
     cell = result["summary"]["fb.black_box"]["2"]
     assert result["quick"] is True and cell["runs"] == 4 and 0 < cell["reached"] <= 1
-    assert (out / "coco" / "fb.black_box" / "bbobexp_f1.info").exists()
+    data_set = out / "coco" / "fb.black_box"
+    assert sorted(p.name for p in data_set.iterdir()) == [
+        "bbobexp_f1.info", "bbobexp_f5.info", "data_f1", "data_f5"]
+    assert not (out / "coco" / "fb.black_box.parts").exists()
     assert (out / "coco" / "coco_ecdf_2D.png").stat().st_size > 0
     assert sorted(figures.glob("coco_ecdf_*")) == before
 
