@@ -321,3 +321,14 @@ def test_first_min_is_min_dim_0_bit_for_bit(values, dtype):
     expected_v, expected_i = batch.min(dim=1)
     assert torch.equal(index_v, expected_i) and torch.equal(values_v.signbit(),
                                                            expected_v.signbit())
+
+
+@given(st.lists(st.integers(1, 3), max_size=3), st.lists(st.integers(1, 3), max_size=3))
+def test_a_bounds_shape_broadcasts_as_torch_says(shape, to):
+    from functional_bfo._bounds import broadcasts
+
+    try:
+        fits = torch.broadcast_shapes(torch.Size(shape), torch.Size(to)) == torch.Size(to)
+    except RuntimeError:
+        fits = False
+    assert broadcasts(tuple(shape), tuple(to)) == fits
