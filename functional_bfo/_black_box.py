@@ -222,9 +222,9 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
 
     def in_given_dtypes(s: BlackBoxState, loss_fn: LossFn) -> LossFn:
         """``loss_fn`` taking its params in the given dtypes, as :func:`black_box` does."""
-        like = optree.tree_map(lambda x, d: x.to(d), s.start, s.dtypes)
-        if all(x.dtype == torch.float64 for x in optree.tree_leaves(like)):
+        if all(d == torch.float64 for d in optree.tree_leaves(s.dtypes)):
             return loss_fn
+        like = optree.tree_map(lambda x, d: x.to(d), s.start, s.dtypes)
         boxes = resolve(bounds, like, torch.float64)
         return lambda p, *args: loss_fn(as_given(p, like, boxes), *args)
 
