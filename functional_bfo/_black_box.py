@@ -41,7 +41,7 @@ from .evaluate import check_evaluator
 
 # The tuned constants and what chose each: offsets on, 5 seeds; "sum" is the summed log10
 # error over the 32 cells at D = 2 / 10 / 30. docs/variants.md has the alternatives.
-# A swarm holding the best waits 3x as long to restart (BBOB f10-10: 828 at 1, 337 at 3).
+# A swarm holding the best waits 3x as long to restart (at 1x: f10-10 1e-8 -> 701).
 HOLDING_PATIENCE = 3
 # A metric of this condition (checked once per dispersal cycle) marks a valley. Sum: no
 # valley -180.3 / -20.0 / 17.8, 30 -203.7 / -30.8 / 17.8, 20 -205.6 / -45.0 / 17.8; 10 lost
