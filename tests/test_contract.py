@@ -3,6 +3,7 @@
 import optree
 import pytest
 import torch
+import torch._dynamo.testing
 from helpers import assert_trees_equal, clone, rastrigin, rosenbrock, sphere
 from variants import VARIANTS, loss_fn, params, run_updates
 
