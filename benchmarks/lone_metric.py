@@ -1,9 +1,10 @@
 """A learned tumble metric in a lone bacterium against one in a swarm, down a narrow valley.
 
 A rotated ellipsoid of condition 1e6 plus 1000 in the box [-5, 5]^10, the black box's
-settings in a valley (relative steps, ``swim_length=1``, ``metric_rate=2``, no dispersal):
-a lone bacterium (``population_size=1``, whose metric follows its evolution path) and a
-swarm of 8 (each success counted alone), median error over seeds at a few budgets, and
+settings in a valley (relative steps, ``metric_rate=2``, no dispersal): a lone bacterium
+(``population_size=1``, whose metric follows its evolution path) that does not swim, as
+the black box runs it, the same swimming (``swim_length=1``), and a swarm of 8 that swims
+(each success counted alone), median error over seeds at a few budgets, and
 the metric's misfit at the end: the condition number of ``H^(1/2) C H^(1/2)`` (1 when the
 metric is the inverse Hessian ``H^-1``, 1e6 when isotropic). Writes
 ``results/lone_metric.{json,md}``.
@@ -35,15 +36,16 @@ def valley(dim: int, seed: int):
     return loss, rotation.T @ torch.diag(10 * scales.sqrt()) @ rotation
 
 
-def errors(size: int, dim: int, seed: int, budgets: list[int]) -> tuple[list[float], float]:
+def errors(size: int, swim: int, dim: int, seed: int, budgets: list[int]
+           ) -> tuple[list[float], float]:
     loss, root = valley(dim, seed)
-    opt = fb.adaptive_bfo(size, bounds=(-5.0, 5.0), relative_steps=True, swim_length=1,
+    opt = fb.adaptive_bfo(size, bounds=(-5.0, 5.0), relative_steps=True, swim_length=swim,
                           step_size_min=1e-12, metric_rate=2.0, elimination_prob=0.0,
                           elimination_prob_max=0.0)
     state = opt.init({"x": torch.zeros(dim, dtype=torch.float64)}, key=fb.random.key(seed))
     out = []
     for budget in budgets:
-        while int(state.num_evals) + 2 * size <= budget:
+        while int(state.num_evals) + (swim + 1) * size <= budget:
             state = opt.update(state, loss)
         out.append(float(state.best_loss) - 1000.0)
     values = torch.linalg.eigvalsh(root @ state.metric.cov @ root)
@@ -56,8 +58,9 @@ def main() -> None:
     budgets = [60 * dim, 125 * dim, 250 * dim, 500 * dim] if args.quick else [
         250 * dim, 500 * dim, 1000 * dim, 2000 * dim]
     rows = {}
-    for label, size in (("lone bacterium", 1), ("swarm of 8", 8)):
-        runs = [errors(size, dim, seed, budgets) for seed in range(seeds)]
+    for label, size, swim in (("lone bacterium", 1, 0), ("lone bacterium, swimming", 1, 1),
+                              ("swarm of 8", 8, 1)):
+        runs = [errors(size, swim, dim, seed, budgets) for seed in range(seeds)]
         rows[label] = {"median_errors": [statistics.median(r[0][i] for r in runs)
                                          for i in range(len(budgets))],
                        "median_misfit": statistics.median(r[1] for r in runs),

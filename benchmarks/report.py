@@ -126,7 +126,8 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "`python benchmarks/lone_metric.py`: `fb.adaptive_bfo` with `metric_rate=2` down a "
      "rotated ellipsoid, as the black box runs a swarm in a valley: a lone bacterium's "
      "metric follows its evolution path (the (1+1)-CMA-ES's), a swarm's counts each success "
-     "alone (docs/variants.md)."),
+     "alone; a lone bacterium that swims spends an evaluation a round on a swim that the "
+     "four tumbles in five that fail waste (docs/variants.md)."),
     ("distributed", "A population sharded across processes (CPU, gloo)",
      "`python benchmarks/distributed.py`: `fb.distributed.sharded()` on 1 and 2 processes "
      "of one thread each, against one process with 1 and 2 threads (docs/distributed.md)."),

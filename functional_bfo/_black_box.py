@@ -148,7 +148,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
                     **adaptive_kwargs)
     plain = adaptive_bfo(population_size, **settings)  # isotropic tumbles
     learner = adaptive_bfo(population_size, metric_rate=rate, **settings) if rate else plain
-    lone = adaptive_bfo(1, metric_rate=rate, **{**settings, "min_population_size": None}
+    lone = adaptive_bfo(1, metric_rate=rate, **{**settings, "min_population_size": None,
+                                                 "swim_length": 0}
                         ) if rate else plain  # a swarm in a valley goes on as one bacterium
     sign, evaluator = -1.0 if plain.maximize else 1.0, check_evaluator(settings.get("evaluator"))
     bounds = check_bounds(bounds)
@@ -198,8 +199,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             raise TypeError("black_box_search.tell takes the Ask that ask(state) returned, "
                             f"got {type(asked).__name__}.")
         check_tag(_tag(state), asked.tag.cpu(), "black_box_search", check)
-        rows = len(swarm.losses) * (swim_length + 1) if swarm is not None else len(
-            state.faces.rows)  # type: ignore[union-attr]
+        rows = len(state.faces.rows) if swarm is None else len(  # type: ignore[union-attr]
+            swarm.losses) * (1 if _lone(state) else swim_length + 1)
         if tuple(asked.mask.shape) != (rows,):  # a stale answer was named as one above
             raise ValueError(f"asked has {len(asked.mask)} rows, but the state's round "
                              f"{state.rounds} ({state.phase}) has {rows}: tell the Ask that "
@@ -307,7 +308,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         """A swarm in a valley as its best bacterium alone, with its step and metric.
 
         A lone bacterium's successes add up into an evolution path, which learns a valley's
-        axis in about n successes where a swarm's take about n^2 (``_metric.py``).
+        axis in about n successes where a swarm's take about n^2 (``_metric.py``). It does
+        not swim: its swim, wasted after four tumbles in five, would halve its speed.
         """
         i = int((sign * w.losses).nan_to_num(math.inf).argmin())
         return _undispersed(lone.init(w.best_params, key=w.key)._replace(
@@ -400,12 +402,13 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
         max_evals: the budget, at least one update (``population_size * (swim_length + 1)``).
         key: the random key; the same key gives the same result.
         progress: a ``tqdm`` bar (lines without tqdm) and a summary at the end.
-        **settings: ``population_size`` (8) and ``swim_length`` (1) of each swarm;
-            ``step_size_min`` (1e-12 box widths); ``restart_after`` (30; None: never)
-            updates without a gain of ``restart_rtol`` (0.01) of the way still to the best
-            of the swarms before (of its own descent, or in a valley its metric found of
-            its last gain, for 3x as long, while it holds the best) end a converging
-            swarm, as do 2x the evaluations the best's swarm took, for a swarm behind it;
+        **settings: ``population_size`` (8) and ``swim_length`` (1) of each swarm (a
+            lone bacterium does not swim); ``step_size_min`` (1e-12 box widths);
+            ``restart_after`` (30; None: never) updates without a gain of
+            ``restart_rtol`` (0.01) of the way still to the best of the swarms before (of
+            its own descent, or in a valley its metric found of its last gain, for 3x as
+            long, while it holds the best) end a converging swarm, as do 2x the
+            evaluations the best's swarm took, for a swarm behind it;
             ``metric_rate`` (2.0; 0: isotropic tumbles, needed beyond 2000 parameters);
             ``explore_after`` (2; None: never) failed swarms in a row start the explorer,
             kicked by ``jitter`` (0.01) box widths; the last ``polish`` (0.1) of the budget
