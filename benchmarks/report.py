@@ -128,8 +128,9 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "metric follows its evolution path (the (1+1)-CMA-ES's), a swarm's counts each success "
      "alone; a lone bacterium that swims spends an evaluation a round on a swim that the "
      "four tumbles in five that fail waste (docs/variants.md). An eager update costs about "
-     "the same at any population, so a lone bacterium's costs 19x a swarm's per evaluation: "
-     "on a loss this cheap it is the wall time, for an expensive loss the evaluations are."),
+     "the same at any population, so per evaluation a lone bacterium's update costs many "
+     "times a swarm's (the last column): on a loss this cheap that is the wall time; for an "
+     "expensive loss the evaluations dominate."),
     ("distributed", "A population sharded across processes (CPU, gloo)",
      "`python benchmarks/distributed.py`: `fb.distributed.sharded()` on 1 and 2 processes "
      "of one thread each, against one process with 1 and 2 threads (docs/distributed.md)."),
