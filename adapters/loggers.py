@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+import functional_bfo as fb
 from functional_bfo._checks import compute_dtype
 
 from .optimizers import SwarmOptimizer
@@ -151,7 +152,7 @@ def _population(opt: SwarmOptimizer) -> torch.Tensor:
     population sizes.
     """
     leaves = [x.detach() for g in opt.stepped_groups
-              for x in opt.state[opt.param_groups[g]["params"][0]]["swarm"].population]
+              for x in fb.population_params(opt.state[opt.param_groups[g]["params"][0]]["swarm"])]
     dtype = compute_dtype(leaves)
     return torch.cat([x.flatten().to(dtype) for x in leaves])
 

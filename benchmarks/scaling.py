@@ -100,7 +100,8 @@ def measure(variant: str, population: int, dim: int, repeats: int, device: str) 
     spec = {"problem": "rastrigin", "variant": variant, "population": population, "dim": dim}
     state, ms, peak = _timed(spec, repeats, device)
     evaluate = torch.func.vmap(rastrigin)
-    floor = median_ms(lambda: [evaluate(state.population) for _ in range(5)], repeats, device)
+    candidates = fb.population_params(state)
+    floor = median_ms(lambda: [evaluate(candidates) for _ in range(5)], repeats, device)
     evals = population * 5
     return {"variant": variant, "population": population, "dim": dim, "ms": ms,
             "floor_ms": floor, "over_floor": ms / floor, "evals_per_s": evals / (ms / 1e3),

@@ -31,6 +31,7 @@ from ._hybrid import HybridBFOHyperparams as HybridBFOHyperparams
 from ._hybrid import HybridBFOState as HybridBFOState
 from ._hybrid import hybrid_bfo as hybrid_bfo
 from ._hybrid import with_grad_mask as with_grad_mask
+from ._layout import population_params as population_params
 from ._module import module_loss as module_loss
 from ._run import run as run
 from ._state import load as load
@@ -72,6 +73,7 @@ __all__ = [
     "materialize",
     "metrics",
     "module_loss",
+    "population_params",
     "random",
     "run",
     "save",

@@ -246,7 +246,7 @@ def adaptive_bfo(
         check_state(state, size, AdaptiveBFOState, "adaptive_bfo")
         costs = told_costs(state, asked, losses, sign, "adaptive_bfo", check)
         plan = adaptive_plan(state, static)
-        result = plan.told(asked.params, costs, None)
+        result = plan.told(costs, None)
         return adaptive_state(state, static, adaptive_fields(state, static, plan, result))
 
     update_fn.static = static  # type: ignore[attr-defined]  # read by adaptive_static

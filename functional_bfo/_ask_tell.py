@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ._base import Params
 from ._chemotaxis import Plan, rank_costs
+from ._layout import Layout, unravel
 
 # The integer type whose bits a float of each width is read as, for a state's digest.
 BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -58,10 +59,15 @@ def round_tag(state: Any) -> Tensor:
                         (bits * place).sum()])
 
 
-def ask_round(state: Any, plan: Plan) -> Ask:
-    """The round of ``plan`` (made from ``state``) as an :class:`Ask`."""
+def ask_round(state: Any, plan: Plan, shape: Layout | None = None) -> Ask:
+    """The round of ``plan`` (made from ``state``) as an :class:`Ask`.
+
+    With ``shape`` the plan's points are rows of that layout, asked as params.
+    """
     ray = plan.ray
-    return Ask(ray.points(ray.distances), plan.needed(), round_tag(state))
+    points = ray.points(ray.distances)
+    return Ask(points if shape is None else unravel(shape, points), plan.needed(),
+               round_tag(state))
 
 
 def told_costs(state: Any, asked: Any, losses: Any, sign: float, variant: str,

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ._ask_tell import Ask, ask_round, told_costs
 from ._base import Key, LossFn, Optimizer, Params
-from ._bounds import BOUNDARY_MODES, check_bounds, resolve
+from ._bounds import BOUNDARY_MODES, check_bounds, flat_box
 from ._checks import (
     check_bool,
     check_choice,
@@ -25,6 +25,7 @@ from ._checks import (
 from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_by, tumble_directions, walk
 from ._cycle import cycle_ends
 from ._dispersal import disperse, initial_population
+from ._layout import layout, ravel, unravel
 from ._noise import bacterium_noise
 from ._reproduction import reproduce
 from ._swarming import SwarmingWeights, cell_to_cell
@@ -64,12 +65,13 @@ class BFOHyperparams(NamedTuple):
 class BFOState(NamedTuple):
     """State of :func:`bfo`. Every leaf is a tensor on the params' device.
 
-    Population leaves carry a leading axis of size ``P = population_size``. Losses are in the
-    user's sign (maximized values when ``maximize=True``), non-finite losses replaced by the
+    The population is one ``(P, D)`` matrix, ``P = population_size`` and ``D`` the params'
+    total size, float64 if any params leaf is, else float32. Losses are in the user's sign
+    (maximized values when ``maximize=True``), non-finite losses replaced by the
     worst value (+inf, or -inf when maximizing), and NaN only before a bacterium is evaluated.
     """
 
-    population: Params  # each leaf (P, *leaf.shape), the leaf's dtype
+    population: Tensor  # (P, D): bacterium i's params as row i (see functional_bfo.population)
     losses: Tensor  # (P,) loss at each position; float32, or float64 for float64 params
     health: Tensor  # (P,) cost accumulated since the last reproduction (lower is healthier)
     best_params: Params  # like params: the best position ever evaluated
@@ -210,14 +212,15 @@ def bfo(
     sign = -1.0 if maximize else 1.0
 
     def init_fn(params: Params, *, key: Key) -> BFOState:
-        start = initial_population(params, key, size, bounds, hyper["init_scale"])
+        start = initial_population(params, key, size, bounds, hyper["init_scale"], rows=True)
         return BFOState(**start.state_fields(sign, hyper, BFOHyperparams))
 
     def plan(state: BFOState) -> Plan:
         """Reproduction, dispersal and the tumble: the update's swim, before any loss."""
-        hp, dtype = state.hyperparams, state.losses.dtype
-        box = resolve(bounds, state.best_params, dtype)
-        noise = bacterium_noise(state.key, state.step, size, state.best_params, dtype)
+        hp, dtype, shape = state.hyperparams, state.losses.dtype, layout(state.best_params)
+        box = [flat_box(bounds, shape, state.key.device)]
+        best = ravel(shape, state.best_params)
+        noise = bacterium_noise(state.key, state.step, size, best, dtype)
 
         # Reproduction and elimination–dispersal happen on cycle boundaries, by counter.
         population, losses, health = reproduce(cycle_ends(state.step, n_c), state.population,
@@ -225,8 +228,7 @@ def bfo(
         cost = sign * losses  # NaN where never evaluated
         population, known = disperse(cycle_ends(state.step, n_c * n_re), population,
                                      ~torch.isnan(cost), noise.coin, noise.place,
-                                     hp.elimination_prob, hp.init_scale, state.best_params, box,
-                                     dtype)
+                                     hp.elimination_prob, hp.init_scale, best, box, dtype)
 
         swarm_cost = None
         if swarming:
@@ -244,7 +246,7 @@ def bfo(
         # An unknown bacterium first evaluates where it stands.
         ray = walk(population, direction, hp.step_size * length, known.to(dtype), bounds=box,
                    boundary=boundary, swims=swims, swarm_cost=swarm_cost)
-        carry = ray.begin(torch.where(known, cost, torch.inf), None, state.best_params,
+        carry = ray.begin(torch.where(known, cost, torch.inf), None, best,
                           sign * state.best_loss)
         return Plan(ray, carry, None, health)
 
@@ -253,7 +255,7 @@ def bfo(
             population=result.population,
             losses=sign * result.raw_cost,
             health=plan.keep + result.cost,
-            best_params=result.best_params,
+            best_params=unravel(layout(state.best_params), result.best_params),
             best_loss=sign * result.best_cost,
             key=state.key,
             step=state.step + 1,
@@ -267,17 +269,18 @@ def bfo(
             raise TypeError(f"Invalid loss_fn: {loss_fn!r}; expected a callable "
                             "loss_fn(params, *args) -> 0-d tensor (call update(state, loss_fn)).")
         steps = plan(state)
-        evaluate = costs_by(evaluator, loss_fn, args, state.losses.dtype, sign)
+        evaluate = costs_by(evaluator, loss_fn, args, state.losses.dtype, sign,
+                            layout(state.best_params))
         return assemble(state, steps, steps.swim(evaluate, swim_batch))
 
     def ask_fn(state: BFOState) -> Ask:
         check_state(state, size, BFOState, "bfo")
-        return ask_round(state, plan(state))
+        return ask_round(state, plan(state), layout(state.best_params))
 
     def tell_fn(state: BFOState, asked: Ask, losses: Any, *, check: bool = True) -> BFOState:
         check_state(state, size, BFOState, "bfo")
         costs = told_costs(state, asked, losses, sign, "bfo", check)
         steps = plan(state)
-        return assemble(state, steps, steps.told(asked.params, costs, None))
+        return assemble(state, steps, steps.told(costs, None))
 
     return Optimizer(init_fn, update_fn, maximize, ask_fn, tell_fn)

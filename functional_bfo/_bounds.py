@@ -10,13 +10,13 @@ import torch
 from torch import Tensor
 
 from ._checks import path_str
+from ._layout import Layout
 
 BOUNDARY_MODES = ("clip", "reflect", "wrap")
 BOUNDS_FORM_MSG = (
     "bounds must be None, a (low, high) pair of numbers or tensors applied to every leaf, "
     "or a pytree shaped like params with a (low, high) pair at each leaf"
 )
-
 
 
 class LeafBounds(NamedTuple):
@@ -121,6 +121,68 @@ def resolve(bounds: Any, params: Any, dtype: torch.dtype) -> list[LeafBounds | N
         high = _round_inward(high, leaf.dtype, -torch.inf).to(dtype)
         out.append(leaf_bounds(low, high, closed))
     return out
+
+
+def flat_box(bounds: Any, shape: Layout, device: torch.device) -> LeafBounds | None:
+    """The box of a row of ``shape``: one :class:`LeafBounds` over its ``D`` coordinates.
+
+    Each leaf's box is rounded inward to the leaf's own dtype, so the point handed to the
+    loss is inside the bounds as given, and held in the rows' dtype. Bounds given as
+    numbers cost a few ops whatever the number of leaves (one number for a box shared by
+    every coordinate); tensor bounds cost a few per leaf. None: unbounded.
+    """
+    if bounds is None:
+        return None
+    if _is_pair(bounds):
+        pairs = [bounds] * len(shape.sizes)
+    else:
+        try:
+            pairs = shape.spec.flatten_up_to(bounds)
+        except ValueError as e:
+            raise ValueError(f"bounds does not match the structure of params: {e}. "
+                             f"params is {shape.spec}; {BOUNDS_FORM_MSG}.") from None
+    paths = shape.spec.paths()
+    numbers = True
+    for path, leaf_shape, pair in zip(paths, shape.shapes, pairs):
+        if not _is_pair(pair):  # values were checked by check_bounds; this stays sync-free
+            raise ValueError(f"Invalid bounds at {path_str(path)}: {pair!r}; {BOUNDS_FORM_MSG}.")
+        for v in pair:
+            numbers = numbers and isinstance(v, (int, float))
+            if isinstance(v, Tensor) and not broadcasts(v.shape, leaf_shape):
+                raise ValueError(f"bounds at {path_str(path)} have shape {tuple(v.shape)}, which "
+                                 f"does not broadcast to the leaf's shape {tuple(leaf_shape)}.")
+    # Comparisons, not math.isfinite: compiled, a number that changed between
+    # compiles is symbolic, and dynamo guards on a comparison but cannot trace isfinite.
+    closed = numbers and all(-math.inf < v < math.inf for pair in pairs for v in pair)
+    if numbers:  # one value per leaf, rounded once per dtype, then spread over the coordinates
+        ends = torch.tensor(pairs, dtype=torch.float64, device=device)  # (leaves, 2)
+        low, high = _round_to_leaves(ends[:, 0], ends[:, 1], shape)
+        if len(set(map(tuple, pairs))) == 1 and len(set(shape.dtypes)) == 1:
+            return leaf_bounds(low[0], high[0], closed)
+        repeats = torch.tensor(shape.sizes, device=device)
+        return leaf_bounds(low.repeat_interleave(repeats, output_size=shape.size),
+                           high.repeat_interleave(repeats, output_size=shape.size), closed)
+    lows, highs = [], []
+    for leaf_shape, dt, pair in zip(shape.shapes, shape.dtypes, pairs):
+        low, high = (torch.as_tensor(v, dtype=torch.float64, device=device) for v in pair)
+        lows.append(_round_inward(low, dt, torch.inf).to(shape.dtype).expand(leaf_shape)
+                    .reshape(-1))
+        highs.append(_round_inward(high, dt, -torch.inf).to(shape.dtype).expand(leaf_shape)
+                     .reshape(-1))
+    return leaf_bounds(torch.cat(lows), torch.cat(highs), closed)
+
+
+def _round_to_leaves(low: Tensor, high: Tensor, shape: Layout) -> tuple[Tensor, Tensor]:
+    """Per-leaf ends (float64, one per leaf) rounded inward to each leaf's dtype."""
+    first, *others = sorted(set(shape.dtypes), key=str)
+    out_low = _round_inward(low, first, torch.inf).to(shape.dtype)
+    out_high = _round_inward(high, first, -torch.inf).to(shape.dtype)
+    for dt in others:
+        mine = torch.tensor([d == dt for d in shape.dtypes], device=low.device)
+        out_low = torch.where(mine, _round_inward(low, dt, torch.inf).to(shape.dtype), out_low)
+        out_high = torch.where(mine, _round_inward(high, dt, -torch.inf).to(shape.dtype),
+                               out_high)
+    return out_low, out_high
 
 
 def broadcasts(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:

@@ -24,6 +24,7 @@ from torch import Tensor
 from ._base import Params
 from ._bounds import LeafBounds, project
 from ._checks import check_losses
+from ._layout import Layout, unravel
 from ._tree import first_min, numel, rows, sq_norms, take, where
 
 TUMBLES = ("gaussian", "levy")
@@ -168,10 +169,16 @@ class Plan(NamedTuple):
             carry = ray.take(carry, along, candidates, raw, aux)
         return ray.finish(carry)
 
-    def told(self, candidates: Params, costs: Tensor, aux: Any) -> SwimResult:
-        """``tell``'s swim: every point's cost (and aux) at once."""
-        return self.ray.finish(self.ray.take(self.carry, self.ray.distances, candidates,
-                                             self.padded(costs), aux))
+    def told(self, costs: Tensor, aux: Any) -> SwimResult:
+        """``tell``'s swim: every point's cost (and aux) at once.
+
+        The candidates are rebuilt from the ray (only J_cc reads them), not taken from the
+        caller, whose copy may have been edited.
+        """
+        ray = self.ray
+        candidates = ray.points(ray.distances) if ray.swarm_cost is not None else None
+        return ray.finish(ray.take(self.carry, ray.distances, candidates, self.padded(costs),
+                                   aux))
 
 
 class SwimCarry(NamedTuple):
@@ -283,14 +290,18 @@ def point_rows(stacked: Any, g: int, size: int) -> Any:
     return optree.tree_map(lambda x: x[g * size:(g + 1) * size], stacked)
 
 
-def costs_by(evaluator, loss_fn, args: tuple, dtype: torch.dtype, sign: float):
+def costs_by(evaluator, loss_fn, args: tuple, dtype: torch.dtype, sign: float,
+             shape: Layout | None = None):
     """``evaluate(candidates) -> (cost, None)``: sign-adjusted losses, non-finite as +inf.
 
     ``candidates`` may stack several swim points of every bacterium: one loss per row.
+    With ``shape`` they are rows of that layout, handed to the evaluator as params.
     """
 
     def evaluate(candidates: Params) -> tuple[Tensor, None]:
         count = optree.tree_leaves(candidates)[0].shape[0]
+        if shape is not None:
+            candidates = unravel(shape, candidates)
         with torch.no_grad():
             losses = check_losses(evaluator(loss_fn, candidates, *args), count).to(dtype)
         return rank_costs(losses, sign), None

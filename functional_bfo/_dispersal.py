@@ -15,8 +15,9 @@ from torch import Tensor
 
 from . import random
 from ._base import Params
-from ._bounds import LeafBounds, project, resolve, sample_domain
+from ._bounds import LeafBounds, flat_box, project, resolve, sample_domain
 from ._checks import check_params, compute_dtype
+from ._layout import layout, ravel, unravel
 from ._tree import stack, unflatten_like, where
 
 
@@ -60,12 +61,17 @@ class Start(NamedTuple):
         return optree.tree_leaves(self.population)[0].shape[0]
 
 
-def initial_population(params: Params, key: Tensor, size: int, bounds: Any, init_scale: float
-                       ) -> Start:
-    """Validate ``params`` and ``key`` and build the initial population around the params."""
+def initial_population(params: Params, key: Tensor, size: int, bounds: Any, init_scale: float,
+                       *, rows: bool = False) -> Start:
+    """Validate ``params`` and ``key`` and build the initial population around the params.
+
+    ``rows``: the population as one ``(P, D)`` matrix (see ``_layout``), else a pytree.
+    """
     leaves, spec = check_params(params)
     random.check_key(key)
     try:
+        if rows:
+            return _initial_rows(params, key, size, bounds, init_scale)
         return _initial_population(leaves, spec, params, key, size, bounds, init_scale)
     except RuntimeError as e:  # the allocator's own words, with the size that asked for it
         message = str(e)
@@ -90,6 +96,25 @@ def _initial_population(leaves, spec, params, key, size, bounds, init_scale) -> 
     scale = torch.tensor(init_scale, dtype=dtype, device=device)
     rest = sample_population(unflatten_like(z, first), first, box, scale, dtype)
     return Start(first, stack(first, rest), run_key, dtype)
+
+
+def _initial_rows(params, key, size, bounds, init_scale) -> Start:
+    """``initial_population`` as a ``(P, D)`` matrix, after validation."""
+    shape = layout(params)
+    device, dtype = shape_device(params), shape.dtype
+    init_key, run_key = random.split(key.to(device))
+    box = flat_box(bounds, shape, device)
+    first = project(ravel(shape, params).detach(), box, "clip").clone()
+    keys = random.fold_in(init_key, torch.arange(1, size, device=device))
+    z = torch.func.vmap(lambda k: random.normal(k, (shape.size,), dtype))(keys)
+    scale = torch.tensor(init_scale, dtype=dtype, device=device)
+    rest = sample_domain(first, z, box, scale)
+    return Start(unravel(shape, first), torch.cat([first.unsqueeze(0), rest]), run_key, dtype)
+
+
+def shape_device(params: Params) -> torch.device:
+    """The device of ``params``' leaves (checked to be one by ``check_params``)."""
+    return optree.tree_leaves(params)[0].device
 
 
 def sample_population(

@@ -301,7 +301,7 @@ def hybrid_bfo(
         aux = optree.tree_map(lambda g, m: torch.where(m, g, torch.zeros_like(g)),
                               told_grads(asked, grads, "hybrid_bfo"), state.grad_mask)
         steps = plan(state, None)
-        return assemble(state, steps, steps.told(asked.params, costs, aux), None)
+        return assemble(state, steps, steps.told(costs, aux), None)
 
     return Optimizer(init_fn, update_fn, base.maximize, ask_fn, tell_fn)
 

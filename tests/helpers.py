@@ -101,7 +101,7 @@ def reference_update(opt_kwargs: dict, state: fb.BFOState, loss: Callable, *, le
     c, p_ed, scale = float(hp.step_size), float(hp.elimination_prob), float(hp.init_scale)
     dtype = state.losses.dtype
 
-    pop = [state.population[leaf][i].clone() for i in range(size)]
+    pop = [fb.population_params(state)[leaf][i].clone() for i in range(size)]
     cost = [sign * float(v) for v in state.losses]
     health = [float(v) for v in state.health]
     best_x, best = state.best_params[leaf].clone(), sign * float(state.best_loss)

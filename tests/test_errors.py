@@ -369,12 +369,12 @@ TABLE = [
          r"Not a functional_bfo state checkpoint"),
     Case("load(like: another population size)",
          lambda: fb.load(saved_state(), opt(population_size=5).init(params(), key=KEY)),
-         ValueError, r"Checkpoint leaf .* is torch\.float32 \(4, 2, 2\) but like has "
-                     r"torch\.float32 \(5, 2, 2\); the optimizer \(population size\) or "
+         ValueError, r"Checkpoint leaf .* is torch\.float32 \(4, 8\) but like has "
+                     r"torch\.float32 \(5, 8\); the optimizer \(population size\) or "
                      r"params differ"),
     Case("load(like: another population size) names the state field",
          lambda: fb.load(saved_state(), opt(population_size=5).init(params(), key=KEY)),
-         ValueError, r"population\['b'\]\[0\]"),
+         ValueError, r"Checkpoint leaf state\.population is"),
     Case("load(like: another params structure)",
          lambda: fb.load(saved_state(), opt().init({"w": torch.zeros(3)}, key=KEY)),
          ValueError, r"Checkpoint holds a BFOState with leaves .* but like is a BFOState with "
@@ -382,7 +382,7 @@ TABLE = [
     Case("load(like: another dtype)",
          lambda: fb.load(saved_state(),
                          opt().init(optree.tree_map(torch.Tensor.double, params()), key=KEY)),
-         ValueError, r"is torch\.float32 \(4, 2, 2\) but like has torch\.float64 \(4, 2, 2\)"),
+         ValueError, r"is torch\.float32 \(4, 8\) but like has torch\.float64 \(4, 8\)"),
     # ---- module_loss ------------------------------------------------------------------------
     Case("module_loss(a function)",
          lambda: fb.module_loss(lambda x: x, torch.nn.functional.mse_loss), TypeError,

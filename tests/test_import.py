@@ -9,9 +9,8 @@ PUBLIC = {
         "BlackBoxResult", "BlackBoxState", "HybridBFOHyperparams", "HybridBFOState", "InitFn",
         "Key", "LossFn", "Optimizer", "Params", "PyTree", "TellFn", "UpdateFn", "adaptive_bfo",
         "bfo", "black_box", "black_box_search", "distributed", "evaluate", "hybrid_bfo", "load",
-        "materialize", "metrics",
-        "module_loss", "random", "run", "save", "with_grad_mask", "with_hyperparams",
-        "with_start_loss",
+        "materialize", "metrics", "module_loss", "population_params", "random", "run", "save",
+        "with_grad_mask", "with_hyperparams", "with_start_loss",
     },
     "functional_bfo.random": {
         "CPU_KERNEL", "bits", "fold_in", "key", "normal", "normal_rows", "split", "threefry2x32",
