@@ -151,8 +151,8 @@ def _population(opt: SwarmOptimizer) -> torch.Tensor:
     Unlike ``opt.population`` (a row per bacterium), it takes groups of different
     population sizes.
     """
-    leaves = [x.detach() for g in opt.stepped_groups
-              for x in fb.population_params(opt.state[opt.param_groups[g]["params"][0]]["swarm"])]
+    swarms = [opt.state[opt.param_groups[g]["params"][0]]["swarm"] for g in opt.stepped_groups]
+    leaves = [x.detach() for s in swarms for x in fb.as_params(s, s.population)]
     dtype = compute_dtype(leaves)
     return torch.cat([x.flatten().to(dtype) for x in leaves])
 

@@ -75,7 +75,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
     def population(self) -> Tensor:
         """Every bacterium's parameters flattened, shape (population_size, n_params)."""
         leaves = [x.flatten(1) for state in self._swarm_states().values()
-                  for x in fb.population_params(state)]  # a group's params: a list
+                  for x in fb.as_params(state, state.population)]  # a group's params: a list
         if not leaves:
             raise ValueError("There is no population before the first step; call step first.")
         return torch.cat(leaves, dim=1)  # (groups of other sizes: read each with metrics(g))
@@ -247,7 +247,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
 
     def _rescore(self, state: Any, swarm: _Swarm, loss: Any, first: bool, maximize: bool) -> Any:
         """The parameters as they stand, scored: bacterium 0 at first, then the best to beat."""
-        current = ([x[0] for x in fb.population_params(state)] if first  # the start, inside bounds
+        current = (list(state.best_params) if first  # bacterium 0: the start, inside bounds
                    else [p.detach() for p in swarm.evaluator.params])
         with self._trace.scoring(hook=True):
             if swarm.evaluator.closure is not None or swarm.scorer is not swarm.evaluator:

@@ -95,7 +95,8 @@ def rank_main(out: str, repeats: int) -> None:
              for _ in range(world)]
     t_gather = timed(lambda: dist.all_gather(parts, losses[:parts[0].numel()]),
                      repeats * 10, device)
-    pop = fb.population_params(opt.init(params, key=fb.random.key(1).to(device)))
+    start = opt.init(params, key=fb.random.key(1).to(device))
+    pop = fb.as_params(start, start.population)
     t_eval = timed(lambda: fb.evaluate.vmap()(loss_fn, pop, x, y), repeats, device) * (
         swims + 1)  # the swim's swims + 1 calls of P candidates
     if rank == 0:

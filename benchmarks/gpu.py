@@ -74,7 +74,7 @@ def update_row(variant: str, population: int, mode: str, repeats: int) -> dict:
     opt = getattr(fb, variant)(**kwargs)
     state = opt.update(opt.init(params, key=fb.random.key(0)), loss)
     one = torch.func.vmap(torch.func.grad_and_value(loss) if variant == "hybrid_bfo" else loss)
-    candidates = fb.population_params(state)
+    candidates = fb.as_params(state, state.population)
     # Five different populations: of one population five times, inductor computes one.
     points = [optree.tree_map(lambda x, k=k: x + k / 64, candidates) for k in range(SWIM + 1)]
     torch.compiler.reset()

@@ -100,7 +100,7 @@ def measure(variant: str, population: int, dim: int, repeats: int, device: str) 
     spec = {"problem": "rastrigin", "variant": variant, "population": population, "dim": dim}
     state, ms, peak = _timed(spec, repeats, device)
     evaluate = torch.func.vmap(rastrigin)
-    candidates = fb.population_params(state)
+    candidates = fb.as_params(state, state.population)
     floor = median_ms(lambda: [evaluate(candidates) for _ in range(5)], repeats, device)
     evals = population * 5
     return {"variant": variant, "population": population, "dim": dim, "ms": ms,

@@ -108,7 +108,7 @@ def time_update(name: str, variant: str, population: int, problem, repeats: int,
         kwargs["grad_mask"] = True
     opt = FACTORIES[variant](**kwargs)
     state = opt.update(opt.init(params, key=fb.random.key(0)), loss)
-    candidates = fb.population_params(state)
+    candidates = fb.as_params(state, state.population)
     evaluate = torch.func.vmap(torch.func.grad_and_value(loss) if variant == "hybrid_bfo"
                                else loss)
     row = {"problem": name, "variant": variant, "population": population,

@@ -31,7 +31,7 @@ from ._hybrid import HybridBFOHyperparams as HybridBFOHyperparams
 from ._hybrid import HybridBFOState as HybridBFOState
 from ._hybrid import hybrid_bfo as hybrid_bfo
 from ._hybrid import with_grad_mask as with_grad_mask
-from ._layout import population_params as population_params
+from ._layout import as_params as as_params
 from ._module import module_loss as module_loss
 from ._run import run as run
 from ._state import load as load
@@ -63,6 +63,7 @@ __all__ = [
     "TellFn",
     "UpdateFn",
     "adaptive_bfo",
+    "as_params",
     "bfo",
     "black_box",
     "black_box_search",
@@ -73,7 +74,6 @@ __all__ = [
     "materialize",
     "metrics",
     "module_loss",
-    "population_params",
     "random",
     "run",
     "save",

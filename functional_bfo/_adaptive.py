@@ -17,11 +17,12 @@ from torch import Tensor
 from . import _metric as metric
 from ._ask_tell import Ask, ask_round, told_costs
 from ._base import Key, LossFn, Optimizer, Params
-from ._bounds import BOUNDARY_MODES, box_relative, check_bounds, resolve
+from ._bounds import BOUNDARY_MODES, box_relative, check_bounds, flat_box
 from ._checks import check_bool, check_choice, check_float, check_int, check_state
 from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_by, tumble_directions, walk
 from ._cycle import cycle_ends
 from ._dispersal import dispersal_mask, initial_population, sample_population
+from ._layout import layout, ravel, unravel
 from ._noise import bacterium_noise
 from ._reproduction import reproduction_index
 from ._tree import diversity, first_min, numel, take, where
@@ -56,10 +57,10 @@ class AdaptiveBFOHyperparams(NamedTuple):
 class AdaptiveBFOState(NamedTuple):
     """State of :func:`adaptive_bfo`: :class:`~functional_bfo.BFOState`'s fields, plus five.
 
-    Population leaves carry a leading axis of size ``P = population_size``.
+    The population is one ``(P, D)`` matrix, as in :class:`~functional_bfo.BFOState`.
     """
 
-    population: Params  # each leaf (P, *leaf.shape), the leaf's dtype
+    population: Tensor  # (P, D): bacterium i's params as row i
     losses: Tensor  # (P,) loss at each position (NaN before the first evaluation)
     health: Tensor  # (P,) cost accumulated since the last reproduction
     best_params: Params  # like params: the best position ever evaluated
@@ -217,8 +218,9 @@ def adaptive_bfo(
                              f"{numel(params)} tumble metric; it is limited to "
                              f"{metric.MAX_METRIC_SIZE} parameters (n^2 memory, n^3 time per "
                              "update). Pass metric_rate=0 for isotropic tumbles.")
-        start = initial_population(params, key, size, bounds, hyper["init_scale"])
-        dtype, device = start.dtype, start.key.device
+        start = initial_population(params, key, size, bounds, hyper["init_scale"], rows=True)
+        dtype, device, shape = start.dtype, start.key.device, layout(params)
+        box = flat_box(bounds if relative_steps else None, shape, device, torch.float64)
         return AdaptiveBFOState(
             **start.state_fields(sign, hyper, AdaptiveBFOHyperparams),
             step_sizes=torch.full((size,), hyper["step_size"], dtype=dtype,
@@ -227,19 +229,19 @@ def adaptive_bfo(
             stall=torch.zeros((), dtype=torch.int64, device=device),
             reference_diversity=diversity(start.population, dtype),
             active_size=torch.tensor(size, dtype=torch.int64, device=device),
-            metric=metric.isotropic(metric.widths(
-                resolve(bounds if relative_steps else None, params, torch.float64), params)
-                if rate > 0 else torch.zeros(0, dtype=torch.float64, device=device)),
+            metric=metric.isotropic(metric.widths(box, shape.size, device) if rate > 0
+                                    else torch.zeros(0, dtype=torch.float64, device=device)),
         )
 
     def update_fn(state: AdaptiveBFOState, loss_fn: LossFn, *args: Any) -> AdaptiveBFOState:
         check_state(state, size, AdaptiveBFOState, "adaptive_bfo")
-        evaluate = costs_by(evaluator, loss_fn, args, state.losses.dtype, sign)
+        evaluate = costs_by(evaluator, loss_fn, args, state.losses.dtype, sign,
+                            layout(state.best_params))
         return adaptive_state(state, static, adaptive_step(state, static, evaluate))
 
     def ask_fn(state: AdaptiveBFOState) -> Ask:
         check_state(state, size, AdaptiveBFOState, "adaptive_bfo")
-        return ask_round(state, adaptive_plan(state, static))
+        return ask_round(state, adaptive_plan(state, static), layout(state.best_params))
 
     def tell_fn(state: AdaptiveBFOState, asked: Ask, losses: Any, *,
                 check: bool = True) -> AdaptiveBFOState:
@@ -289,18 +291,18 @@ class AdaptiveStep(NamedTuple):
     aux: Any  # the evaluation's auxiliary output at each final point
 
 
-def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: Params,
-                box: list, static: AdaptiveStatic, dtype: torch.dtype) -> tuple:
+def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: Tensor,
+                best: Tensor, box: list, static: AdaptiveStatic, dtype: torch.dtype) -> tuple:
     """Reproduction, then dispersal under pressure, where ``flag`` (0-d bool) holds.
 
-    ``slots`` is ``arange(population_size)``.
+    ``slots`` is ``arange(population_size)``, ``best`` the best params as a row.
 
     Returns the new ``(population, losses, step_sizes, health, active_size)``, the
     reproduction ``source`` of each slot (the identity where ``flag`` fails) and which
     slots were ``dispersed``.
     """
     hp, stall, count = state.hyperparams, state.stall, state.active_size
-    reference_diversity, best_params = state.reference_diversity, state.best_params
+    reference_diversity = state.reference_diversity
     size = static.size
     varying = static.min_size < size
     source = reproduction_index(state.health, flag, count if varying else None)
@@ -322,7 +324,7 @@ def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: 
     active = slots < count
     leader = first_min(torch.where(torch.isnan(cost) | ~active, torch.inf, cost))[1]
     dispersed = (dispersal_mask(coins, p_ed, flag) & active & (slots != leader)) | woken
-    fresh = sample_population(places, best_params, box, hp.init_scale, dtype)
+    fresh = sample_population(places, best, box, hp.init_scale, dtype)
     population = where(dispersed, fresh, population)
     step_sizes = torch.where(dispersed, hp.step_size, step_sizes)
     return population, losses, step_sizes, health, count, source, dispersed
@@ -347,15 +349,16 @@ def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None
     each bacterium stands, kept when the greedy swim stays.
     """
     size, sign = static.size, static.sign
-    hp, dtype = state.hyperparams, state.losses.dtype
-    box = resolve(static.bounds, state.best_params, dtype)
-    noise = bacterium_noise(state.key, state.step, size, state.best_params, dtype)
+    hp, dtype, shape = state.hyperparams, state.losses.dtype, layout(state.best_params)
+    box = [flat_box(static.bounds, shape, state.key.device)]
+    best = ravel(shape, state.best_params)
+    noise = bacterium_noise(state.key, state.step, size, best, dtype)
 
     # Reproduction, then dispersal under pressure, every chemotaxis_steps updates.
     slots = torch.arange(size, device=state.step.device)
     population, losses, step_sizes, health, count, source, dispersed = cycle_event(
         cycle_ends(state.step, static.chemotaxis_steps), state, slots, noise.coin,
-        noise.place, box, static, dtype)
+        noise.place, best, box, static, dtype)
     # Within the current bounds, the ceiling winning: a lowered step_size_max caps every step.
     step_sizes = step_sizes.clamp(hp.step_size_min, hp.step_size_max)
     cost = sign * losses  # NaN where never evaluated
@@ -370,7 +373,7 @@ def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None
     if static.relative_steps:
         direction = box_relative(direction, box)
     if static.metric_rate > 0:
-        direction = metric.shape_directions(state.metric, direction, state.best_params)
+        direction = metric.shape_directions(state.metric, direction)
     if steer is not None:
         direction = steer(direction, source, known)
     last = torch.where(known, cost, torch.inf)
@@ -378,7 +381,7 @@ def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None
     steps = step_sizes * length if active is None else step_sizes * length * active
     ray = walk(population, direction, steps, known.to(dtype), bounds=box,
                boundary=static.boundary, swims=static.swims, greedy=True, ties=True)
-    carry = ray.begin(last, (last, stay_aux), state.best_params, sign * state.best_loss)
+    carry = ray.begin(last, (last, stay_aux), best, sign * state.best_loss)
     return Plan(ray, carry, active, AdaptiveKeep(cost, step_sizes, health, count, source, known))
 
 
@@ -395,7 +398,7 @@ def adaptive_fields(state: Any, static: AdaptiveStatic, plan: Plan,
         population=result.population,
         losses=sign * _on_active(active, result.raw_cost, keep.cost),
         health=keep.health + _on_active(active, result.cost, 0),
-        best_params=result.best_params,
+        best_params=unravel(layout(state.best_params), result.best_params),
         best_loss=sign * result.best_cost,
         key=state.key,
         step=state.step + 1,
@@ -418,8 +421,9 @@ def adaptive_state(state: AdaptiveBFOState, static: AdaptiveStatic,
     """
     learned = state.metric
     if static.metric_rate > 0:
-        steps = metric.flat_rows(step.fields["population"]) - metric.flat_rows(
-            take(state.population, step.source))
+        wide = torch.float64  # the metric's dtype: each side cast first, as the metric sees it
+        steps = (step.fields["population"].to(wide)
+                 - state.population.index_select(0, step.source).to(wide))
         learned = metric.learn(state.metric, steps, step.known & (steps != 0).any(dim=1),
                                static.metric_rate, step.known)
     return AdaptiveBFOState(**step.fields, metric=learned)

@@ -32,8 +32,9 @@ from . import random
 from ._adaptive import AdaptiveBFOState, adaptive_bfo
 from ._ask_tell import Ask, check_tag, round_tag, told_costs
 from ._base import Key, LossFn, Optimizer, Params
-from ._bounds import check_bounds, project, resolve
+from ._bounds import check_bounds, flat_box, project, resolve
 from ._checks import check_float, check_int, check_losses, check_params
+from ._layout import layout, ravel
 from ._run import _reporter
 from ._state import with_hyperparams
 from ._tree import unflatten_like
@@ -251,7 +252,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             return after(s._replace(swarm=new))
         updates = s.explorer_updates + 1
         if updates % JITTER_PERIOD == 0:  # a kick moves bacteria, never the best seen
-            new = moves.kicked(new, s.start, box(s), kick, random.fold_in(
+            row_box = flat_box(bounds, layout(s.start), s.best_loss.device)
+            new = moves.kicked(new, row_box, kick, random.fold_in(
                 random.fold_in(s.key, EXPLORER_STREAM), updates))
         return after(s._replace(explorer=new, explorer_updates=updates))
 
@@ -313,7 +315,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         """
         i = int((sign * w.losses).nan_to_num(math.inf).argmin())
         return _undispersed(lone.init(w.best_params, key=w.key)._replace(
-            population=optree.tree_map(lambda x: x[i:i + 1].clone(), w.population),
+            population=w.population[i:i + 1].clone(),
             losses=w.losses[i:i + 1].clone(), best_params=w.best_params,
             best_loss=w.best_loss, step=w.step, num_evals=w.num_evals,
             step_sizes=w.step_sizes[i:i + 1].clone(), stall=w.stall, metric=w.metric))
@@ -321,7 +323,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
     def face_moves(s: BlackBoxState) -> moves.FaceScan:
         """The polish's face moves: the best point's coordinates moved onto the box's faces."""
         room = min(budget - s.num_evals, int(FACE_SHARE * (budget - main_budget)))
-        base = metric.flat_rows(optree.tree_map(lambda v: v[None], s.best_params))[0]
+        base = ravel(layout(s.best_params), s.best_params)
         if not math.isfinite(float(s.best_loss)) or len(base) > FACE_SCAN_SIZE:
             room = 0
         return moves.face_scan(base, cost(s.best_loss), *moves.flat_box(s.start, box(s)), room)
@@ -368,8 +370,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
                 metric=state.metric._replace(path=torch.zeros_like(state.metric.path)))
         steps = kick * torch.logspace(0, -POLISH_DECADES, population_size, dtype=torch.float64)
         return _undispersed(state._replace(
-            population=optree.tree_map(lambda x: x.expand(population_size, *x.shape).clone(),
-                                       s.best_params),
+            population=ravel(layout(s.best_params), s.best_params).expand(
+                population_size, -1).clone(),
             losses=torch.full_like(state.losses, float(s.best_loss)),
             step_sizes=steps.to(state.step_sizes)))
 

@@ -123,16 +123,18 @@ def resolve(bounds: Any, params: Any, dtype: torch.dtype) -> list[LeafBounds | N
     return out
 
 
-def flat_box(bounds: Any, shape: Layout, device: torch.device) -> LeafBounds | None:
+def flat_box(bounds: Any, shape: Layout, device: torch.device,
+             dtype: torch.dtype | None = None) -> LeafBounds | None:
     """The box of a row of ``shape``: one :class:`LeafBounds` over its ``D`` coordinates.
 
     Each leaf's box is rounded inward to the leaf's own dtype, so the point handed to the
-    loss is inside the bounds as given, and held in the rows' dtype. Bounds given as
-    numbers cost a few ops whatever the number of leaves (one number for a box shared by
-    every coordinate); tensor bounds cost a few per leaf. None: unbounded.
+    loss is inside the bounds as given, and held in ``dtype`` (default: the rows'). Bounds
+    given as numbers cost a few ops whatever the number of leaves (one number for a box
+    shared by every coordinate); tensor bounds cost a few per leaf. None: unbounded.
     """
     if bounds is None:
         return None
+    dtype = dtype or shape.dtype
     if _is_pair(bounds):
         pairs = [bounds] * len(shape.sizes)
     else:
@@ -156,7 +158,7 @@ def flat_box(bounds: Any, shape: Layout, device: torch.device) -> LeafBounds | N
     closed = numbers and all(-math.inf < v < math.inf for pair in pairs for v in pair)
     if numbers:  # one value per leaf, rounded once per dtype, then spread over the coordinates
         ends = torch.tensor(pairs, dtype=torch.float64, device=device)  # (leaves, 2)
-        low, high = _round_to_leaves(ends[:, 0], ends[:, 1], shape)
+        low, high = _round_to_leaves(ends[:, 0], ends[:, 1], shape, dtype)
         if len(set(map(tuple, pairs))) == 1 and len(set(shape.dtypes)) == 1:
             return leaf_bounds(low[0], high[0], closed)
         repeats = torch.tensor(shape.sizes, device=device)
@@ -165,22 +167,23 @@ def flat_box(bounds: Any, shape: Layout, device: torch.device) -> LeafBounds | N
     lows, highs = [], []
     for leaf_shape, dt, pair in zip(shape.shapes, shape.dtypes, pairs):
         low, high = (torch.as_tensor(v, dtype=torch.float64, device=device) for v in pair)
-        lows.append(_round_inward(low, dt, torch.inf).to(shape.dtype).expand(leaf_shape)
+        lows.append(_round_inward(low, dt, torch.inf).to(dtype).expand(leaf_shape)
                     .reshape(-1))
-        highs.append(_round_inward(high, dt, -torch.inf).to(shape.dtype).expand(leaf_shape)
+        highs.append(_round_inward(high, dt, -torch.inf).to(dtype).expand(leaf_shape)
                      .reshape(-1))
     return leaf_bounds(torch.cat(lows), torch.cat(highs), closed)
 
 
-def _round_to_leaves(low: Tensor, high: Tensor, shape: Layout) -> tuple[Tensor, Tensor]:
-    """Per-leaf ends (float64, one per leaf) rounded inward to each leaf's dtype."""
+def _round_to_leaves(low: Tensor, high: Tensor, shape: Layout,
+                     dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Per-leaf ends (float64, one per leaf) rounded inward to each leaf's dtype, in ``dtype``."""
     first, *others = sorted(set(shape.dtypes), key=str)
-    out_low = _round_inward(low, first, torch.inf).to(shape.dtype)
-    out_high = _round_inward(high, first, -torch.inf).to(shape.dtype)
+    out_low = _round_inward(low, first, torch.inf).to(dtype)
+    out_high = _round_inward(high, first, -torch.inf).to(dtype)
     for dt in others:
         mine = torch.tensor([d == dt for d in shape.dtypes], device=low.device)
-        out_low = torch.where(mine, _round_inward(low, dt, torch.inf).to(shape.dtype), out_low)
-        out_high = torch.where(mine, _round_inward(high, dt, -torch.inf).to(shape.dtype),
+        out_low = torch.where(mine, _round_inward(low, dt, torch.inf).to(dtype), out_low)
+        out_high = torch.where(mine, _round_inward(high, dt, -torch.inf).to(dtype),
                                out_high)
     return out_low, out_high
 

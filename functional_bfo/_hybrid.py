@@ -34,6 +34,7 @@ from ._checks import (
     check_state,
 )
 from ._chemotaxis import Plan, SwimResult, rank_costs
+from ._layout import Layout, layout, ravel, unravel
 from ._tree import rows, sq_norms, take, where
 from .evaluate import batched, check_evaluator
 
@@ -83,7 +84,7 @@ class HybridBFOHyperparams(NamedTuple):
 class HybridBFOState(NamedTuple):
     """State of :func:`hybrid_bfo`: AdaptiveBFOState's fields plus gradients and telemetry."""
 
-    population: Params
+    population: Tensor  # (P, D), as in AdaptiveBFOState
     losses: Tensor
     health: Tensor
     best_params: Params
@@ -95,9 +96,9 @@ class HybridBFOState(NamedTuple):
     stall: Tensor
     reference_diversity: Tensor
     active_size: Tensor
-    grads: Params  # like population: (averaged) gradient at each position, zeros if unknown
+    grads: Tensor  # (P, D): (averaged) gradient at each position, zeros if unknown
     grad_known: Tensor  # (P,) bool: a finite gradient is known at the position
-    grad_mask: Params  # like params, 0-d bool leaves: which leaves take gradients (dynamic)
+    grad_mask: Tensor  # (D,) bool: the coordinates of the leaves that take gradients (dynamic)
     grad_norms: Tensor  # (P,) norm of the masked gradient at each position (NaN if unknown)
     grad_nonfinite: Tensor  # () int64, non-finite gradient entries met in the last update
     grad_vanishing: Tensor  # () int64, positions whose gradient norm < vanishing threshold
@@ -200,10 +201,10 @@ def hybrid_bfo(
         device, dtype = state.losses.device, state.losses.dtype
         hp = HybridBFOHyperparams(**state.hyperparams._asdict(), **{
             k: torch.tensor(v, dtype=dtype, device=device) for k, v in mix.items()})
-        mask = _mask_tree(params, grad_mask)
+        mask = _mask_row(params, grad_mask)
         return HybridBFOState(
             **{k: v for k, v in state._asdict().items() if k not in ("hyperparams", "metric")},
-            grads=optree.tree_map(torch.zeros_like, state.population),
+            grads=torch.zeros_like(state.population),
             grad_known=torch.zeros(size, dtype=torch.bool, device=device),
             grad_mask=mask,
             grad_norms=torch.full((size,), torch.nan, dtype=dtype, device=device),
@@ -217,9 +218,9 @@ def hybrid_bfo(
         """The adaptive plan, its tumbles bent toward each bacterium's gradient (or ``grad``)."""
         hp = state.hyperparams
 
-        def steer(direction: Params, source: Tensor, known: Tensor) -> Params:
+        def steer(direction: Tensor, source: Tensor, known: Tensor) -> Tensor:
             if grad is not None:
-                g = optree.tree_map(lambda x, d: x.to(d.dtype).expand_as(d), grad, direction)
+                g = ravel(layout(state.best_params), grad).expand_as(direction)
                 usable = torch.ones_like(known)
             else:
                 g, usable = take(state.grads, source), state.grad_known[source] & known
@@ -236,17 +237,15 @@ def hybrid_bfo(
         step = adaptive_fields(state, static, plan, result)
         fields: dict[str, Any] = dict(step.fields, hyperparams=hp)
         if grad is not None:
-            given = optree.tree_map(lambda x, p: x.to(p.dtype).expand_as(p), grad, state.grads)
+            given = ravel(layout(state.best_params), grad).expand_as(state.grads)
             stats = _grad_stats(given, mask, dtype, vanishing_threshold, exploding_threshold)
             return HybridBFOState(**fields, grads=state.grads, grad_known=state.grad_known,
                                   grad_mask=mask, **stats)
         new = step.aux  # gradients at the final positions (sign: of the loss as given)
-        finite = _finite_rows(new)
-        new = optree.tree_map(lambda x, p: torch.nan_to_num(x, 0.0, 0.0, 0.0).to(p.dtype),
-                              new, state.grads)
-        old = take(state.grads, step.source)
-        averaged = optree.tree_map(
-            lambda o, n: (hp.momentum * o + (1 - hp.momentum) * n).to(n.dtype), old, new)
+        finite = torch.isfinite(new).all(dim=1)
+        new = torch.nan_to_num(new, 0.0, 0.0, 0.0)
+        old = state.grads.index_select(0, step.source)
+        averaged = hp.momentum * old + (1 - hp.momentum) * new
         averaged = where(state.grad_known[step.source] & step.known, averaged, new)
         stats = _grad_stats(step.aux, mask, dtype, vanishing_threshold, exploding_threshold)
         return HybridBFOState(**fields, grads=averaged, grad_known=finite, grad_mask=mask,
@@ -255,35 +254,33 @@ def hybrid_bfo(
     def update_fn(state: HybridBFOState, loss_fn: LossFn, *args: Any,
                   grad: Params | None = None) -> HybridBFOState:
         check_state(state, size, HybridBFOState, "hybrid_bfo")
-        dtype, sign = state.losses.dtype, static.sign
-        differentiable = (None if grad is not None else
-                          _differentiable(loss_fn, state.grad_mask, evaluator is not None))
+        dtype, sign, shape = state.losses.dtype, static.sign, layout(state.best_params)
         if grad is not None:
             grad = optree.tree_map(torch.Tensor.detach, grad)
 
-        def evaluate(candidates: Params):
+        def evaluate(rows: Tensor):
+            candidates = unravel(shape, rows)
             if evaluator is not None:
-                out = evaluator(loss_fn if differentiable is None else differentiable, candidates,
-                                *args)  # not `or`: dynamo 2.11 cannot test a function's truth
+                differentiable = (loss_fn if grad is not None else _differentiable(
+                    loss_fn, unravel(shape, state.grad_mask), by_evaluator=True))
+                out = evaluator(differentiable, candidates, *args)
                 if not (isinstance(out, tuple) and len(out) == 2):
                     raise TypeError("hybrid_bfo's evaluator must return (losses, grads); got "
                                     f"{type(out).__name__}. The evaluators of "
                                     "functional_bfo.evaluate return losses only.")
                 losses, grads = out
-                grads = None if grad is not None else grads
+                grads = None if grad is not None else ravel(shape, grads)
             elif grad is not None:  # the caller's gradient serves everyone: losses only
                 with torch.no_grad():
                     losses = batched(loss_fn, candidates, args, chunk_size)
                 grads = None
-            else:
-                assert differentiable is not None  # no grad given: it was built above
-                grads, losses = batched(torch.func.grad_and_value(differentiable), candidates,
-                                        args, chunk_size)
-            count = optree.tree_leaves(candidates)[0].shape[0]  # stacked swim points
+            else:  # by the rows: the gradient comes out as rows too
+                grads, losses = batched(torch.func.grad_and_value(_differentiable_rows(
+                    loss_fn, state.grad_mask, shape)), rows, args, chunk_size)
             # Detached: a loss that touches tensors outside params which require grad (a
             # model's other weights) must not leave their autograd graph in the state.
-            losses = check_losses(losses, count).detach().to(dtype)
-            grads = None if grads is None else optree.tree_map(torch.Tensor.detach, grads)
+            losses = check_losses(losses, rows.shape[0]).detach().to(dtype)
+            grads = None if grads is None else grads.detach()
             return rank_costs(losses, sign), grads
 
         steps = plan(state, grad)
@@ -291,15 +288,15 @@ def hybrid_bfo(
 
     def ask_fn(state: HybridBFOState) -> Ask:
         check_state(state, size, HybridBFOState, "hybrid_bfo")
-        return ask_round(state, plan(state, None))
+        return ask_round(state, plan(state, None), layout(state.best_params))
 
     def tell_fn(state: HybridBFOState, asked: Ask, losses: Any, *,
                 grads: Params | None = None, check: bool = True) -> HybridBFOState:
         check_state(state, size, HybridBFOState, "hybrid_bfo")
         costs = told_costs(state, asked, losses, static.sign, "hybrid_bfo", check)
         # Only the marked leaves take gradients, as update's differentiates through them only.
-        aux = optree.tree_map(lambda g, m: torch.where(m, g, torch.zeros_like(g)),
-                              told_grads(asked, grads, "hybrid_bfo"), state.grad_mask)
+        given = ravel(layout(state.best_params), told_grads(asked, grads, "hybrid_bfo"))
+        aux = torch.where(state.grad_mask, given, 0.0)
         steps = plan(state, None)
         return assemble(state, steps, steps.told(costs, aux), None)
 
@@ -313,13 +310,13 @@ def with_grad_mask(state: HybridBFOState, grad_mask: Any) -> HybridBFOState:
     """
     if not hasattr(state, "grad_mask"):
         raise TypeError(f"Expected a hybrid_bfo state, got {type(state).__name__}.")
-    return state._replace(grad_mask=_mask_tree(state.grad_mask, grad_mask))
+    return state._replace(grad_mask=_mask_row(state.best_params, grad_mask))
 
 
-def _mask_tree(params: Params, grad_mask: Any) -> Params:
-    """The mask as a pytree like params of 0-d bool tensors (from requires_grad if None).
+def _mask_row(params: Params, grad_mask: Any) -> Tensor:
+    """The mask as a (D,) bool row: each leaf's flag on its coordinates (requires_grad if None).
 
-    ``params`` only lends its structure and devices, so the current mask serves too.
+    ``params`` only lends its structure, sizes and device, so ``best_params`` serves too.
     """
     leaves, spec = optree.tree_flatten(params)
     if grad_mask is None:
@@ -335,35 +332,53 @@ def _mask_tree(params: Params, grad_mask: Any) -> Params:
             raise ValueError(f"grad_mask does not match the structure of params: {e}") from None
         if not all(isinstance(f, bool) for f in flags):
             raise ValueError(f"Invalid grad_mask: {grad_mask!r}; expected bools at the leaves.")
-    return spec.unflatten([torch.tensor(f, device=x.device) for f, x in zip(flags, leaves)])
+    device = leaves[0].device
+    sizes = torch.tensor([x.numel() for x in leaves], device=device)
+    return torch.tensor(flags, device=device).repeat_interleave(
+        sizes, output_size=sum(x.numel() for x in leaves))
 
 
-def _differentiable(loss_fn: LossFn, mask: Params, by_evaluator: bool = False) -> LossFn:
-    """``loss_fn`` differentiated through the marked leaves only (a ``where`` per leaf).
+def _differentiable_rows(loss_fn: LossFn, mask: Tensor,
+                         shape: Layout) -> Callable[..., Tensor]:
+    """``loss_fn`` of a row, differentiated through the coordinates ``mask`` marks only."""
 
-    Its output is checked where torch's own errors would be unclear: one floating scalar
-    per bacterium, carrying a gradient from the params (``by_evaluator``: a user's
-    evaluator calls it, which may be one that does not differentiate).
+    def loss(row: Tensor, *args: Any) -> Tensor:
+        return _checked(loss_fn(unravel(shape, torch.where(mask, row, row.detach())), *args))
+
+    return loss
+
+
+def _differentiable(loss_fn: LossFn, masks: Params, by_evaluator: bool = False) -> LossFn:
+    """``loss_fn`` of params, differentiated through the marked coordinates only.
+
+    For an evaluator, which hands it params (``masks``: a bool mask like params); the
+    evaluator may be one that does not differentiate, which the error then says.
     """
-    not_differentiable = NOT_DIFFERENTIABLE_MSG + (EVALUATOR_GRADS_MSG if by_evaluator else "")
-    masks, spec = optree.tree_flatten(mask)
+    leaf_masks, spec = optree.tree_flatten(masks)
 
     def loss(params: Params, *args: Any) -> Tensor:
         given: list[Any] = spec.flatten_up_to(params)
-        leaves = [torch.where(m, x, x.detach()) for x, m in zip(given, masks)]
-        out = loss_fn(spec.unflatten(leaves), *args)
-        if not isinstance(out, Tensor):
-            raise TypeError(LOSS_TYPE_MSG.format(what=f"{type(out).__name__} {out!r:.60}"))
-        if out.dim() != 0:
-            raise ValueError(LOSS_SHAPE_MSG.format(
-                what=f"a {out.dtype} tensor of shape {tuple(out.shape)}"))
-        if not out.dtype.is_floating_point:  # as check_losses says it for the other variants
-            raise TypeError(LOSS_SHAPE_MSG.format(what=f"dtype {out.dtype}") + INTEGER_LOSS_MSG)
-        if not out.requires_grad:
-            raise ValueError(not_differentiable)
-        return out
+        leaves = [torch.where(m, x, x.detach()) for x, m in zip(given, leaf_masks)]
+        return _checked(loss_fn(spec.unflatten(leaves), *args), by_evaluator)
 
     return loss
+
+
+def _checked(out: Any, by_evaluator: bool = False) -> Tensor:
+    """The loss ``out`` if it is one floating scalar carrying a gradient from the params.
+
+    Checked here, where torch's own errors would be unclear.
+    """
+    if not isinstance(out, Tensor):
+        raise TypeError(LOSS_TYPE_MSG.format(what=f"{type(out).__name__} {out!r:.60}"))
+    if out.dim() != 0:
+        raise ValueError(LOSS_SHAPE_MSG.format(
+            what=f"a {out.dtype} tensor of shape {tuple(out.shape)}"))
+    if not out.dtype.is_floating_point:  # as check_losses says it for the other variants
+        raise TypeError(LOSS_SHAPE_MSG.format(what=f"dtype {out.dtype}") + INTEGER_LOSS_MSG)
+    if not out.requires_grad:
+        raise ValueError(NOT_DIFFERENTIABLE_MSG + (EVALUATOR_GRADS_MSG if by_evaluator else ""))
+    return out
 
 
 def _masked(tree: Params, mask: Params, dtype: torch.dtype) -> Params:
@@ -388,12 +403,6 @@ def _mix(direction: Params, grads: Params, usable: Tensor, mask: Params, weight:
     renorm = torch.where(d_norm > 0, phi_norm / d_norm.clamp_min(1e-30), 0.0)
     mixed = optree.tree_map(lambda p, pg, d: p - pg + rows(renorm, d) * d, direction, phi_g, d_g)
     return where(usable, mixed, direction)
-
-
-def _finite_rows(tree: Params) -> Tensor:
-    """(P,) whether every gradient entry of each bacterium is finite."""
-    return torch.stack([torch.isfinite(x).reshape(x.shape[0], -1).all(dim=1)
-                        for x in optree.tree_leaves(tree)]).all(dim=0)
 
 
 def _grad_stats(grads: Params, mask: Params, dtype: torch.dtype, vanishing: float,

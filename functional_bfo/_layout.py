@@ -58,29 +58,38 @@ def unravel(shape: Layout, rows: Tensor) -> Params:
     """Rows ``(..., D)`` as params: leaves ``(..., *shape)``, views where their dtype is the rows'.
 
     The leaves are views of ``rows`` (a column block split by ``reshape``), so handing a
-    population to the loss copies nothing; a leaf of another dtype is rounded to it.
+    population to the loss copies nothing; a leaf of another dtype is rounded to it. Rows
+    of bools (a mask) stay bools.
     """
     batch = rows.shape[:-1]
     blocks = rows.split(shape.sizes, dim=-1) if len(shape.sizes) > 1 else (rows,)
-    leaves = [b.reshape(batch + s).to(dt) for b, s, dt in zip(blocks, shape.shapes, shape.dtypes)]
+    cast = rows.is_floating_point()
+    leaves = [b.reshape(batch + s).to(dt) if cast else b.reshape(batch + s)
+              for b, s, dt in zip(blocks, shape.shapes, shape.dtypes)]
     return shape.spec.unflatten(leaves)
 
 
-def population_params(state: Any) -> Params:
-    """``state.population`` as params: each leaf ``(P, *leaf.shape)``, views of its rows.
+def as_params(state: Any, rows: Tensor) -> Params:
+    """Rows over a state's ``D`` coordinates as params: views, in each leaf's dtype.
 
-    A state keeps its population as one ``(P, D)`` matrix; this is bacterium ``i``'s params
-    at index ``i`` of every leaf, in each leaf's dtype.
+    A state keeps its population as one ``(P, D)`` matrix (and a hybrid state its gradients
+    and gradient mask as rows too): ``as_params(state, state.population)`` is bacterium
+    ``i``'s params at index ``i`` of every leaf. ``rows`` is ``(..., D)``; the structure is
+    ``state.best_params``'.
+
+    Raises:
+        ValueError: ``rows`` is not a tensor whose last axis has ``D`` entries.
 
     Examples:
         >>> import torch, functional_bfo as fb
         >>> state = fb.bfo(population_size=4).init({"w": torch.zeros(2, 3)}, key=fb.random.key(0))
-        >>> tuple(state.population.shape), tuple(fb.population_params(state)["w"].shape)
+        >>> population = fb.as_params(state, state.population)
+        >>> tuple(state.population.shape), tuple(population["w"].shape)
         ((4, 6), (4, 2, 3))
     """
     shape = layout(state.best_params)
-    population = state.population
-    if isinstance(population, Tensor) and population.dim() == 2 and (
-            population.shape[-1] == shape.size):
-        return unravel(shape, population)
-    return population  # a population kept as a pytree
+    if not isinstance(rows, Tensor) or tuple(rows.shape[-1:]) != (shape.size,):
+        found = tuple(rows.shape) if isinstance(rows, Tensor) else type(rows).__name__
+        raise ValueError(f"as_params takes rows of the state's {shape.size} coordinates, "
+                         f"shape (..., {shape.size}), e.g. state.population; got {found}.")
+    return unravel(shape, rows)

@@ -20,13 +20,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import optree
 import torch
 from torch import Tensor
 
-from ._base import Params
 from ._bounds import LeafBounds, box_relative
-from ._tree import unflatten_like
 
 MAX_METRIC_SIZE = 2000  # parameters: the metric costs n^2 memory and n^3 time per update
 
@@ -46,24 +43,18 @@ def isotropic(width: Tensor) -> TumbleMetric:
     return TumbleMetric(eye, eye.clone(), width, torch.zeros_like(width))  # no shared storage
 
 
-def widths(box: list[LeafBounds | None], params: Params) -> Tensor:
-    """Each flattened coordinate's box width (1 where the box is open), float64, shape (n,)."""
-    ones = optree.tree_map(
-        lambda x: torch.ones((1, *x.shape), dtype=torch.float64, device=x.device), params)
-    return flat_rows(box_relative(ones, box))[0]
+def widths(box: LeafBounds | None, size: int, device: torch.device) -> Tensor:
+    """Each of ``size`` coordinates' box width (1 where the box is open), float64, shape (n,).
+
+    ``box`` is a row's (float64), None where there is none.
+    """
+    return box_relative(torch.ones(size, dtype=torch.float64, device=device), [box])
 
 
-def flat_rows(population: Params) -> Tensor:
-    """A population pytree as one (P, n) float64 matrix, in optree's flatten order."""
-    return torch.cat([x.reshape(x.shape[0], -1).to(torch.float64)
-                      for x in optree.tree_leaves(population)], dim=1)
-
-
-def shape_directions(metric: TumbleMetric, direction: Params, template: Params) -> Params:
-    """Unit tumbles ``u * width`` (a population like ``template``) reshaped to ``(A u) * width``."""
-    shaped = ((flat_rows(direction) / metric.width) @ metric.factor.T) * metric.width
-    return optree.tree_map(lambda s, d: s.to(d.dtype), unflatten_like(shaped, template),
-                           direction)
+def shape_directions(metric: TumbleMetric, direction: Tensor) -> Tensor:
+    """Unit tumbles ``u * width`` (rows ``(P, n)``) reshaped to ``(A u) * width``."""
+    shaped = ((direction.to(torch.float64) / metric.width) @ metric.factor.T) * metric.width
+    return shaped.to(direction.dtype)
 
 
 def condition(metric: TumbleMetric) -> float:

@@ -8,7 +8,7 @@ its box (infinite where open).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import optree
 import torch
@@ -18,10 +18,9 @@ from . import random
 from ._adaptive import AdaptiveBFOState
 from ._base import Key, Params
 from ._bounds import LeafBounds, box_relative, project, sample_domain
-from ._tree import numel, rows, unflatten_like
 
 
-def kicked(state: AdaptiveBFOState, start: Params, box: list, jitter: float,
+def kicked(state: AdaptiveBFOState, box: LeafBounds | None, jitter: float,
            key: Key) -> AdaptiveBFOState:
     """Every bacterium moved and kept there: by a Gaussian kick, or one coordinate redrawn.
 
@@ -32,21 +31,16 @@ def kicked(state: AdaptiveBFOState, start: Params, box: list, jitter: float,
     Forgotten losses make each bacterium's next tumble be kept whatever it costs (so the
     kick is not undone), and steps below three kicks grow back.
     """
-    dtype, size, n = state.losses.dtype, state.losses.shape[0], numel(start)
-    z = random.tree_normal_like(key, state.population, dtype)
+    x = state.population  # (P, n), ``box`` its rows' box
+    dtype, (size, n) = state.losses.dtype, x.shape
+    z = random.normal(key, (size * n,), dtype).reshape(size, n)
     which = (random.uniform(random.fold_in(key, 1), (size,), dtype) * n).long().clamp(max=n - 1)
     odd = torch.arange(size, device=which.device) % 2 == 1
-    redraw = unflatten_like((torch.arange(n, device=which.device) == which[:, None])
-                            & odd[:, None], start)
-    leaves, spec = optree.tree_flatten(state.population)
-    moved = []
-    parts: list[list[Any]] = [spec.flatten_up_to(t) for t in (z, box_relative(z, box), redraw)]
-    for x, zi, k, r, b in zip(leaves, *parts, box):
-        kick = project(x + (jitter * k).to(x.dtype), b, "clip")
-        redrawn = sample_domain(kick, zi.to(x.dtype), b, torch.zeros((), dtype=x.dtype,
-                                                                     device=x.device))
-        moved.append(torch.where(r, redrawn, torch.where(rows(odd, x), x, kick)))
-    return state._replace(population=spec.unflatten(moved),
+    redraw = (torch.arange(n, device=which.device) == which[:, None]) & odd[:, None]
+    kick = project(x + (jitter * box_relative(z, [box])).to(x.dtype), box, "clip")
+    redrawn = sample_domain(kick, z.to(x.dtype), box, x.new_zeros(()))
+    moved = torch.where(redraw, redrawn, torch.where(odd[:, None], x, kick))
+    return state._replace(population=moved,
                           losses=torch.full_like(state.losses, torch.nan),
                           step_sizes=state.step_sizes.clamp_min(3 * jitter))
 

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ._checks import path_str
+from ._layout import layout
 
 State = TypeVar("State", bound=Any)  # a NamedTuple state of any variant
 FORMAT = "functional_bfo.state/1"
@@ -153,13 +154,17 @@ def with_start_loss(state: State, loss: Any, grad: Any = None) -> State:
     if grad is not None:
         if not hasattr(state, "grads"):
             raise TypeError(f"grad= is for hybrid_bfo states; this is a {type(state).__name__}.")
-        given = optree.tree_structure(state.grads).flatten_up_to(grad)
-        rows = [torch.as_tensor(g).detach().to(x.dtype).to(x.device).reshape(x.shape[1:])
-                for g, x in zip(given, optree.tree_leaves(state.grads))]
-        known = torch.stack([torch.isfinite(g).all() for g in rows]).all() & finite
-        fields["grads"] = optree.tree_unflatten(optree.tree_structure(state.grads), [
-            x.index_put((torch.tensor(0, device=x.device),), torch.nan_to_num(g, 0.0, 0.0, 0.0))
-            for g, x in zip(rows, optree.tree_leaves(state.grads))])
+        shape = layout(state.best_params)
+        given = [torch.as_tensor(g).detach() for g in shape.spec.flatten_up_to(grad)]
+        for g, want in zip(given, shape.shapes):
+            if g.shape != want:
+                raise ValueError(f"Invalid grad: a leaf of shape {tuple(g.shape)} where params "
+                                 f"has {tuple(want)}; pass a gradient like params.")
+        row = torch.cat([g.reshape(-1) for g in given]).to(state.grads.device,
+                                                             state.grads.dtype)
+        known = torch.isfinite(row).all() & finite
+        fields["grads"] = state.grads.index_put((torch.tensor(0, device=losses.device),),
+                                                torch.nan_to_num(row, 0.0, 0.0, 0.0))
         fields["grad_known"] = state.grad_known.index_put(
             (torch.tensor(0, device=losses.device),), known)
     return state._replace(**fields)

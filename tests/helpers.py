@@ -101,7 +101,7 @@ def reference_update(opt_kwargs: dict, state: fb.BFOState, loss: Callable, *, le
     c, p_ed, scale = float(hp.step_size), float(hp.elimination_prob), float(hp.init_scale)
     dtype = state.losses.dtype
 
-    pop = [fb.population_params(state)[leaf][i].clone() for i in range(size)]
+    pop = [population(state)[leaf][i].clone() for i in range(size)]
     cost = [sign * float(v) for v in state.losses]
     health = [float(v) for v in state.health]
     best_x, best = state.best_params[leaf].clone(), sign * float(state.best_loss)
@@ -182,3 +182,13 @@ def reference_update(opt_kwargs: dict, state: fb.BFOState, loss: Callable, *, le
         "best_loss": sign * best,
         "num_evals": int(state.num_evals) + evals,
     }
+
+
+def population(state):
+    """The population of ``state`` as params, each leaf ``(P, *leaf.shape)``."""
+    return fb.as_params(state, state.population)
+
+
+def leaf_flags(state):
+    """A hybrid state's gradient mask as params of bools, one per leaf."""
+    return optree.tree_map(lambda m: bool(m.all()), fb.as_params(state, state.grad_mask))

@@ -5,6 +5,7 @@ import statistics
 
 import pytest
 import torch
+from helpers import population
 
 import functional_bfo as fb
 
@@ -36,7 +37,7 @@ def test_on_a_plateau_bacteria_drift_and_their_steps_grow():
     state = opt.update(opt.init({"x": torch.zeros(3)}, key=fb.random.key(0)), flat)
     new = opt.update(state, flat)
     torch.testing.assert_close(new.step_sizes, state.step_sizes * torch.exp(torch.tensor(0.4)))
-    moved = fb.population_params(new)["x"] != fb.population_params(state)["x"]
+    moved = population(new)["x"] != population(state)["x"]
     assert bool(moved.any(dim=1).all())
 
 
@@ -128,8 +129,8 @@ def test_varying_population_stays_in_range_counts_only_active_and_freezes_inacti
         assert 4 <= count <= 16
         assert int(new.num_evals - state.num_evals) == count * 3
         inactive = torch.arange(16) >= max(count, int(state.active_size))
-        assert torch.equal(fb.population_params(new)["x"][inactive],
-                           fb.population_params(state)["x"][inactive])
+        assert torch.equal(population(new)["x"][inactive],
+                           population(state)["x"][inactive])
         sizes.append(count)
         state = new
     assert min(sizes) < 16  # improving on a sphere shrinks the active population
@@ -187,9 +188,9 @@ def test_relative_steps_equal_absolute_steps_scaled_by_the_box_width():
     absolute = fb.adaptive_bfo(6, bounds=(-1.0, 3.0), **{k: 4 * v for k, v in sizes.items()})
     params = {"x": torch.zeros(3, dtype=torch.float64)}
     for r, a in zip(_trajectory(relative, params, sq), _trajectory(absolute, params, sq)):
-        torch.testing.assert_close(fb.population_params(r)["x"], fb.population_params(a)["x"])
+        torch.testing.assert_close(population(r)["x"], population(a)["x"])
         torch.testing.assert_close(4 * r.step_sizes, a.step_sizes)
-    assert not torch.equal(fb.population_params(r)["x"], params["x"])  # it moved
+    assert not torch.equal(population(r)["x"], params["x"])  # it moved
 
 
 def test_relative_steps_scale_each_leaf_and_coordinate_by_its_own_box():
@@ -203,13 +204,13 @@ def test_relative_steps_scale_each_leaf_and_coordinate_by_its_own_box():
     opt = fb.adaptive_bfo(64, bounds=bounds, relative_steps=True, step_size=0.01,
                           swim_length=1, chemotaxis_steps=1000)
     state = opt.init(params, key=fb.random.key(8))
-    start = fb.population_params(state)
+    start = population(state)
     moved = opt.update(state, lambda p: -sum(x.sum() for x in p.values()))  # always improves
     # A bacterium's move along a coordinate is at most step_size x that coordinate's width.
     for name, width in [("wide", torch.tensor([1200.0, 1200.0])),
                         ("narrow", torch.tensor([1e-3, 1.0])), ("open", torch.ones(2))]:
         # bacterium 0 may be clipped
-        step = (fb.population_params(moved)[name] - start[name]).abs()[1:]
+        step = (population(moved)[name] - start[name]).abs()[1:]
         limit = 0.01 * width.double() * 2  # the swim may take two steps of 0.01 x width
         assert (step <= limit * (1 + 1e-9)).all(), name
         assert (step.amax(0) > 0.1 * 0.01 * width.double()).all(), name

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import population
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -371,7 +372,7 @@ def test_a_swarm_in_a_valley_goes_on_as_its_best_bacterium_alone_and_descends_it
     assert torch.equal(lone.metric.path, torch.zeros(4, dtype=torch.float64))
     assert float(lone.hyperparams.elimination_prob_max) == 0.0
     assert float(lone.losses[0]) == float(lone.best_loss) == float(state.best_loss)
-    assert torch.equal(fb.population_params(lone)["x"][0], lone.best_params["x"])
+    assert torch.equal(population(lone)["x"][0], lone.best_params["x"])
     # Its progress is measured from its own start: the swarm's descent, its stall count
     # and its last gain (on the scale of the swarm's first updates) are not inherited.
     assert state.first == state.progress == float(lone.best_loss) and state.stalled == 0
@@ -481,7 +482,7 @@ def test_the_polish_goes_on_from_the_converging_swarm_that_holds_the_best():
     assert float(converging.best_loss) == float(state.best_loss)
     assert int(polisher.step) == int(converging.step) == 30 and polisher.metric.cov.numel()
     assert torch.equal(polisher.metric.cov, converging.metric.cov)
-    assert bool((fb.population_params(polisher)["x"] == state.best_params["x"]).all())
+    assert bool((population(polisher)["x"] == state.best_params["x"]).all())
     assert torch.allclose(polisher.step_sizes, 0.01 * torch.logspace(0, -4, 8, dtype=torch.float64))
     assert float(polisher.hyperparams.elimination_prob_max) == 0.0
 
@@ -503,7 +504,7 @@ def test_a_best_the_converging_swarm_lost_is_polished_by_a_new_swarm():
         state = opt.update(state, drifting)
     polisher = state.swarm
     assert state.restarts > 1 and int(polisher.step) == 0 and not polisher.metric.cov.numel()
-    assert bool((fb.population_params(polisher)["x"] == state.best_params["x"]).all())
+    assert bool((population(polisher)["x"] == state.best_params["x"]).all())
     assert float(polisher.hyperparams.elimination_prob_max) == 0.0
 
 
@@ -524,21 +525,20 @@ def test_a_best_no_swarm_holds_is_polished_by_a_swarm_started_there():
 
 
 def test_an_explorer_kick_moves_even_bacteria_a_little_and_odd_ones_along_one_coordinate():
-    from functional_bfo._bounds import resolve
+    from functional_bfo._bounds import flat_box
+    from functional_bfo._layout import layout
     from functional_bfo._moves import kicked
 
     params = {"w": torch.zeros(3, 2, dtype=torch.float64), "b": torch.zeros(2, dtype=torch.float64)}
     bounds = {"w": (-2.0, 2.0), "b": (torch.tensor(-1.0), torch.tensor(float("inf")))}
     opt = fb.adaptive_bfo(8, bounds=bounds, relative_steps=True)
-    box = resolve(bounds, params, torch.float64)
+    box = flat_box(bounds, layout(params), torch.device("cpu"))
     state = opt.init(params, key=fb.random.key(3))
-    before = torch.cat([fb.population_params(state)["b"],
-                        fb.population_params(state)["w"].flatten(1)], dim=1)
+    before = state.population  # a row is b's 2 coordinates, then w's 6
     seen_open_redraw, odd_moves = False, 0
     for updates in range(1, 40):
-        out = kicked(state, params, box, 0.01, fb.random.fold_in(fb.random.key(3), updates))
-        after = torch.cat([fb.population_params(out)["b"],
-                           fb.population_params(out)["w"].flatten(1)], dim=1)
+        out = kicked(state, box, 0.01, fb.random.fold_in(fb.random.key(3), updates))
+        after = out.population
         moved = after != before
         # Gaussian kick: every boxed coordinate moves, by a few hundredths of the width.
         assert bool(moved[0::2, 2:].all())

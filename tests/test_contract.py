@@ -4,7 +4,7 @@ import optree
 import pytest
 import torch
 import torch._dynamo.testing
-from helpers import assert_trees_equal, clone, rastrigin, rosenbrock, sphere
+from helpers import assert_trees_equal, clone, population, rastrigin, rosenbrock, sphere
 from variants import VARIANTS, loss_fn, params, run_updates
 
 import functional_bfo as fb
@@ -58,7 +58,7 @@ def test_same_key_same_result_different_key_different_result(variant):
     b = run_updates(opt, opt.init(params(), key=fb.random.key(3)), 5)
     c = run_updates(opt, opt.init(params(), key=fb.random.key(4)), 5)
     assert_trees_equal(a, b)
-    assert not torch.equal(fb.population_params(a)["w"], fb.population_params(c)["w"])
+    assert not torch.equal(population(a)["w"], population(c)["w"])
 
 
 @variants
@@ -133,7 +133,7 @@ def test_an_empty_leaf_is_carried_through_eager_and_compiled_updates(variant, mo
     plain = run_updates(opt, opt.init(params(), key=fb.random.key(4)), 3)
     assert torch.equal(plain.losses, eager.losses)  # the empty leaf changes nothing
     state = torch.compile(opt.update, fullgraph=True, backend="aot_eager")(eager, loss)
-    assert fb.population_params(state)["empty"].shape == (state.losses.shape[0], 3, 0)
+    assert population(state)["empty"].shape == (state.losses.shape[0], 3, 0)
     assert torch.isfinite(state.best_loss)
 
 

@@ -13,7 +13,7 @@ import os
 import optree
 import pytest
 import torch
-from helpers import assert_trees_equal
+from helpers import assert_trees_equal, population
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from variants import VARIANTS
@@ -385,7 +385,7 @@ def test_generated_faults_only_raise_what_was_injected_and_never_corrupt(tree, v
     retried = opt.update(state2, loss)
     assert_trees_equal(retried, clean)
     # No corrupted state: positions finite, best never NaN, counters exact.
-    for leaf in optree.tree_leaves(fb.population_params(clean)):
+    for leaf in optree.tree_leaves(population(clean)):
         assert bool(torch.isfinite(leaf).all())
     assert not bool(torch.isnan(clean.best_loss))
     assert int(clean.step) == 3

@@ -9,7 +9,7 @@ PUBLIC = {
         "BlackBoxResult", "BlackBoxState", "HybridBFOHyperparams", "HybridBFOState", "InitFn",
         "Key", "LossFn", "Optimizer", "Params", "PyTree", "TellFn", "UpdateFn", "adaptive_bfo",
         "bfo", "black_box", "black_box_search", "distributed", "evaluate", "hybrid_bfo", "load",
-        "materialize", "metrics", "module_loss", "population_params", "random", "run", "save",
+        "materialize", "metrics", "module_loss", "as_params", "random", "run", "save",
         "with_grad_mask", "with_hyperparams", "with_start_loss",
     },
     "functional_bfo.random": {

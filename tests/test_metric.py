@@ -97,20 +97,17 @@ def test_condition_is_the_eigenvalue_ratio_and_infinite_once_one_rounds_to_zero(
         assert condition(TumbleMetric(flat, flat, ones(3), ones(3))) == math.inf
 
 
-def test_directions_are_shaped_in_box_widths_and_keep_the_population_tree():
-    params = {"a": torch.zeros(2, dtype=torch.float32), "b": torch.zeros(1)}
-    box = [leaf_bounds(torch.tensor(-1.0), torch.tensor(1.0)),
-           leaf_bounds(torch.tensor(0.0), torch.tensor(math.inf))]
-    width = widths(box, params)
+def test_directions_are_shaped_in_box_widths_and_keep_their_dtype():
+    box = leaf_bounds(torch.tensor([-1.0, -1.0, 0.0]), torch.tensor([1.0, 1.0, math.inf]))
+    width = widths(box, 3, torch.device("cpu"))
     assert width.tolist() == [2.0, 2.0, 1.0]
-    direction = {"a": torch.tensor([[0.6, 0.0], [0.0, 0.4]]), "b": torch.tensor([[0.8], [0.3]])}
-    same = shape_directions(isotropic(width), direction, params)
-    assert all(torch.allclose(same[k], direction[k]) and same[k].dtype == direction[k].dtype
-               for k in direction)
+    direction = torch.tensor([[0.6, 0.0, 0.8], [0.0, 0.4, 0.3]])  # a row per bacterium
+    same = shape_directions(isotropic(width), direction)
+    assert torch.allclose(same, direction) and same.dtype == direction.dtype
     swap = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
-    swapped = shape_directions(TumbleMetric(swap @ swap.T, swap, width, width), direction, params)
-    assert torch.allclose(swapped["a"], direction["a"].flip(1))  # A u swaps the two coordinates
-    assert torch.allclose(swapped["b"], direction["b"])
+    swapped = shape_directions(TumbleMetric(swap @ swap.T, swap, width, width), direction)
+    assert torch.allclose(swapped[:, :2], direction[:, :2].flip(1))  # A u swaps the two
+    assert torch.allclose(swapped[:, 2], direction[:, 2])
 
 
 def lone_walk(signs, known=None):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import optree
 import torch
-from helpers import assert_trees_equal, clone
+from helpers import assert_trees_equal, clone, population
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -163,11 +163,11 @@ def test_bounds_hold_for_population_and_best_after_every_update(case):
     low, high = case.kwargs["bounds"]
     opt = case.opt()
     state = opt.init(case.params, key=fb.random.key(case.seed))
-    assert_inside(fb.population_params(state), low, high, 1)
+    assert_inside(population(state), low, high, 1)
     assert_inside(state.best_params, low, high, 0)
     for _ in range(UPDATES):
         state = opt.update(state, loss_fn)
-        assert_inside(fb.population_params(state), low, high, 1)
+        assert_inside(population(state), low, high, 1)
         assert_inside(state.best_params, low, high, 0)
 
 
@@ -181,10 +181,10 @@ def test_update_preserves_structure_shapes_and_dtypes(case):
     state_type = {fb.bfo: fb.BFOState, fb.adaptive_bfo: fb.AdaptiveBFOState}[case.factory]
     for _ in range(UPDATES + 1):
         assert type(state) is state_type
-        assert optree.tree_structure(fb.population_params(state)) == spec
+        assert optree.tree_structure(population(state)) == spec
         assert optree.tree_structure(state.best_params) == spec
         for p, x, b in zip(optree.tree_leaves(case.params),
-                           optree.tree_leaves(fb.population_params(state)),
+                           optree.tree_leaves(population(state)),
                            optree.tree_leaves(state.best_params)):
             assert (x.shape, x.dtype) == ((size, *p.shape), p.dtype)
             assert (b.shape, b.dtype) == (p.shape, p.dtype)
@@ -263,7 +263,7 @@ def test_loop_evaluator_matches_vmap_evaluator(case):
 def test_maximizing_negated_loss_follows_the_same_path(case):
     low = run_updates(case.opt(), case.init())
     high = run_updates(case.opt(maximize=True), case.init(maximize=True), fn=neg_loss_fn)
-    assert_trees_equal(fb.population_params(high), fb.population_params(low))
+    assert_trees_equal(population(high), population(low))
     assert_trees_equal(high.best_params, low.best_params)
     assert_trees_equal(high.health, low.health)
     assert_trees_equal(high.losses, -low.losses)

@@ -955,7 +955,7 @@ def test_the_numpy_kernel_chosen_at_run_time_gives_the_same_run():
         "s = opt.init({'x': torch.linspace(-1, 1, 40)}, key=fb.random.key(4))\n"
         "for _ in range(7):\n"
         "    s = opt.update(s, lambda p: (p['x'] - 0.2).square().sum())\n"
-        "print(fb.random.CPU_KERNEL, fb.population_params(s)['x'].double().sum().item().hex(),\n"
+        "print(fb.random.CPU_KERNEL, s.population.double().sum().item().hex(),\n"
         "      s.best_loss.item().hex(), s.step_sizes.double().sum().item().hex())\n")
     runs = {}
     for choice in ("numpy", ""):
