@@ -96,6 +96,27 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "1.02x (0.98-1.05) the time of three of its runs (farm-bench, whole processes), and "
      "477 of the 480 recorded black-box runs end at the same error bit for bit (the other "
      "three within 1e-11)."),
+    ("leaves", "An eager update by the number of leaves (CPU)",
+     "`python benchmarks/leaves.py`: the same shifted sphere as params of 1 to 100 leaves. "
+     "The population is one (P, D) matrix, so the update's own ops do not grow with the "
+     "leaves; what still does is the loss's own per-leaf work (the floor) and the views "
+     "that hand each row to it as params."),
+    ("leaves_baseline", "An eager update by the number of leaves, against the pytree layout (CPU)",
+     "`python benchmarks/leaves.py --baseline ROOT`, ROOT a checkout of the layout that kept "
+     "each leaf of the population as its own tensor, side by side in one process. The "
+     "library's evaluators are handed the population's rows, one tensor for `vmap` to batch "
+     "instead of every leaf, which is why the Python calls grow less than the floor's."),
+    ("leaves_baseline_quick_cuda",
+     "An eager update by the number of leaves, against the pytree layout (NVIDIA H100)",
+     "`python benchmarks/leaves.py --device cuda --baseline ROOT --quick`: on a GPU every "
+     "op is a kernel launch, so an op saved is time saved. Run before the library's "
+     "evaluators were handed the population's rows."),
+    ("gpu_eager_cuda", "Eager updates on an NVIDIA H100, one (P, D) matrix",
+     "`python benchmarks/gpu.py --only eager`: a 30-D Rastrigin as one leaf, where the layout "
+     "changes nothing: compare with the next section, the same rows before it, run on the "
+     "same machine one after the other."),
+    ("gpu_eager_cuda_9a1ff0b", "Eager updates on an NVIDIA H100, before the (P, D) matrix",
+     "`python benchmarks/gpu.py --only eager` at the commit before the layout changed."),
     ("swim_batch", "Swim points per evaluation call (CPU)",
      "`python benchmarks/swim_batch.py`: `swim_batch=1` (the default) against the whole swim "
      "ray in one call; the trajectory is the same."),

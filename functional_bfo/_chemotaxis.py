@@ -13,6 +13,7 @@ same. Variants reuse ``swim`` with their own directions, step lengths and evalua
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -295,18 +296,28 @@ def costs_by(evaluator, loss_fn, args: tuple, dtype: torch.dtype, sign: float,
     """``evaluate(candidates) -> (cost, None)``: sign-adjusted losses, non-finite as +inf.
 
     ``candidates`` may stack several swim points of every bacterium: one loss per row.
-    With ``shape`` they are rows of that layout, handed to the evaluator as params.
+    With ``shape`` they are rows of that layout, handed to the evaluator as params (or as
+    rows, with a loss of a row, to an evaluator that takes any structure).
     """
 
     def evaluate(candidates: Params) -> tuple[Tensor, None]:
         count = optree.tree_leaves(candidates)[0].shape[0]
-        if shape is not None:
+        loss = loss_fn
+        if shape is not None and getattr(evaluator, "any_structure", False):
+            loss = functools.partial(_loss_of_row, loss_fn, shape)  # rows batched as one tensor
+        elif shape is not None:
             candidates = unravel(shape, candidates)
         with torch.no_grad():
-            losses = check_losses(evaluator(loss_fn, candidates, *args), count).to(dtype)
+            losses = check_losses(evaluator(loss, candidates, *args), count).to(dtype)
         return rank_costs(losses, sign), None
 
     return evaluate
+
+
+def _loss_of_row(loss_fn: Callable[..., Tensor], shape: Layout, row: Tensor,
+                 *args: Any) -> Tensor:
+    """``loss_fn`` of the params that ``row`` holds."""
+    return loss_fn(unravel(shape, row), *args)
 
 
 def rank_costs(losses: Tensor, sign: float) -> Tensor:

@@ -59,7 +59,10 @@ class Evaluator(Protocol):
     """``evaluator(loss_fn, population, *args) -> losses`` of shape ``(N,)``, one per row.
 
     ``population`` has a leading bacterium axis on every leaf; ``args`` go to ``loss_fn``
-    unbatched. Must be pure and sync-free to keep ``update`` compilable.
+    unbatched. Must be pure and sync-free to keep ``update`` compilable. An evaluator with
+    ``any_structure = True`` (this module's) treats ``population`` as any pytree: it is
+    handed the population's rows, one ``(N, D)`` tensor, and a ``loss_fn`` that takes a row,
+    so that ``vmap`` batches one tensor rather than every leaf of the params.
     """
 
     def __call__(self, loss_fn: LossFn, population: Params, *args: Any) -> Tensor:
@@ -115,6 +118,7 @@ def vmap(chunk_size: int | None = None) -> Evaluator:
         losses = batched(loss_fn, population, args, chunk_size)
         return check_losses(losses, _population_size(population))
 
+    evaluate.any_structure = True  # type: ignore[attr-defined]  # see Evaluator
     return evaluate
 
 
@@ -137,4 +141,5 @@ def loop() -> Evaluator:
             losses.append(loss)
         return check_losses(torch.stack(losses), size)
 
+    evaluate.any_structure = True  # type: ignore[attr-defined]  # see Evaluator
     return evaluate

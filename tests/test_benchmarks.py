@@ -17,6 +17,8 @@ BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
 QUICK = {"adapter_paths.py": "adapter_paths_quick",
          "adapter_paths.py --baseline ..": "adapter_shells_quick",  # the shell against itself
          "update_overhead.py": "update_overhead_quick",
+         "leaves.py": "leaves_quick",
+         "leaves.py --baseline ..": "leaves_baseline_quick",  # the core against itself
          "speed.py": "speed_quick",
          "scaling.py": "scaling_quick",
          "swim_batch.py": "swim_batch_quick",
