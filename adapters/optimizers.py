@@ -343,7 +343,7 @@ class BFO(SwarmOptimizer):
         >>> from functional_bfo.adapters import BFO
         >>> w = torch.nn.Parameter(torch.zeros(3))
         >>> opt = BFO([w], population_size=8, lr=0.2, seed=0)
-        >>> loss = opt.step(lambda: float((w - 1).square().sum()))
+        >>> loss = opt.step(lambda: (w - 1).square().sum())  # a tensor, or a float
         >>> loss < 3.0 and opt.num_evals == 8 * 5 + 2
         True
     """

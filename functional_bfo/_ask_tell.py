@@ -9,6 +9,7 @@ the state alone.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -18,10 +19,11 @@ from torch import Tensor
 
 from ._base import Params
 from ._chemotaxis import Plan, rank_costs
-from ._layout import Layout, unravel
+from ._layout import Layout, strided, unravel
 
 # The integer type whose bits a float of each width is read as, for a state's digest.
 BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+MASK_WEIGHT = 1_000_003  # a prime, so that a changed mask moves the digest
 
 
 class Ask(NamedTuple):
@@ -51,12 +53,21 @@ class Ask(NamedTuple):
 
 
 def round_tag(state: Any) -> Tensor:
-    """The ``tag`` of the round ``state`` is in (no host sync: compiles and vmaps)."""
+    """The ``tag`` of the round ``state`` is in (no host sync: compiles and vmaps).
+
+    Its digest covers what a round's candidates depend on beyond the counters and the key
+    and what the public API can change between ``ask`` and ``tell``: the losses, the
+    hyperparameters (a schedule, or another optimizer's state) and a hybrid's gradient mask.
+    """
     losses = state.losses
-    bits = losses.view(BITS[losses.element_size()]).to(torch.int64)
-    place = torch.arange(1, losses.shape[-1] + 1, device=losses.device)
-    return torch.stack([state.step, state.num_evals, state.key[0], state.key[1],
-                        (bits * place).sum()])
+    values = torch.cat([losses, torch.stack(tuple(state.hyperparams))])  # one dtype
+    bits = values.view(BITS[losses.element_size()]).to(torch.int64)
+    digest = (bits * torch.arange(1, values.shape[-1] + 1, device=losses.device)).sum()
+    mask = getattr(state, "grad_mask", None)
+    if mask is not None:
+        place = torch.arange(1, mask.shape[-1] + 1, device=mask.device)
+        digest = digest + MASK_WEIGHT * (mask.to(torch.int64) * place).sum()
+    return torch.stack([state.step, state.num_evals, state.key[0], state.key[1], digest])
 
 
 def ask_round(state: Any, plan: Plan, shape: Layout | None = None) -> Ask:
@@ -76,6 +87,7 @@ def told_costs(state: Any, asked: Any, losses: Any, sign: float, variant: str,
 
     ``check`` reads the tags on the host (a sync): compiled or under ``vmap`` they are not
     there, and the caller, passing ``check=False``, vouches that ``asked`` is this state's.
+    It also warns when no loss the round needs is finite, as :func:`functional_bfo.run` does.
 
     Raises:
         TypeError: ``asked`` is not an :class:`Ask`, or ``losses`` not real numbers.
@@ -90,11 +102,15 @@ def told_costs(state: Any, asked: Any, losses: Any, sign: float, variant: str,
         values = losses.detach()
     else:
         try:
-            values = torch.as_tensor(np.asarray(losses, dtype=np.float64))
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"Invalid losses: {type(losses).__name__}; expected a tensor, a "
-                            f"numpy array or a list of {rows} numbers, one per row of "
-                            "asked.params.") from e
+            given = np.asarray(losses)
+        except (TypeError, ValueError):  # ragged
+            given = np.asarray(None)
+        if given.dtype.kind not in "fiub":  # None, strings, Python objects
+            raise TypeError(f"Invalid losses: {type(losses).__name__} of {given.dtype}; "
+                            f"expected a tensor, a numpy array or a list of {rows} numbers, "
+                            "one per row of asked.params (NaN, not None, for a loss that "
+                            "failed).")
+        values = torch.as_tensor(given)
     if values.dtype == torch.bool or values.is_complex():
         raise TypeError(f"Invalid losses: dtype {values.dtype}; expected real numbers.")
     if tuple(values.shape) != (rows,):
@@ -102,7 +118,13 @@ def told_costs(state: Any, asked: Any, losses: Any, sign: float, variant: str,
                          "per row of asked.params (rows outside asked.mask are ignored: pass "
                          "anything there, e.g. NaN).")
     dtype = state.losses.dtype
-    return rank_costs(values.to(device=state.losses.device, dtype=dtype), sign)
+    values = values.to(device=state.losses.device, dtype=dtype)
+    if check and not bool((torch.isfinite(values) & asked.mask).any()):  # host read: checking
+        warnings.warn(f"functional_bfo: every loss told to {variant}.tell this round is NaN or "
+                      "infinite (or the round asked for none), so the search has nothing to "
+                      "follow; check the losses you compute, the params and the bounds.",
+                      RuntimeWarning, stacklevel=3)
+    return rank_costs(values, sign)
 
 
 def told_grads(asked: Ask, grads: Any, variant: str) -> Params:
@@ -118,7 +140,8 @@ def told_grads(asked: Ask, grads: Any, variant: str) -> Params:
         raise ValueError(f"grads does not match the structure of asked.params: {e}") from None
     out = []
     for leaf, x in zip(given, leaves):
-        g = leaf.detach() if isinstance(leaf, Tensor) else torch.as_tensor(np.asarray(leaf))
+        g = strided(leaf.detach()) if isinstance(leaf, Tensor) else torch.as_tensor(
+            np.asarray(leaf))
         if tuple(g.shape) != tuple(x.shape):
             raise ValueError(f"Invalid grads: a leaf of shape {tuple(g.shape)} where "
                              f"asked.params has {tuple(x.shape)}.")
@@ -140,5 +163,7 @@ def check_tag(expected: Tensor, tag: Tensor, variant: str, check: bool) -> None:
         raise ValueError(f"asked answers the round of update {int(tag[0])}, but the state has made "
                          f"{int(expected[0])} updates: call ask on the state you tell, once per "
                          "update (state = tell(state, ask(state), losses)).")
-    raise ValueError("asked comes from another state (another run, key or history than the one "
-                     "told): tell takes the state that ask was called on.")
+    raise ValueError("asked comes from another state (another run, key, history or "
+                     "hyperparameters than the one told: a hyperparameter or gradient mask "
+                     "changed between ask and tell?): tell takes the state that ask was called "
+                     "on; change hyperparameters before ask or after tell.")

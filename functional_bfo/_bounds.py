@@ -59,6 +59,10 @@ def _check_pair(pair: Any, where: str) -> None:
     if not all(_is_scalar_like(v) for v in pair):
         raise ValueError(f"Invalid bounds{where}: {pair!r}; low and high must be numbers or "
                          "tensors (use -inf/inf, not None, for an open side).")
+    if any(isinstance(v, Tensor) and (v.dtype == torch.bool or v.is_complex()) for v in pair):
+        raise ValueError(f"Invalid bounds{where}: {pair!r}; low and high must be real numbers, "
+                         "not bool or complex tensors (a mask is no box): convert them, e.g. "
+                         "low.float().")
     low, high = (torch.as_tensor(v, dtype=torch.float64) for v in pair)
     if torch.isnan(low).any() or torch.isnan(high).any() or not bool((low < high).all()):
         raise ValueError(f"Invalid bounds{where}: {pair!r}; expected low < high everywhere "

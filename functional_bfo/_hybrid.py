@@ -34,7 +34,7 @@ from ._checks import (
     check_state,
 )
 from ._chemotaxis import Plan, SwimResult, rank_costs
-from ._layout import Layout, layout, ravel, unravel
+from ._layout import Layout, layout, ravel, strided, unravel
 from ._tree import rows, sq_norms, take, where
 from .evaluate import batched, check_evaluator
 
@@ -256,7 +256,7 @@ def hybrid_bfo(
         check_state(state, size, HybridBFOState, "hybrid_bfo")
         dtype, sign, shape = state.losses.dtype, static.sign, layout(state.best_params)
         if grad is not None:
-            grad = optree.tree_map(torch.Tensor.detach, grad)
+            grad = optree.tree_map(lambda g: strided(g.detach()), grad)
 
         def evaluate(rows: Tensor):
             candidates = unravel(shape, rows)

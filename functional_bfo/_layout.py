@@ -69,6 +69,14 @@ def unravel(shape: Layout, rows: Tensor) -> Params:
     return shape.spec.unflatten(leaves)
 
 
+def strided(x: Tensor) -> Tensor:
+    """``x`` as an ordinary tensor: a sparse gradient (``nn.Embedding(sparse=True)``) densified.
+
+    A population's rows are dense whatever the layout of a gradient handed in.
+    """
+    return x if x.layout == torch.strided else x.to_dense()
+
+
 def as_params(state: Any, rows: Tensor) -> Params:
     """Rows over a state's ``D`` coordinates as params: views, in each leaf's dtype.
 

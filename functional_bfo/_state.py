@@ -11,6 +11,7 @@ import hashlib
 import math
 import os
 import tempfile
+import time
 from typing import IO, Any, TypeVar, cast
 
 import optree
@@ -18,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ._checks import path_str
-from ._layout import layout
+from ._layout import layout, strided
 
 State = TypeVar("State", bound=Any)  # a NamedTuple state of any variant
 FORMAT = "functional_bfo.state/1"
@@ -80,7 +81,9 @@ def save(state: Any, f: PathOrFile) -> None:
 
     A path is written atomically: to a temporary file in the same folder, flushed to disk,
     then renamed over ``f``, so a write that fails or is killed leaves the previous
-    checkpoint intact. The pytree structure is not stored (a custom NamedTuple is not on
+    checkpoint intact; the temporary files that killed writes left beside ``f`` are removed
+    once a write succeeds. A symbolic link is followed: its target is written, the link
+    kept. The pytree structure is not stored (a custom NamedTuple is not on
     torch's allow-list): :func:`load` rebuilds it from a template state. A digest of the
     tensors lets :func:`load` refuse a corrupted file.
 
@@ -92,10 +95,10 @@ def save(state: Any, f: PathOrFile) -> None:
     if not isinstance(f, (str, os.PathLike)):  # a file object: the caller owns its fate
         torch.save(data, f)
         return
-    path = os.fspath(f)
-    folder = os.path.dirname(os.path.abspath(path))
-    handle, scratch = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                                       dir=folder)
+    path = os.path.realpath(os.fspath(f))  # through a link to the file it names
+    folder, name = os.path.split(path)
+    started = time.time()
+    handle, scratch = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(handle, "wb") as out:
             torch.save(data, out)
@@ -112,6 +115,21 @@ def save(state: Any, f: PathOrFile) -> None:
             os.fsync(directory)
         finally:
             os.close(directory)
+    _remove_leftovers(folder, name, started)
+
+
+def _remove_leftovers(folder: str, name: str, before: float) -> None:
+    """Remove the temporary files of writes of ``name`` killed before ``before`` (a time).
+
+    A job preempted mid-save leaves one full-size file each time; a write that started
+    after this one (another process saving the same path) is left alone.
+    """
+    for entry in os.scandir(folder):  # .{name}.XXXXXXXX.tmp: mkstemp's 8 random characters
+        if (entry.name.startswith(f".{name}.") and entry.name.endswith(".tmp")
+                and len(entry.name) == len(name) + 14 and entry.is_file(follow_symlinks=False)):
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_mtime < before:
+                    os.unlink(entry.path)
 
 
 def with_start_loss(state: State, loss: Any, grad: Any = None) -> State:
@@ -155,7 +173,7 @@ def with_start_loss(state: State, loss: Any, grad: Any = None) -> State:
         if not hasattr(state, "grads"):
             raise TypeError(f"grad= is for hybrid_bfo states; this is a {type(state).__name__}.")
         shape = layout(state.best_params)
-        given = [torch.as_tensor(g).detach() for g in shape.spec.flatten_up_to(grad)]
+        given = [strided(torch.as_tensor(g).detach()) for g in shape.spec.flatten_up_to(grad)]
         for g, want in zip(given, shape.shapes):
             if g.shape != want:
                 raise ValueError(f"Invalid grad: a leaf of shape {tuple(g.shape)} where params "
@@ -210,12 +228,17 @@ def load(f: PathOrFile, like: State, map_location: Any = None) -> State:
 
     ``like`` is any state of the same optimizer and params structure, e.g. a fresh
     ``opt.init(params, key=...)``. A run resumed from the loaded state continues bitwise
-    identically to one that never stopped.
+    identically to one that never stopped. The file's digest catches a truncated or
+    corrupted file, not an edited one (it is a checksum, not a signature: an editor can
+    recompute it), so the values are checked as ``init`` and ``with_hyperparams`` check
+    theirs. Load only files you trust: ``torch.load`` reads them, with
+    ``weights_only=True``.
 
     Raises:
         ValueError: the file is not a complete, unmodified checkpoint written by
-            :func:`save`, or it does not match ``like``. (Opening a path that does not
-            exist raises ``FileNotFoundError`` as usual.)
+            :func:`save`, does not match ``like``, or holds a state no update makes
+            (a hyperparameter out of range, non-finite positions, a negative counter).
+            (Opening a path that does not exist raises ``FileNotFoundError`` as usual.)
     """
     if isinstance(f, (str, os.PathLike)):
         with open(f, "rb") as handle:  # a missing or unreadable path raises OSError as usual
@@ -262,4 +285,48 @@ def from_dict(data: Any, like: State) -> State:
             raise ValueError(f"Checkpoint leaf {name} is {x.dtype} {tuple(x.shape)} but like "
                              f"has {ref.dtype} {tuple(ref.shape)}; the optimizer (population "
                              "size) or params differ.")
-    return cast(State, spec.unflatten([x.to(ref.device) for x, ref in zip(saved, leaves)]))
+    state = cast(State, spec.unflatten([x.to(ref.device) for x, ref in zip(saved, leaves)]))
+    check_values(state)
+    return state
+
+
+# Fields whose every value is finite in any state that init and update make.
+FINITE_FIELDS = ("population", "best_params", "health", "step_sizes", "grads",
+                 "reference_diversity")
+COUNTERS = ("step", "num_evals", "stall", "active_size", "grad_nonfinite", "grad_vanishing",
+            "grad_exploding")
+
+
+def check_values(state: Any) -> None:
+    """Refuse a state holding values that no ``init``, ``update`` or ``with_hyperparams`` makes.
+
+    That is hyperparameters out of range, non-finite positions, negative counters. The
+    digest of a checkpoint catches corruption, not edits (whoever edits a file can
+    recompute it), so :func:`load` checks the values too; it reads them on the host.
+
+    Raises:
+        ValueError: naming the field and what it holds.
+    """
+    hp = getattr(state, "hyperparams", None)
+    for name, (low, high, low_open) in getattr(type(hp), "RANGES", {}).items():
+        value = getattr(hp, name)
+        above = value > low if low_open else value >= low
+        if not bool((torch.isfinite(value) & above & (value <= high)).all()):
+            left, right = "(" if low_open else "[", ")" if math.isinf(high) else "]"
+            raise ValueError(f"The checkpoint's state.hyperparams.{name} is {value.tolist()}, "
+                             f"outside {left}{low}, {high}{right}, a value init and "
+                             "with_hyperparams refuse: the file was edited or written by "
+                             "other code. Load an intact checkpoint.")
+    for name in FINITE_FIELDS:
+        field: Any = getattr(state, name, None)
+        for x in optree.tree_leaves(field) if field is not None else ():
+            if not bool(torch.isfinite(x).all()):
+                raise ValueError(f"The checkpoint's state.{name} holds NaN or infinite values, "
+                                 "which no update makes: the file was edited or written by "
+                                 "other code. Load an intact checkpoint.")
+    for name in COUNTERS:
+        count = getattr(state, name, None)
+        if count is not None and not bool((count >= 0).all()):
+            raise ValueError(f"The checkpoint's state.{name} is negative ({count.tolist()}): "
+                             "the file was edited or written by other code. Load an intact "
+                             "checkpoint.")

@@ -64,8 +64,11 @@ def metrics(state: Any) -> dict[str, Tensor]:
     return out
 
 
-def materialize(values: dict[str, Tensor]) -> dict[str, float]:
-    """The metrics as Python floats, with exactly one device-to-host transfer.
+def materialize(values: dict[str, Tensor]) -> dict[str, float | int]:
+    """The metrics as Python numbers, with exactly one device-to-host transfer.
+
+    Counts (integer tensors such as ``step`` and ``num_evals``) come back as ints, the rest
+    as floats.
 
     Examples:
         >>> import torch, functional_bfo as fb
@@ -73,10 +76,12 @@ def materialize(values: dict[str, Tensor]) -> dict[str, float]:
         >>> state = opt.update(opt.init({"x": torch.ones(2)}, key=fb.random.key(0)),
         ...                    lambda p: p["x"].square().sum())
         >>> fb.materialize(fb.metrics(state))["num_evals"]
-        20.0
+        20
     """
     names = list(values)
     if not names:
         return {}
-    stacked = torch.stack([torch.as_tensor(values[n]).to(torch.float64).reshape(()) for n in names])
-    return dict(zip(names, stacked.tolist()))
+    tensors = [torch.as_tensor(values[n]) for n in names]
+    stacked = torch.stack([x.to(torch.float64).reshape(()) for x in tensors])  # exact to 2**53
+    return {n: v if x.is_floating_point() else int(v)
+            for n, x, v in zip(names, tensors, stacked.tolist())}

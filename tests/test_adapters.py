@@ -93,6 +93,27 @@ def test_hybrid_reads_requires_grad_at_every_step():
     assert bool(core_state(opt).grad_known.any())  # b's gradients came through
 
 
+def test_hybrid_takes_the_sparse_gradients_of_an_embedding():
+    """nn.Embedding(sparse=True) hands its gradient as a sparse tensor: densified, it steers."""
+    torch.manual_seed(0)
+    emb, lin = torch.nn.Embedding(10, 3, sparse=True), torch.nn.Linear(3, 1)
+    opt = HybridBFO([*emb.parameters(), *lin.parameters()], population_size=4, seed=0,
+                    gradient_weight=0.9)
+    words = torch.tensor([1, 2, 3])
+
+    def closure():
+        opt.zero_grad()
+        loss = (lin(emb(words)) - 1).square().mean()
+        loss.backward()
+        assert emb.weight.grad is None or emb.weight.grad.is_sparse
+        return loss
+
+    first = opt.step(closure)
+    for _ in range(10):
+        last = opt.step(closure)
+    assert last < first and bool(core_state(opt).grad_known.any())
+
+
 def test_hybrid_closure_gradients_are_per_candidate():
     """Gradients are cleared before each candidate, so each is the candidate's own."""
     a = fresh(n=3)

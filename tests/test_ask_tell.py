@@ -87,7 +87,9 @@ def test_losses_from_numpy_or_a_list_and_nan_ranks_last():
     nan = [float("nan")] + values[1:]
     told = opt.tell(state, asked, nan)
     assert torch.isfinite(told.best_loss) and float(told.best_loss) == min(values[1:])
-    assert float(opt.tell(state, asked, [float("nan")] * len(values)).best_loss) == np.inf
+    with pytest.warns(RuntimeWarning, match="every loss told to bfo.tell this round is NaN"):
+        assert float(opt.tell(state, asked, [float("nan")] * len(values)).best_loss) == np.inf
+    opt.tell(state, asked, [float("nan")] * len(values), check=False)  # no host read, no word
 
 
 def test_tell_refuses_what_does_not_answer_the_round():
@@ -103,6 +105,9 @@ def test_tell_refuses_what_does_not_answer_the_round():
         opt.tell(state, asked, torch.zeros(8, dtype=torch.bool))
     with pytest.raises(TypeError, match="numpy array or a list"):
         opt.tell(state, asked, ["a"] * 8)
+    for unreadable in ([None] * 8, ["1.5"] * 8, [1.0, [2.0]] + [0.0] * 6):
+        with pytest.raises(TypeError, match=r"NaN, not None, for a loss that failed"):
+            opt.tell(state, asked, unreadable)
     with pytest.raises(TypeError, match="takes the Ask"):
         opt.tell(state, tuple(asked), losses)
     later = opt.tell(state, asked, losses)
@@ -116,6 +121,24 @@ def test_tell_refuses_what_does_not_answer_the_round():
         opt.tell(scored, asked, losses)
     with pytest.raises(TypeError, match="another optimizer"):
         fb.adaptive_bfo(4, swim_length=1).tell(state, asked, losses)
+
+
+@variants
+def test_tell_refuses_an_ask_made_before_a_hyperparameter_change(variant):
+    """A schedule between ask and tell would store the old losses against new candidates."""
+    opt = variant.make()
+    state = opt.init(params(), key=fb.random.key(0))
+    asked = opt.ask(state)
+    losses, extra = answer(variant, asked)
+    with pytest.raises(ValueError, match="hyperparameter"):
+        opt.tell(fb.with_hyperparams(state, step_size=0.37), asked, losses, **extra)
+    other = variant.make(step_size=0.37)  # another optimizer: same shape and key
+    with pytest.raises(ValueError, match="another state"):
+        opt.tell(state, other.ask(other.init(params(), key=fb.random.key(0))), losses, **extra)
+    if hasattr(state, "grad_mask"):
+        with pytest.raises(ValueError, match="gradient mask"):
+            opt.tell(fb.with_grad_mask(state, False), asked, losses, **extra)
+    opt.tell(state, asked, losses, **extra)  # the round's own answer is taken
 
 
 def test_hybrid_tell_needs_gradients_like_the_candidates():

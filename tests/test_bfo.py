@@ -266,6 +266,8 @@ def test_metrics_match_direct_computation_and_compile_without_breaks():
     assert got["mean_loss"] == pytest.approx(float(losses.mean()))
     assert got["worst_loss"] == pytest.approx(float(losses.max()))
     assert got["nonfinite_losses"] == 0 and got["num_evals"] == 30 and got["step"] == 1
+    assert type(got["step"]) is int and type(got["num_evals"]) is int  # counts, not floats
+    assert type(got["best_loss"]) is float
     flat = state.population.double()
     rms = (flat - flat.mean(0)).square().sum(1).mean().sqrt()
     assert got["diversity"] == pytest.approx(float(rms), rel=1e-5)

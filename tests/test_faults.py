@@ -9,6 +9,7 @@ that never saw the fault gives.
 import functools
 import math
 import os
+import time
 
 import optree
 import pytest
@@ -85,6 +86,48 @@ def test_a_save_that_fails_half_way_keeps_the_previous_checkpoint(tmp_path, monk
     assert path.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["state.pt"]  # no scratch file left behind
     assert_trees_equal(fb.load(path, like=state), state)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda s: s._replace(hyperparams=s.hyperparams._replace(
+        step_size=torch.tensor(-1.0))), r"hyperparams\.step_size is -1\.0, outside \[0\.0, inf\)"),
+    (lambda s: s._replace(population=torch.full_like(s.population, torch.inf)),
+     r"state\.population holds NaN or infinite values"),
+    (lambda s: s._replace(step_sizes=s.step_sizes.nan_to_num(0.0) * torch.nan),
+     r"state\.step_sizes holds NaN"),
+    (lambda s: s._replace(num_evals=torch.tensor(-5)), r"state\.num_evals is negative"),
+], ids=["negative step size", "population of infinities", "NaN step sizes", "negative count"])
+def test_a_checkpoint_of_a_state_no_update_makes_is_refused(tmp_path, edit, match):
+    """The digest is a checksum, not a signature: an edited state saved (digest and all)
+    is refused by its values, as init and with_hyperparams refuse them."""
+    _, state, path = saved_state(tmp_path)
+    fb.save(edit(state), path)
+    with pytest.raises(ValueError, match=match):
+        fb.load(path, like=state)
+
+
+def test_a_good_save_removes_what_killed_saves_left_and_nothing_else(tmp_path):
+    """A job killed mid-save every hour must not fill its disk with full-size scratch."""
+    opt, state, path = saved_state(tmp_path)
+    killed = [tmp_path / ".state.pt.k1ll3d_1.tmp", tmp_path / ".state.pt.k1ll3d_2.tmp"]
+    others = [tmp_path / ".state.pt.b.abcdefgh.tmp", tmp_path / "notes.tmp",
+              tmp_path / ".other.pt.abcdefgh.tmp"]  # another checkpoint's, or the user's
+    for leftover in killed + others:
+        leftover.write_bytes(path.read_bytes())
+        os.utime(leftover, (time.time() - 60, time.time() - 60))
+    fb.save(run_updates(opt, state, 1), path)
+    assert sorted(os.listdir(tmp_path)) == sorted(["state.pt"] + [p.name for p in others])
+
+
+def test_a_save_through_a_symlink_writes_its_target_and_keeps_the_link(tmp_path):
+    opt, state, target = saved_state(tmp_path)
+    link = tmp_path / "latest.pt"
+    link.symlink_to(target.name)
+    later = run_updates(opt, state, 1)
+    fb.save(later, link)
+    assert link.is_symlink() and os.readlink(link) == target.name
+    assert_trees_equal(fb.load(target, like=state), later)
+    assert sorted(os.listdir(tmp_path)) == ["latest.pt", "state.pt"]
 
 
 @HYP

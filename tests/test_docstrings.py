@@ -1,0 +1,42 @@
+"""The docstring examples of the adapters run here, as the core's run by --doctest-modules.
+
+The adapters are installed as ``functional_bfo.adapters`` from the folder ``adapters/``,
+which pytest's collection cannot import by that name; each module is imported by its
+installed name and its examples run with ``doctest``, under the suite's warning filters.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+import warnings
+
+import pytest
+
+import functional_bfo.adapters as adapters
+
+MODULES = sorted(m.name for m in pkgutil.iter_modules(adapters.__path__))
+# Importing a framework can warn inside the framework itself (fastai's torch.jit.script).
+FRAMEWORK_WARNINGS = (DeprecationWarning,)
+
+
+def load(name: str):
+    with warnings.catch_warnings():
+        for category in FRAMEWORK_WARNINGS:
+            warnings.simplefilter("ignore", category)
+        try:
+            return importlib.import_module(f"functional_bfo.adapters.{name}")
+        except ImportError as e:  # a framework not installed: its glue says which extra
+            pytest.skip(str(e))
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_the_examples_of_each_adapter_module_run(name):
+    module = load(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed"
+
+
+def test_every_module_with_examples_is_found():
+    assert {"optimizers", "fastai", "loggers", "_candidates"} <= set(MODULES)
