@@ -21,7 +21,7 @@ from ._bounds import BOUNDARY_MODES, box_relative, check_bounds, flat_box
 from ._checks import check_bool, check_choice, check_float, check_int, check_state
 from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_by, tumble_directions, walk
 from ._cycle import cycle_ends
-from ._dispersal import dispersal_mask, initial_population, sample_population
+from ._dispersal import dispersal_mask, initial_population, per_run, sample_population
 from ._layout import layout, ravel, unravel
 from ._noise import bacterium_noise
 from ._reproduction import reproduction_index
@@ -221,7 +221,7 @@ def adaptive_bfo(
         start = initial_population(params, key, size, bounds, hyper["init_scale"], rows=True)
         dtype, device, shape = start.dtype, start.key.device, layout(params)
         box = flat_box(bounds if relative_steps else None, shape, device, torch.float64)
-        return AdaptiveBFOState(
+        return per_run(AdaptiveBFOState(
             **start.state_fields(sign, hyper, AdaptiveBFOHyperparams),
             step_sizes=torch.full((size,), hyper["step_size"], dtype=dtype,
                                   device=device).clamp(hyper["step_size_min"],
@@ -231,7 +231,7 @@ def adaptive_bfo(
             active_size=torch.tensor(size, dtype=torch.int64, device=device),
             metric=metric.isotropic(metric.widths(box, shape.size, device) if rate > 0
                                     else torch.zeros(0, dtype=torch.float64, device=device)),
-        )
+        ))
 
     def update_fn(state: AdaptiveBFOState, loss_fn: LossFn, *args: Any) -> AdaptiveBFOState:
         check_state(state, size, AdaptiveBFOState, "adaptive_bfo")

@@ -24,7 +24,7 @@ from ._checks import (
 )
 from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_by, tumble_directions, walk
 from ._cycle import cycle_ends
-from ._dispersal import disperse, initial_population
+from ._dispersal import disperse, initial_population, per_run
 from ._layout import layout, ravel, unravel
 from ._noise import bacterium_noise
 from ._reproduction import reproduce
@@ -213,7 +213,7 @@ def bfo(
 
     def init_fn(params: Params, *, key: Key) -> BFOState:
         start = initial_population(params, key, size, bounds, hyper["init_scale"], rows=True)
-        return BFOState(**start.state_fields(sign, hyper, BFOHyperparams))
+        return per_run(BFOState(**start.state_fields(sign, hyper, BFOHyperparams)))
 
     def plan(state: BFOState) -> Plan:
         """Reproduction, dispersal and the tumble: the update's swim, before any loss."""

@@ -61,6 +61,27 @@ class Start(NamedTuple):
         return optree.tree_leaves(self.population)[0].shape[0]
 
 
+def per_run(state: Any) -> Any:
+    """``state`` with each field made from its key and params: the same values, batched.
+
+    Under ``vmap(init)`` a field made of constants alone (a counter, a hyperparameter, the
+    params when only keys are mapped) comes out expanded over the runs, with stride 0, and
+    ``compile(vmap(update))`` compiled once for those strides and again for the next
+    state's. Adding a zero drawn from the key and the population (a ``|`` for bools)
+    batches it whatever is mapped; eagerly it costs a few ops, in ``init`` only.
+    """
+    zero = state.key[..., 0] * 0 + (state.population.sum((-2, -1)) * 0).to(torch.int64)
+
+    def batched(x: Tensor) -> Tensor:
+        return x | zero.bool() if x.dtype == torch.bool else x + zero.to(x.dtype)
+
+    kept = ("population", "key", "best_params")  # the population: from params and key
+    shape = layout(state.best_params)  # views of one row, as every update leaves them
+    return state._replace(best_params=unravel(shape, batched(ravel(shape, state.best_params))),
+                          **{name: optree.tree_map(batched, getattr(state, name))
+                             for name in state._fields if name not in kept})
+
+
 def initial_population(params: Params, key: Tensor, size: int, bounds: Any, init_scale: float,
                        *, rows: bool = False) -> Start:
     """Validate ``params`` and ``key`` and build the initial population around the params.

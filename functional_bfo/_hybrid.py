@@ -34,6 +34,7 @@ from ._checks import (
     check_state,
 )
 from ._chemotaxis import Plan, SwimResult, rank_costs
+from ._dispersal import per_run
 from ._layout import Layout, layout, ravel, strided, unravel
 from ._tree import rows, sq_norms, take, where
 from .evaluate import batched, check_evaluator
@@ -202,7 +203,7 @@ def hybrid_bfo(
         hp = HybridBFOHyperparams(**state.hyperparams._asdict(), **{
             k: torch.tensor(v, dtype=dtype, device=device) for k, v in mix.items()})
         mask = _mask_row(params, grad_mask)
-        return HybridBFOState(
+        return per_run(HybridBFOState(
             **{k: v for k, v in state._asdict().items() if k not in ("hyperparams", "metric")},
             grads=torch.zeros_like(state.population),
             grad_known=torch.zeros(size, dtype=torch.bool, device=device),
@@ -212,7 +213,7 @@ def hybrid_bfo(
             grad_vanishing=torch.zeros((), dtype=torch.int64, device=device),
             grad_exploding=torch.zeros((), dtype=torch.int64, device=device),
             hyperparams=hp,
-        )
+        ))
 
     def plan(state: HybridBFOState, grad: Params | None) -> Plan:
         """The adaptive plan, its tumbles bent toward each bacterium's gradient (or ``grad``)."""

@@ -88,6 +88,23 @@ def test_vmap_over_states_equals_separate_runs(variant):
 
 
 @variants
+def test_states_of_a_vmapped_init_compile_once_under_a_vmapped_update(variant):
+    """A field of constants came out of vmap(init) with stride 0, and the next state's did
+    not: the vmapped update compiled twice."""
+    opt = variant.make()
+    keys = fb.random.split(fb.random.key(6), 3)
+    states = torch.func.vmap(lambda k: opt.init(params(), key=k))(keys)
+    assert all(0 not in x.stride() for x in optree.tree_leaves(states) if x.numel() > 1)
+    torch._dynamo.reset()  # vmap's wrapper is one code object: other variants' entries
+    counter = torch._dynamo.testing.CompileCounterWithBackend("eager")
+    step = torch.compile(torch.func.vmap(opt.update, in_dims=(0, None)), fullgraph=True,
+                         backend=counter)
+    for _ in range(3):
+        states = step(states, loss_fn)
+    assert counter.frame_count == 1
+
+
+@variants
 def test_checkpoint_resume_is_bitwise_identical(variant, tmp_path):
     opt = variant.make()
     state = run_updates(opt, opt.init(params(), key=fb.random.key(8)), 3)
