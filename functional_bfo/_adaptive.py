@@ -218,7 +218,7 @@ def adaptive_bfo(
                              f"{numel(params)} tumble metric; it is limited to "
                              f"{metric.MAX_METRIC_SIZE} parameters (n^2 memory, n^3 time per "
                              "update). Pass metric_rate=0 for isotropic tumbles.")
-        start = initial_population(params, key, size, bounds, hyper["init_scale"], rows=True)
+        start = initial_population(params, key, size, bounds, hyper["init_scale"])
         dtype, device, shape = start.dtype, start.key.device, layout(params)
         box = flat_box(bounds if relative_steps else None, shape, device, torch.float64)
         return per_run(AdaptiveBFOState(

@@ -212,7 +212,7 @@ def bfo(
     sign = -1.0 if maximize else 1.0
 
     def init_fn(params: Params, *, key: Key) -> BFOState:
-        start = initial_population(params, key, size, bounds, hyper["init_scale"], rows=True)
+        start = initial_population(params, key, size, bounds, hyper["init_scale"])
         return per_run(BFOState(**start.state_fields(sign, hyper, BFOHyperparams)))
 
     def plan(state: BFOState) -> Plan:

@@ -15,17 +15,17 @@ from torch import Tensor
 
 from . import random
 from ._base import Params
-from ._bounds import LeafBounds, flat_box, project, resolve, sample_domain
-from ._checks import check_params, compute_dtype
+from ._bounds import LeafBounds, flat_box, project, sample_domain
+from ._checks import check_params
 from ._layout import layout, ravel, unravel
-from ._tree import stack, unflatten_like, where
+from ._tree import where
 
 
 class Start(NamedTuple):
     """What every variant's ``init`` starts from."""
 
     first: Params  # the params, detached, copied and clipped into the box: bacterium 0
-    population: Params  # bacterium 0 followed by P - 1 samples of the search domain
+    population: Tensor  # (P, D): bacterium 0, then P - 1 samples of the search domain
     key: Tensor  # the run key (the init key's second half; the first made the population)
     dtype: torch.dtype  # the loss and step dtype: float64 if any leaf is, else float32
 
@@ -58,7 +58,7 @@ class Start(NamedTuple):
 
     @property
     def population_size(self) -> int:
-        return optree.tree_leaves(self.population)[0].shape[0]
+        return self.population.shape[0]
 
 
 def per_run(state: Any) -> Any:
@@ -82,18 +82,16 @@ def per_run(state: Any) -> Any:
                              for name in state._fields if name not in kept})
 
 
-def initial_population(params: Params, key: Tensor, size: int, bounds: Any, init_scale: float,
-                       *, rows: bool = False) -> Start:
+def initial_population(params: Params, key: Tensor, size: int, bounds: Any, init_scale: float
+                       ) -> Start:
     """Validate ``params`` and ``key`` and build the initial population around the params.
 
-    ``rows``: the population as one ``(P, D)`` matrix (see ``_layout``), else a pytree.
+    The population is one ``(P, D)`` matrix (see ``_layout``), bacterium 0 the params.
     """
-    leaves, spec = check_params(params)
+    leaves, _ = check_params(params)
     random.check_key(key)
     try:
-        if rows:
-            return _initial_rows(params, key, size, bounds, init_scale)
-        return _initial_population(leaves, spec, params, key, size, bounds, init_scale)
+        return _initial_rows(params, key, size, bounds, init_scale)
     except RuntimeError as e:  # the allocator's own words, with the size that asked for it
         message = str(e)
         if "out of memory" in message or "allocate" in message:
@@ -104,23 +102,8 @@ def initial_population(params: Params, key: Tensor, size: int, bounds: Any, init
         raise
 
 
-def _initial_population(leaves, spec, params, key, size, bounds, init_scale) -> Start:
-    """``initial_population`` after validation."""
-    device, dtype = leaves[0].device, compute_dtype(leaves)
-    init_key, run_key = random.split(key.to(device))
-    box = resolve(bounds, params, dtype)
-    first = spec.unflatten([project(x.detach().to(dtype), b, "clip").to(x.dtype).clone()
-                            for x, b in zip(leaves, box)])
-    keys = random.fold_in(init_key, torch.arange(1, size, device=device))
-    n = sum(x.numel() for x in leaves)
-    z = torch.func.vmap(lambda k: random.normal(k, (n,), dtype))(keys)
-    scale = torch.tensor(init_scale, dtype=dtype, device=device)
-    rest = sample_population(unflatten_like(z, first), first, box, scale, dtype)
-    return Start(first, stack(first, rest), run_key, dtype)
-
-
 def _initial_rows(params, key, size, bounds, init_scale) -> Start:
-    """``initial_population`` as a ``(P, D)`` matrix, after validation."""
+    """``initial_population`` after validation."""
     shape = layout(params)
     device, dtype = shape_device(params), shape.dtype
     init_key, run_key = random.split(key.to(device))

@@ -28,16 +28,6 @@ def take(tree: PyTree, index: Tensor) -> PyTree:
     return optree.tree_map(lambda x: x.index_select(0, index), tree)
 
 
-def stack(first: PyTree, rest: PyTree) -> PyTree:
-    """A population whose bacterium 0 is ``first`` (unbatched) followed by the rows of ``rest``."""
-    return optree.tree_map(lambda x, r: torch.cat([x.unsqueeze(0), r]), first, rest)
-
-
-def concat(trees: tuple[PyTree, ...]) -> PyTree:
-    """The rows of ``trees`` (populations of one structure) one after another."""
-    return optree.tree_map(lambda *xs: torch.cat(xs), *trees)
-
-
 def numel(tree: PyTree) -> int:
     """Elements in all leaves of ``tree`` (a population's count includes its P axis)."""
     return sum(x.numel() for x in optree.tree_leaves(tree))
