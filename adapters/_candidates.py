@@ -13,7 +13,6 @@ import torch
 from torch import Tensor
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-from functional_bfo._layout import strided
 from functional_bfo.evaluate import batched
 
 _SCORING = contextvars.ContextVar("functional_bfo_scoring_candidates", default=False)
@@ -130,7 +129,7 @@ class CandidateEvaluator:
                     self.trace.restore()
                 backward = self.with_grads and any(p.grad is not None for p in self.params)
                 for slot, p in zip(grads if self.with_grads else (), self.params):
-                    slot.append(strided(p.grad.detach()).to(p.dtype).clone() if p.grad is not None
+                    slot.append(p.grad.detach().to_dense().to(p.dtype).clone() if p.grad is not None
                                 else torch.full_like(p, torch.nan)
                                 if p.requires_grad and not backward else torch.zeros_like(p))
         kw: Any = {"dtype": torch.float64, "device": population[0].device}  # one transfer

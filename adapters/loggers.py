@@ -28,9 +28,6 @@ from typing import Any
 
 import torch
 
-import functional_bfo as fb
-from functional_bfo._checks import compute_dtype
-
 from .optimizers import SwarmOptimizer
 
 __all__ = ["csv", "tensorboard", "telemetry", "wandb"]
@@ -152,9 +149,7 @@ def _population(opt: SwarmOptimizer) -> torch.Tensor:
     population sizes.
     """
     swarms = [opt.state[opt.param_groups[g]["params"][0]]["swarm"] for g in opt.stepped_groups]
-    leaves = [x.detach() for s in swarms for x in fb.as_params(s, s.population)]
-    dtype = compute_dtype(leaves)
-    return torch.cat([x.flatten().to(dtype) for x in leaves])
+    return torch.cat([s.population.flatten() for s in swarms])  # float64 if any group is
 
 
 def _wandb() -> Any:

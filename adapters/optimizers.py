@@ -74,8 +74,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
     @property
     def population(self) -> Tensor:
         """Every bacterium's parameters flattened, shape (population_size, n_params)."""
-        leaves = [x.flatten(1) for state in self._swarm_states().values()
-                  for x in fb.as_params(state, state.population)]  # a group's params: a list
+        leaves = [state.population for state in self._swarm_states().values()]  # rows
         if not leaves:
             raise ValueError("There is no population before the first step; call step first.")
         return torch.cat(leaves, dim=1)  # (groups of other sizes: read each with metrics(g))
