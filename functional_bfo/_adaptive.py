@@ -17,11 +17,11 @@ from torch import Tensor
 from . import _metric as metric
 from ._ask_tell import Ask, ask_round, told_costs
 from ._base import Key, LossFn, Optimizer, Params
-from ._bounds import BOUNDARY_MODES, box_relative, check_bounds, flat_box
+from ._bounds import BOUNDARY_MODES, LeafBounds, box_relative, check_bounds, flat_box, sample_domain
 from ._checks import check_bool, check_choice, check_float, check_int, check_state
 from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_by, tumble_directions, walk
 from ._cycle import cycle_ends
-from ._dispersal import dispersal_mask, initial_population, per_run, sample_population
+from ._dispersal import dispersal_mask, initial_population, per_run
 from ._layout import layout, ravel, unravel
 from ._noise import bacterium_noise
 from ._reproduction import reproduction_index
@@ -241,7 +241,7 @@ def adaptive_bfo(
 
     def ask_fn(state: AdaptiveBFOState) -> Ask:
         check_state(state, size, AdaptiveBFOState, "adaptive_bfo")
-        return ask_round(state, adaptive_plan(state, static), layout(state.best_params))
+        return ask_round(state, adaptive_plan(state, static))
 
     def tell_fn(state: AdaptiveBFOState, asked: Ask, losses: Any, *,
                 check: bool = True) -> AdaptiveBFOState:
@@ -292,7 +292,8 @@ class AdaptiveStep(NamedTuple):
 
 
 def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: Tensor,
-                best: Tensor, box: list, static: AdaptiveStatic, dtype: torch.dtype) -> tuple:
+                best: Tensor, box: LeafBounds | None, static: AdaptiveStatic,
+                dtype: torch.dtype) -> tuple:
     """Reproduction, then dispersal under pressure, where ``flag`` (0-d bool) holds.
 
     ``slots`` is ``arange(population_size)``, ``best`` the best params as a row.
@@ -324,7 +325,7 @@ def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: 
     active = slots < count
     leader = first_min(torch.where(torch.isnan(cost) | ~active, torch.inf, cost))[1]
     dispersed = (dispersal_mask(coins, p_ed, flag) & active & (slots != leader)) | woken
-    fresh = sample_population(places, best, box, hp.init_scale, dtype)
+    fresh = sample_domain(best, places, box, hp.init_scale)
     population = where(dispersed, fresh, population)
     step_sizes = torch.where(dispersed, hp.step_size, step_sizes)
     return population, losses, step_sizes, health, count, source, dispersed
@@ -350,9 +351,9 @@ def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None
     """
     size, sign = static.size, static.sign
     hp, dtype, shape = state.hyperparams, state.losses.dtype, layout(state.best_params)
-    box = [flat_box(static.bounds, shape, state.key.device)]
+    box = flat_box(static.bounds, shape, state.key.device)
     best = ravel(shape, state.best_params)
-    noise = bacterium_noise(state.key, state.step, size, best, dtype)
+    noise = bacterium_noise(state.key, state.step, size, shape.size, dtype)
 
     # Reproduction, then dispersal under pressure, every chemotaxis_steps updates.
     slots = torch.arange(size, device=state.step.device)
@@ -371,7 +372,7 @@ def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None
     direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
                                           static.tumble, hp.levy_beta)
     if static.relative_steps:
-        direction = box_relative(direction, box)
+        direction = box_relative(direction, [box])
     if static.metric_rate > 0:
         direction = metric.shape_directions(state.metric, direction)
     if steer is not None:
@@ -379,10 +380,11 @@ def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None
     last = torch.where(known, cost, torch.inf)
     stay_aux = None if start_aux is None else start_aux(source, known)
     steps = step_sizes * length if active is None else step_sizes * length * active
-    ray = walk(population, direction, steps, known.to(dtype), bounds=box,
+    ray = walk(population, direction, steps, known.to(dtype), bounds=[box],
                boundary=static.boundary, swims=static.swims, greedy=True, ties=True)
     carry = ray.begin(last, (last, stay_aux), best, sign * state.best_loss)
-    return Plan(ray, carry, active, AdaptiveKeep(cost, step_sizes, health, count, source, known))
+    keep = AdaptiveKeep(cost, step_sizes, health, count, source, known)
+    return Plan(ray, carry, active, keep, shape)
 
 
 def adaptive_fields(state: Any, static: AdaptiveStatic, plan: Plan,
@@ -398,7 +400,7 @@ def adaptive_fields(state: Any, static: AdaptiveStatic, plan: Plan,
         population=result.population,
         losses=sign * _on_active(active, result.raw_cost, keep.cost),
         health=keep.health + _on_active(active, result.cost, 0),
-        best_params=unravel(layout(state.best_params), result.best_params),
+        best_params=unravel(plan.shape, result.best_params),
         best_loss=sign * result.best_cost,
         key=state.key,
         step=state.step + 1,

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ._base import Params
 from ._chemotaxis import Plan, rank_costs
-from ._layout import Layout, strided, unravel
+from ._layout import strided, unravel
 
 # The integer type whose bits a float of each width is read as, for a state's digest.
 BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -70,15 +70,10 @@ def round_tag(state: Any) -> Tensor:
     return torch.stack([state.step, state.num_evals, state.key[0], state.key[1], digest])
 
 
-def ask_round(state: Any, plan: Plan, shape: Layout | None = None) -> Ask:
-    """The round of ``plan`` (made from ``state``) as an :class:`Ask`.
-
-    With ``shape`` the plan's points are rows of that layout, asked as params.
-    """
+def ask_round(state: Any, plan: Plan) -> Ask:
+    """The round of ``plan`` (made from ``state``) as an :class:`Ask`: its rows as params."""
     ray = plan.ray
-    points = ray.points(ray.distances)
-    return Ask(points if shape is None else unravel(shape, points), plan.needed(),
-               round_tag(state))
+    return Ask(unravel(plan.shape, ray.points(ray.distances)), plan.needed(), round_tag(state))
 
 
 def told_costs(state: Any, asked: Any, losses: Any, sign: float, variant: str,

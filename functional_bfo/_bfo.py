@@ -71,7 +71,7 @@ class BFOState(NamedTuple):
     worst value (+inf, or -inf when maximizing), and NaN only before a bacterium is evaluated.
     """
 
-    population: Tensor  # (P, D): bacterium i's params as row i (see functional_bfo.population)
+    population: Tensor  # (P, D): bacterium i's params as row i (fb.as_params shows them)
     losses: Tensor  # (P,) loss at each position; float32, or float64 for float64 params
     health: Tensor  # (P,) cost accumulated since the last reproduction (lower is healthier)
     best_params: Params  # like params: the best position ever evaluated
@@ -218,9 +218,9 @@ def bfo(
     def plan(state: BFOState) -> Plan:
         """Reproduction, dispersal and the tumble: the update's swim, before any loss."""
         hp, dtype, shape = state.hyperparams, state.losses.dtype, layout(state.best_params)
-        box = [flat_box(bounds, shape, state.key.device)]
+        box = flat_box(bounds, shape, state.key.device)
         best = ravel(shape, state.best_params)
-        noise = bacterium_noise(state.key, state.step, size, best, dtype)
+        noise = bacterium_noise(state.key, state.step, size, shape.size, dtype)
 
         # Reproduction and elimination–dispersal happen on cycle boundaries, by counter.
         population, losses, health = reproduce(cycle_ends(state.step, n_c), state.population,
@@ -228,7 +228,7 @@ def bfo(
         cost = sign * losses  # NaN where never evaluated
         population, known = disperse(cycle_ends(state.step, n_c * n_re), population,
                                      ~torch.isnan(cost), noise.coin, noise.place,
-                                     hp.elimination_prob, hp.init_scale, best, box, dtype)
+                                     hp.elimination_prob, hp.init_scale, best, box)
 
         swarm_cost = None
         if swarming:
@@ -244,18 +244,18 @@ def bfo(
         direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
                                               tumble, hp.levy_beta)
         # An unknown bacterium first evaluates where it stands.
-        ray = walk(population, direction, hp.step_size * length, known.to(dtype), bounds=box,
+        ray = walk(population, direction, hp.step_size * length, known.to(dtype), bounds=[box],
                    boundary=boundary, swims=swims, swarm_cost=swarm_cost)
         carry = ray.begin(torch.where(known, cost, torch.inf), None, best,
                           sign * state.best_loss)
-        return Plan(ray, carry, None, health)
+        return Plan(ray, carry, None, health, shape)
 
     def assemble(state: BFOState, plan: Plan, result: SwimResult) -> BFOState:
         return BFOState(
             population=result.population,
             losses=sign * result.raw_cost,
             health=plan.keep + result.cost,
-            best_params=unravel(layout(state.best_params), result.best_params),
+            best_params=unravel(plan.shape, result.best_params),
             best_loss=sign * result.best_cost,
             key=state.key,
             step=state.step + 1,
@@ -269,13 +269,12 @@ def bfo(
             raise TypeError(f"Invalid loss_fn: {loss_fn!r}; expected a callable "
                             "loss_fn(params, *args) -> 0-d tensor (call update(state, loss_fn)).")
         steps = plan(state)
-        evaluate = costs_by(evaluator, loss_fn, args, state.losses.dtype, sign,
-                            layout(state.best_params))
+        evaluate = costs_by(evaluator, loss_fn, args, state.losses.dtype, sign, steps.shape)
         return assemble(state, steps, steps.swim(evaluate, swim_batch))
 
     def ask_fn(state: BFOState) -> Ask:
         check_state(state, size, BFOState, "bfo")
-        return ask_round(state, plan(state), layout(state.best_params))
+        return ask_round(state, plan(state))
 
     def tell_fn(state: BFOState, asked: Ask, losses: Any, *, check: bool = True) -> BFOState:
         check_state(state, size, BFOState, "bfo")

@@ -32,12 +32,11 @@ from . import random
 from ._adaptive import AdaptiveBFOState, adaptive_bfo
 from ._ask_tell import Ask, check_tag, round_tag, told_costs
 from ._base import Key, LossFn, Optimizer, Params
-from ._bounds import check_bounds, flat_box, project, resolve
+from ._bounds import LeafBounds, check_bounds, flat_box, project, sample_domain
 from ._checks import check_float, check_int, check_losses, check_params
-from ._layout import layout, ravel
+from ._layout import Layout, layout, ravel, unravel
 from ._run import _reporter
 from ._state import with_hyperparams
-from ._tree import unflatten_like
 from .evaluate import check_evaluator
 
 # The tuned constants and what chose each: offsets on, 5 seeds; "sum" is the summed log10
@@ -164,8 +163,16 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
     def cost(loss: Tensor) -> float:
         return sign * float(loss)
 
-    def box(s: BlackBoxState) -> list:
-        return resolve(bounds, s.start, torch.float64)
+    def box(s: BlackBoxState) -> LeafBounds:
+        """The box of a row of the search (its params are float64)."""
+        row_box = flat_box(bounds, layout(s.start), s.best_loss.device)
+        assert row_box is not None  # black_box_search refuses bounds=None
+        return row_box
+
+    def faces(s: BlackBoxState) -> tuple[Tensor, Tensor]:
+        """Each coordinate's low and high face, (D,) rows."""
+        b, size = box(s), layout(s.start).size
+        return b.low.expand(size), b.high.expand(size)
 
     def optimizer(s: BlackBoxState) -> Optimizer:
         """The optimizer of the swarm whose round is next."""
@@ -190,7 +197,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         if swarm is not None:
             return optimizer(state).ask(swarm)._replace(tag=_tag(state))  # type: ignore[misc]
         rows = state.faces.rows  # type: ignore[union-attr]
-        return Ask(as_params(rows, state.start),
+        return Ask(copied_params(rows, state.start),
                    torch.ones(len(rows), dtype=torch.bool, device=rows.device), _tag(state))
 
     def tell_fn(state: BlackBoxState, asked: Ask, losses: Any, *,
@@ -226,9 +233,9 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         """``loss_fn`` taking its params in the given dtypes, as :func:`black_box` does."""
         if all(d == torch.float64 for d in optree.tree_leaves(s.dtypes)):
             return loss_fn
-        like = optree.tree_map(lambda x, d: x.to(d), s.start, s.dtypes)
-        boxes = resolve(bounds, like, torch.float64)
-        return lambda p, *args: loss_fn(as_given(p, like, boxes), *args)
+        like = layout(optree.tree_map(lambda x, d: x.to(d), s.start, s.dtypes))
+        given = flat_box(bounds, like, s.best_loss.device, torch.float64)
+        return lambda p, *args: loss_fn(as_given(p, like, given), *args)
 
     def round_swarm(state: BlackBoxState) -> AdaptiveBFOState | None:
         """The swarm whose round is next (None: the face moves'); its optimizer checks it."""
@@ -252,8 +259,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             return after(s._replace(swarm=new))
         updates = s.explorer_updates + 1
         if updates % JITTER_PERIOD == 0:  # a kick moves bacteria, never the best seen
-            row_box = flat_box(bounds, layout(s.start), s.best_loss.device)
-            new = moves.kicked(new, row_box, kick, random.fold_in(
+            new = moves.kicked(new, box(s), kick, random.fold_in(
                 random.fold_in(s.key, EXPLORER_STREAM), updates))
         return after(s._replace(explorer=new, explorer_updates=updates))
 
@@ -302,7 +308,10 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         late = behind and spent_all > BEHIND_BUDGET * s.found_after
         if stall_limit is None or (stalled < stall_limit * patience and not late):
             return s
-        place = moves.uniform_point(s.start, box(s), random.fold_in(s.key, 2 * s.restarts + 1))
+        shape = layout(s.start)  # a point uniform in the box (the start where a side is open)
+        z = random.normal(random.fold_in(s.key, 2 * s.restarts + 1), (shape.size,), torch.float64)
+        place = unravel(shape, sample_domain(ravel(shape, s.start), z, box(s),
+                                             z.new_zeros(())))
         return restarted(s._replace(failed=s.failed + 1 if now >= s.entry_best else 0),
                          place, s.restarts + 1)
 
@@ -326,16 +335,16 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         base = ravel(layout(s.best_params), s.best_params)
         if not math.isfinite(float(s.best_loss)) or len(base) > FACE_SCAN_SIZE:
             room = 0
-        return moves.face_scan(base, cost(s.best_loss), *moves.flat_box(s.start, box(s)), room)
+        return moves.face_scan(base, cost(s.best_loss), *faces(s), room)
 
     def told_faces(s: BlackBoxState, costs: Tensor) -> BlackBoxState:
         """After a round of face moves: the best of them, and the next round."""
         f, row = s.faces, int(costs.argmin())
         assert f is not None  # the faces phase has them
-        s = better(s, optree.tree_map(lambda x: x[0], as_params(f.rows[row:row + 1], s.start)),
+        s = better(s, optree.tree_map(lambda x: x[0], copied_params(f.rows[row:row + 1], s.start)),
                    sign * costs[row])
         return s._replace(num_evals=s.num_evals + len(f.rows), rounds=s.rounds + 1,
-                          faces=moves.face_scan_told(f, costs, *moves.flat_box(s.start, box(s))))
+                          faces=moves.face_scan_told(f, costs, *faces(s)))
 
     def after(s: BlackBoxState) -> BlackBoxState:
         """``s`` with the phase of the next round, and the swarm or moves it needs."""
@@ -438,12 +447,13 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
     """
     search = black_box_search(bounds, max_evals=max_evals, **settings)
     state = search.init(params, key=key)
-    boxes = resolve(check_bounds(bounds), params, torch.float64)
+    given = layout(params)
+    given_box = flat_box(check_bounds(bounds), given, state.best_loss.device, torch.float64)
     history: list[tuple[int, float]] = []
     report, started = _reporter(progress, max_evals), time.perf_counter()
 
     def result() -> BlackBoxResult:
-        found = as_given(state.best_params, params, boxes)  # the point its loss is of
+        found = as_given(state.best_params, given, given_box)  # the point its loss is of
         return BlackBoxResult(found, state.best_loss, state.num_evals, state.restarts,
                               state.explorer_updates, history)
 
@@ -474,23 +484,20 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
     return result()
 
 
-def as_params(flat_rows: Tensor, template: Params) -> Params:
-    """Rows of flat coordinates as a population like ``template``.
+def copied_params(rows: Tensor, template: Params) -> Params:
+    """Rows of flat coordinates as a population like ``template``, copied.
 
     Copies: an Ask edited in place must not edit the rows the state keeps.
     """
-    return optree.tree_map(lambda v, t: v.to(t.dtype, copy=True),
-                           unflatten_like(flat_rows, template), template)
+    return optree.tree_map(torch.clone, unravel(layout(template), rows))
 
 
-def as_given(params: Params, like: Params, boxes: list) -> Params:
-    """Float64 ``params`` in the dtypes of ``like``, inside ``like``'s resolved ``boxes``.
+def as_given(params: Params, like: Layout, box: LeafBounds | None) -> Params:
+    """Float64 ``params`` in the dtypes of the layout ``like``, inside its float64 ``box``.
 
-    ``resolve`` rounds a box inward to its leaf's dtype, so the cast stays inside it.
+    ``flat_box`` rounds each leaf's box inward to the leaf's dtype, so the cast stays inside.
     """
-    leaves, spec = optree.tree_flatten(like)
-    return spec.unflatten([project(x, b, "clip").to(t.dtype) for x, t, b in zip(
-        optree.tree_leaves(params), leaves, boxes)])
+    return unravel(like, project(ravel(layout(params), params), box, "clip"))
 
 
 def _learns(swarm: AdaptiveBFOState) -> bool:

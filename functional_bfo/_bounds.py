@@ -92,41 +92,6 @@ def _round_inward(v: Tensor, dtype: torch.dtype, toward: float) -> Tensor:
     return torch.where(outside, torch.nextafter(r, torch.full_like(r, toward)), r)
 
 
-def resolve(bounds: Any, params: Any, dtype: torch.dtype) -> list[LeafBounds | None]:
-    """One box of ``dtype`` tensors per leaf of ``params`` (None: unbounded).
-
-    The box is rounded inward to the leaf's own precision, so a position stored in the leaf's
-    dtype is never outside the bounds as given.
-    """
-    paths, leaves, spec = optree.tree_flatten_with_path(params)
-    if bounds is None:
-        return [None] * len(leaves)
-    if _is_pair(bounds):
-        pairs = [bounds] * len(leaves)
-    else:
-        try:
-            pairs = spec.flatten_up_to(bounds)
-        except ValueError as e:
-            raise ValueError(f"bounds does not match the structure of params: {e}. "
-                             f"params is {spec}; {BOUNDS_FORM_MSG}.") from None
-    out: list[LeafBounds | None] = []
-    for path, leaf, pair in zip(paths, leaves, pairs):
-        if not _is_pair(pair):  # values were checked by check_bounds; this stays sync-free
-            raise ValueError(f"Invalid bounds at {path_str(path)}: {pair!r}; {BOUNDS_FORM_MSG}.")
-        low, high = (torch.as_tensor(v, dtype=torch.float64, device=leaf.device) for v in pair)
-        for v in (low, high):
-            if not broadcasts(v.shape, leaf.shape):
-                raise ValueError(f"bounds at {path_str(path)} have shape {tuple(v.shape)}, which "
-                                 f"does not broadcast to the leaf's shape {tuple(leaf.shape)}.")
-        # Comparisons, not math.isfinite: compiled, a number that changed between
-        # compiles is symbolic, and dynamo guards on a comparison but cannot trace isfinite.
-        closed = all(isinstance(v, (int, float)) and -math.inf < v < math.inf for v in pair)
-        low = _round_inward(low, leaf.dtype, torch.inf).to(dtype)
-        high = _round_inward(high, leaf.dtype, -torch.inf).to(dtype)
-        out.append(leaf_bounds(low, high, closed))
-    return out
-
-
 def flat_box(bounds: Any, shape: Layout, device: torch.device,
              dtype: torch.dtype | None = None) -> LeafBounds | None:
     """The box of a row of ``shape``: one :class:`LeafBounds` over its ``D`` coordinates.
@@ -196,7 +161,7 @@ def broadcasts(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
     """Whether ``shape`` broadcasts to ``to``.
 
     ``torch.broadcast_shapes`` runs a reference in Python, about 80 us a call, and an eager
-    update resolves its box, two shapes per leaf, every time.
+    update builds its box, two shapes per tensor-bounded leaf, every time.
     """
     return len(shape) <= len(to) and all(s in (1, t) for s, t in zip(shape[::-1], to[::-1]))
 

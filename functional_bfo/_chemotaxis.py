@@ -124,12 +124,14 @@ class Plan(NamedTuple):
 
     ``active`` (P,) marks the bacteria in play (None: all); the others' points are padding,
     scored +inf whatever they cost. ``keep`` is the variant's own (its ``assemble`` reads it).
+    ``shape`` is the layout of the rows, read once from the state's ``best_params``.
     """
 
     ray: Ray
     carry: SwimCarry
     active: Tensor | None
     keep: Any
+    shape: Layout
 
     def needed(self) -> Tensor:
         """(N_s + 1) P bools, point-major: the candidates whose loss the update reads."""

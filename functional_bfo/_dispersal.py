@@ -105,7 +105,7 @@ def initial_population(params: Params, key: Tensor, size: int, bounds: Any, init
 def _initial_rows(params, key, size, bounds, init_scale) -> Start:
     """``initial_population`` after validation."""
     shape = layout(params)
-    device, dtype = shape_device(params), shape.dtype
+    device, dtype = optree.tree_leaves(params)[0].device, shape.dtype  # one, checked
     init_key, run_key = random.split(key.to(device))
     box = flat_box(bounds, shape, device)
     first = project(ravel(shape, params).detach(), box, "clip").clone()
@@ -116,42 +116,17 @@ def _initial_rows(params, key, size, bounds, init_scale) -> Start:
     return Start(unravel(shape, first), torch.cat([first.unsqueeze(0), rest]), run_key, dtype)
 
 
-def shape_device(params: Params) -> torch.device:
-    """The device of ``params``' leaves (checked to be one by ``check_params``)."""
-    return optree.tree_leaves(params)[0].device
-
-
-def sample_population(
-    z: Params,
-    anchor: Params,
-    bounds: list[LeafBounds | None],
-    scale: Tensor,
-    dtype: torch.dtype,
-) -> Params:
-    """New positions from a population pytree of standard normals ``z``.
-
-    They spread over the search domain around ``anchor`` (unbatched, like params).
-    """
-    leaves, spec = optree.tree_flatten(anchor)
-    normals: list[Any] = spec.flatten_up_to(z)
-    out = [
-        sample_domain(a.to(dtype), zi, b, scale.to(dtype)).to(a.dtype)
-        for a, zi, b in zip(leaves, normals, bounds)
-    ]
-    return optree.tree_unflatten(spec, out)
-
-
-def disperse(flag: Tensor, population: Params, known: Tensor, coins: Tensor, places: Params,
-             elimination_prob: Tensor, init_scale: Tensor, anchor: Params,
-             bounds: list[LeafBounds | None], dtype: torch.dtype) -> tuple[Params, Tensor]:
+def disperse(flag: Tensor, population: Tensor, known: Tensor, coins: Tensor, places: Tensor,
+             elimination_prob: Tensor, init_scale: Tensor, anchor: Tensor,
+             box: LeafBounds | None) -> tuple[Tensor, Tensor]:
     """Elimination–dispersal: the new ``(population, known)``.
 
     Where ``flag`` (0-d bool) holds, each bacterium whose coin falls below
-    ``elimination_prob`` moves to its place (:func:`sample_population` around ``anchor``)
-    and no longer knows its loss.
+    ``elimination_prob`` moves to its place (``sample_domain`` of the normals ``places``
+    around ``anchor``, the best row) and no longer knows its loss.
     """
     dispersed = dispersal_mask(coins, elimination_prob, flag)
-    fresh = sample_population(places, anchor, bounds, init_scale, dtype)
+    fresh = sample_domain(anchor, places, box, init_scale)
     return where(dispersed, fresh, population), known & ~dispersed
 
 

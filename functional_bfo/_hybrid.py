@@ -289,7 +289,7 @@ def hybrid_bfo(
 
     def ask_fn(state: HybridBFOState) -> Ask:
         check_state(state, size, HybridBFOState, "hybrid_bfo")
-        return ask_round(state, plan(state, None), layout(state.best_params))
+        return ask_round(state, plan(state, None))
 
     def tell_fn(state: HybridBFOState, asked: Ask, losses: Any, *,
                 grads: Params | None = None, check: bool = True) -> HybridBFOState:

@@ -72,7 +72,9 @@ def unravel(shape: Layout, rows: Tensor) -> Params:
 def strided(x: Tensor) -> Tensor:
     """``x`` as an ordinary tensor: a sparse gradient (``nn.Embedding(sparse=True)``) densified.
 
-    A population's rows are dense whatever the layout of a gradient handed in.
+    A population's rows are dense whatever the layout of a gradient handed in. The layout
+    is read in Python, not by ``to_dense``, which dispatches an op even on a dense tensor
+    and has no batching rule under ``vmap``.
     """
     return x if x.layout == torch.strided else x.to_dense()
 

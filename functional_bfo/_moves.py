@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import optree
 import torch
 from torch import Tensor
 
 from . import random
 from ._adaptive import AdaptiveBFOState
-from ._base import Key, Params
+from ._base import Key
 from ._bounds import LeafBounds, box_relative, project, sample_domain
 
 
@@ -101,21 +100,3 @@ def face_union(x: Tensor, low: Tensor, high: Tensor, single_costs: Tensor,
     if int(helped.sum()) < 2:
         return x.new_zeros((0, len(x)))
     return torch.where(helped, torch.stack([low, high]).gather(0, side[None])[0], x)[None]
-
-
-def flat_box(params: Params, box: list[LeafBounds | None]) -> tuple[Tensor, Tensor]:
-    """Each flattened coordinate's low and high, float64 (n,) rows (infinite where open)."""
-    sides = [[torch.as_tensor(v, dtype=torch.float64, device=x.device).expand(x.shape).reshape(-1)
-              for v in ((-torch.inf, torch.inf) if b is None else (b.low, b.high))]
-             for x, b in zip(optree.tree_leaves(params), box)]
-    return torch.cat([low for low, _ in sides]), torch.cat([high for _, high in sides])
-
-
-def uniform_point(params: Params, box: list[LeafBounds | None], key: Key) -> Params:
-    """A point uniform in ``box`` (``params`` itself where a side is open)."""
-    leaves, spec = optree.tree_flatten(params)
-    dtype = torch.promote_types(leaves[0].dtype, torch.float32)
-    z = optree.tree_leaves(random.tree_normal_like(key, params, dtype))
-    scale = torch.zeros((), dtype=dtype)
-    return spec.unflatten([sample_domain(x.to(dtype), zi, b, scale.to(x.device)).to(x.dtype)
-                           for x, zi, b in zip(leaves, z, box)])

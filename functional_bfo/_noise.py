@@ -8,21 +8,20 @@ import torch
 from torch import Tensor
 
 from . import random
-from ._base import Key, Params
-from ._tree import numel, unflatten_like
+from ._base import Key
 
 
 class Noise(NamedTuple):
     """The random numbers of one update, per bacterium."""
 
-    direction: Params  # standard normals like the population, for the tumble
-    place: Params  # standard normals like the population, for dispersal
+    direction: Tensor  # (P, n) standard normals, for the tumble
+    place: Tensor  # (P, n) standard normals, for dispersal
     levy_u: Tensor  # (P,) normals for Mantegna's step length
     levy_v: Tensor  # (P,)
     coin: Tensor  # (P,) uniforms for the dispersal decision
 
 
-def bacterium_noise(key: Key, step: Tensor, size: int, template: Params, dtype) -> Noise:
+def bacterium_noise(key: Key, step: Tensor, size: int, n: int, dtype) -> Noise:
     """Every random number of one update, from one Threefry call for the whole population.
 
     Bacterium ``i`` at step ``s`` draws row ``i`` of ``normal_rows(key, s, size, 2n + 3)``
@@ -31,11 +30,10 @@ def bacterium_noise(key: Key, step: Tensor, size: int, template: Params, dtype) 
     A row depends only on ``(key, s, i)``: nothing depends on how the population is chunked
     or sharded.
     """
-    n = numel(template)
     z = random.normal_rows(key, step, size, 2 * n + 3, dtype)
     return Noise(
-        direction=unflatten_like(z[:, :n], template),
-        place=unflatten_like(z[:, n : 2 * n], template),
+        direction=z[:, :n],
+        place=z[:, n : 2 * n],
         levy_u=z[:, 2 * n],
         levy_v=z[:, 2 * n + 1],
         coin=torch.special.ndtr(z[:, 2 * n + 2]),

@@ -12,7 +12,8 @@ from helpers import assert_trees_equal, population
 from torch import nn
 
 import functional_bfo as fb
-from functional_bfo._bounds import leaf_bounds, project, resolve
+from functional_bfo._bounds import flat_box, leaf_bounds, project
+from functional_bfo._layout import layout
 
 
 def sq(p):
@@ -54,14 +55,18 @@ def test_a_box_known_closed_projects_as_the_masked_one(mode):
     assert torch.equal(project(x, closed, mode), project(x, masked, mode))
 
 
-def test_resolve_knows_a_box_is_closed_only_from_finite_numbers():
-    """Tensor bounds are never read on the host: their box keeps the open-coordinate mask."""
-    params = {"a": torch.zeros(2), "b": torch.zeros(2), "c": torch.zeros(2)}
-    bounds = {"a": (-1.0, 1.0), "b": (torch.tensor([0.0, 1.0]), torch.tensor([2.0, 3.0])),
-              "c": (0.0, float("inf"))}
-    box = resolve(bounds, params, torch.float32)
-    assert box[0].open is None
-    assert not bool(box[1].open.any()) and bool(box[2].open.all())
+def test_a_box_is_closed_only_from_finite_numbers():
+    """Tensor bounds are never read on the host: a box with any keeps the open-coordinate
+    mask, as one with an infinite side does."""
+    shape = layout({"a": torch.zeros(2), "b": torch.zeros(2), "c": torch.zeros(2)})
+    cpu = torch.device("cpu")
+    numbers = {"a": (-1.0, 1.0), "b": (0.0, 2.0), "c": (0.0, 3.0)}
+    assert flat_box(numbers, shape, cpu).open is None
+    tensors = {"a": (-1.0, 1.0), "b": (torch.tensor([0.0, 1.0]), torch.tensor([2.0, 3.0])),
+               "c": (0.0, 3.0)}
+    assert not bool(flat_box(tensors, shape, cpu).open.any())
+    open_side = {**tensors, "c": (0.0, float("inf"))}
+    assert flat_box(open_side, shape, cpu).open.tolist() == [False] * 4 + [True] * 2
 
 
 def test_ties_across_swim_calls_keep_the_earliest_best():
