@@ -372,7 +372,7 @@ def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None
     direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
                                           static.tumble, hp.levy_beta)
     if static.relative_steps:
-        direction = box_relative(direction, [box])
+        direction = box_relative(direction, box)
     if static.metric_rate > 0:
         direction = metric.shape_directions(state.metric, direction)
     if steer is not None:
@@ -380,7 +380,7 @@ def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None
     last = torch.where(known, cost, torch.inf)
     stay_aux = None if start_aux is None else start_aux(source, known)
     steps = step_sizes * length if active is None else step_sizes * length * active
-    ray = walk(population, direction, steps, known.to(dtype), bounds=[box],
+    ray = walk(population, direction, steps, known.to(dtype), bounds=box,
                boundary=static.boundary, swims=static.swims, greedy=True, ties=True)
     carry = ray.begin(last, (last, stay_aux), best, sign * state.best_loss)
     keep = AdaptiveKeep(cost, step_sizes, health, count, source, known)

@@ -182,15 +182,11 @@ def project(x: Tensor, bounds: LeafBounds | None, mode: str) -> Tensor:
     return torch.clamp(x, low, high)
 
 
-def box_relative(direction: Any, bounds: list[LeafBounds | None]) -> Any:
-    """Population directions scaled by each coordinate's box width (1 where infinite)."""
-    leaves, spec = optree.tree_flatten(direction)
-    out = []
-    for d, b in zip(leaves, bounds):
-        if b is not None:
-            d = d * torch.where(b.finite, b.width, 1.0).to(d.dtype)
-        out.append(d)
-    return optree.tree_unflatten(spec, out)
+def box_relative(direction: Tensor, bounds: LeafBounds | None) -> Tensor:
+    """Rows of directions scaled by each coordinate's box width (1 where infinite)."""
+    if bounds is None:
+        return direction
+    return direction * torch.where(bounds.finite, bounds.width, 1.0).to(direction.dtype)
 
 
 def sample_domain(anchor: Tensor, z: Tensor, bounds: LeafBounds | None, scale: Tensor) -> Tensor:

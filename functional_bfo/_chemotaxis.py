@@ -26,7 +26,7 @@ from ._base import Params
 from ._bounds import LeafBounds, project
 from ._checks import check_losses
 from ._layout import Layout, unravel
-from ._tree import first_min, numel, rows, sq_norms, take, where
+from ._tree import first_min, numel, sq_norms, take, where
 
 TUMBLES = ("gaussian", "levy")
 LEVY_MAX_LENGTH = 1e3  # Mantegna's ratio has no finite variance; cap it so f16 stays finite
@@ -42,15 +42,14 @@ def mantegna_sigma(beta: Tensor) -> Tensor:
     return (torch.exp(log_ratio) * rest) ** (1 / beta)
 
 
-def tumble_directions(z: Params, u: Tensor, v: Tensor, kind: str, levy_beta: Tensor):
+def tumble_directions(z: Tensor, u: Tensor, v: Tensor, kind: str, levy_beta: Tensor):
     """Unit directions and step-length multipliers of the whole population.
 
-    ``z`` is a population pytree of standard normals: normalizing each bacterium's draw over
-    all leaves gives a direction uniform on the sphere. The multiplier is 1 for Gaussian
-    tumbles, else Mantegna's ``sigma |u| / |v|^(1/beta)`` from the normals ``u``, ``v`` (P,).
+    ``z`` is (P, D) standard normals: normalizing each bacterium's row gives a direction
+    uniform on the sphere. The multiplier is 1 for Gaussian tumbles, else Mantegna's
+    ``sigma |u| / |v|^(1/beta)`` from the normals ``u``, ``v`` (P,).
     """
-    inv_norm = torch.rsqrt(sq_norms(z, u.dtype))
-    direction = optree.tree_map(lambda x: x * rows(inv_norm, x), z)
+    direction = z * torch.rsqrt(sq_norms(z, u.dtype)).unsqueeze(1)
     if kind == "gaussian":
         return direction, torch.ones_like(u)
     beta = levy_beta.to(u.dtype)
@@ -58,49 +57,38 @@ def tumble_directions(z: Params, u: Tensor, v: Tensor, kind: str, levy_beta: Ten
     return direction, length.clamp(max=LEVY_MAX_LENGTH)
 
 
-def ray_point(
-    population: Params,
-    direction: Params,
-    distance: Tensor,
-    bounds: list[LeafBounds | None],
-    mode: str,
-) -> Params:
-    """``project(theta + distance * phi)`` per bacterium.
+def ray_point(population: Tensor, direction: Tensor, distance: Tensor,
+              bounds: LeafBounds | None, mode: str) -> Tensor:
+    """``project(theta + distance * phi)`` per bacterium (rows ``(P, D)``).
 
     ``distance`` of shape (P,) gives one point per bacterium; of shape (G, P), G points each,
     stacked point-major as ``G * P`` rows (row ``g * P + i`` is bacterium i's point g).
     """
-    leaves, spec = optree.tree_flatten(population)
-    out = []
-    directions: list[Any] = spec.flatten_up_to(direction)
-    for x, d, b in zip(leaves, directions, bounds):
-        step = distance.reshape(distance.shape + (1,) * (x.dim() - 1)) * d
-        point = project(x.to(d.dtype) + step, b, mode).to(x.dtype)
-        if distance.dim() > 1:  # not -1: an empty leaf would leave it undetermined
-            point = point.reshape((distance.numel(),) + x.shape[1:])
-        out.append(point)
-    return optree.tree_unflatten(spec, out)
+    point = project(population + distance.unsqueeze(-1) * direction, bounds, mode)
+    if distance.dim() > 1:  # not -1: with D = 0 it would be undetermined
+        point = point.reshape(distance.numel(), population.shape[-1])
+    return point
 
 
 class SwimResult(NamedTuple):
     """Where each bacterium ends its swim, and what was learned on the way."""
 
-    population: Params  # final positions
+    population: Tensor  # (P, D) final positions
     raw_cost: Tensor  # (P,) sign-adjusted loss there (+inf if non-finite)
     cost: Tensor  # (P,) the cost the swim compared: raw_cost plus J_cc when swarming
     aux: Any  # the evaluation's auxiliary output there (e.g. gradients), or None
-    best_params: Params  # the elitist best over every evaluated point
+    best_params: Tensor  # (D,) the elitist best over every evaluated point
     best_cost: Tensor
     moved: Tensor  # (P,) bool: the bacterium left where it stood
 
 
 def walk(
-    population: Params,
-    direction: Params,
+    population: Tensor,
+    direction: Tensor,
     step_length: Tensor,
     start: Tensor,
     *,
-    bounds: list[LeafBounds | None],
+    bounds: LeafBounds | None,
     boundary: str,
     swims: int,
     swarm_cost: Callable[[Params], Tensor] | None = None,
@@ -193,7 +181,7 @@ class SwimCarry(NamedTuple):
     raw_cost: Tensor  # (P,) there
     cost: Tensor  # (P,) there (raw_cost plus J_cc when swarming)
     aux: Any  # there
-    best_params: Params  # the best before this swim
+    best_params: Tensor  # (D,) the best before this swim
     best_cost: Tensor
     seen: tuple[Tensor, ...] = ()  # every batch's raw costs so far, point-major
 
@@ -205,10 +193,10 @@ class Ray(NamedTuple):
     the losses, taken a batch of points at a time, only decide where each bacterium ends.
     """
 
-    population: Params
-    direction: Params
+    population: Tensor  # (P, D)
+    direction: Tensor  # (P, D)
     distances: Tensor  # (N_s + 1, P): every point's place on the ray
-    bounds: list[LeafBounds | None]
+    bounds: LeafBounds | None
     boundary: str
     swarm_cost: Callable[[Params], Tensor] | None
     greedy: bool
@@ -264,11 +252,10 @@ class Ray(NamedTuple):
         bacterium = at % self.distances.shape[1]
         row = ray_point(take(self.population, bacterium), take(self.direction, bacterium),
                         self.distances.reshape(-1).index_select(0, at), self.bounds,
-                        self.boundary)
+                        self.boundary)[0]
         better = cost[0] < carry.best_cost
-        best_params = optree.tree_map(lambda b, x: torch.where(better, x[0], b),
-                                      carry.best_params, row)
-        return SwimResult(final, carry.raw_cost, carry.cost, carry.aux, best_params,
+        best = torch.where(better, row, carry.best_params)  # the best row
+        return SwimResult(final, carry.raw_cost, carry.cost, carry.aux, best,
                           torch.where(better, cost[0], carry.best_cost), moved)
 
 

@@ -48,7 +48,7 @@ def widths(box: LeafBounds | None, size: int, device: torch.device) -> Tensor:
 
     ``box`` is a row's (float64), None where there is none.
     """
-    return box_relative(torch.ones(size, dtype=torch.float64, device=device), [box])
+    return box_relative(torch.ones(size, dtype=torch.float64, device=device), box)
 
 
 def shape_directions(metric: TumbleMetric, direction: Tensor) -> Tensor:

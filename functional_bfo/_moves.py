@@ -36,7 +36,7 @@ def kicked(state: AdaptiveBFOState, box: LeafBounds | None, jitter: float,
     which = (random.uniform(random.fold_in(key, 1), (size,), dtype) * n).long().clamp(max=n - 1)
     odd = torch.arange(size, device=which.device) % 2 == 1
     redraw = (torch.arange(n, device=which.device) == which[:, None]) & odd[:, None]
-    kick = project(x + (jitter * box_relative(z, [box])).to(x.dtype), box, "clip")
+    kick = project(x + (jitter * box_relative(z, box)).to(x.dtype), box, "clip")
     redrawn = sample_domain(kick, z.to(x.dtype), box, x.new_zeros(()))
     moved = torch.where(redraw, redrawn, torch.where(odd[:, None], x, kick))
     return state._replace(population=moved,
