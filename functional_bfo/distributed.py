@@ -28,6 +28,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+if dist.is_available():
+    # Imported here, before any process group exists: its functions take the default group
+    # as a default argument when first imported, and torch.func's first gradient imports it.
+    # Imported after init_process_group, it would keep the group alive past
+    # destroy_process_group, and the group's gloo threads then race the interpreter's exit.
+    import torch.distributed.nn  # noqa: F401
+
 from ._base import LossFn, Params
 from ._checks import check_bool, check_float, check_int, check_losses
 from .evaluate import Evaluator, batched

@@ -276,11 +276,6 @@ def main() -> None:
     if scenario not in ("failing", "killed", "stuck"):  # the other ranks are gone there
         dist.barrier()
     dist.destroy_process_group()
-    # Skip the interpreter's teardown: gloo's threads can abort there ("terminate called
-    # without an active exception") after the work is done and saved.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":

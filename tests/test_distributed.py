@@ -157,3 +157,24 @@ def test_drifting_replicas_are_caught_on_every_rank(tmp_path):
 def test_check_replicas_needs_a_process_group():
     with pytest.raises(RuntimeError, match="init_process_group"):
         fb.distributed.check_replicas({"w": torch.zeros(2)})
+
+
+def test_destroy_process_group_frees_the_group_after_a_gradient_run(tmp_path):
+    """torch.func's first gradient imports torch.distributed.nn, whose functions take the
+    default group as a default argument. After init_process_group that kept the group alive
+    past destroy_process_group, and its gloo threads then raced the interpreter's exit
+    (SIGABRT, "terminate called without an active exception")."""
+    script = f"""
+import sys, torch, torch.distributed as dist
+import functional_bfo as fb
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+group = dist.group.WORLD
+opt = fb.hybrid_bfo(population_size=2, grad_mask=True, evaluator=fb.distributed.sharded(grads=True))
+opt.update(opt.init({{"w": torch.zeros(3)}}, key=fb.random.key(0)), lambda p: (p["w"] ** 2).sum())
+dist.destroy_process_group()
+print("references", sys.getrefcount(group) - 1)
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=HANG)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["references", "1"], run.stdout + run.stderr
