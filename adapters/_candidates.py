@@ -110,7 +110,12 @@ class CandidateEvaluator:
         self.closure: Callable[[], Any] | None = None  # set for a step; None: the fast path
         self.chunk_size: int | None = None
 
-    def __call__(self, loss_fn: Any, population: list[Tensor], *args: Any) -> Any:
+    @property
+    def any_structure(self) -> bool:
+        """On the fast path it takes the core's rows and a loss of a row (see Evaluator)."""
+        return self.closure is None
+
+    def __call__(self, loss_fn: Any, population: Any, *args: Any) -> Any:
         if self.closure is None:  # the fast path; the hybrid's as (losses, grads)
             f = torch.func.grad_and_value(loss_fn) if self.with_grads else loss_fn
             out = batched(f, population, args, self.chunk_size)

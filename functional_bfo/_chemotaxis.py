@@ -293,7 +293,7 @@ def costs_by(evaluator, loss_fn, args: tuple, dtype: torch.dtype, sign: float,
         count = optree.tree_leaves(candidates)[0].shape[0]
         loss = loss_fn
         if shape is not None and getattr(evaluator, "any_structure", False):
-            loss = functools.partial(_loss_of_row, loss_fn, shape)  # rows batched as one tensor
+            loss = functools.partial(loss_of_row, loss_fn, shape)  # rows batched as one tensor
         elif shape is not None:
             candidates = unravel(shape, candidates)
         with torch.no_grad():
@@ -303,7 +303,7 @@ def costs_by(evaluator, loss_fn, args: tuple, dtype: torch.dtype, sign: float,
     return evaluate
 
 
-def _loss_of_row(loss_fn: Callable[..., Tensor], shape: Layout, row: Tensor,
+def loss_of_row(loss_fn: Callable[..., Tensor], shape: Layout, row: Tensor,
                  *args: Any) -> Tensor:
     """``loss_fn`` of the params that ``row`` holds."""
     return loss_fn(unravel(shape, row), *args)

@@ -9,6 +9,7 @@ loss, so each evaluation yields both and is counted once.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 import optree
@@ -33,7 +34,7 @@ from ._checks import (
     check_losses,
     check_state,
 )
-from ._chemotaxis import Plan, SwimResult, rank_costs
+from ._chemotaxis import Plan, SwimResult, loss_of_row, rank_costs
 from ._dispersal import per_run
 from ._layout import Layout, layout, ravel, strided, unravel
 from ._tree import rows, sq_norms, take, where
@@ -262,15 +263,21 @@ def hybrid_bfo(
         def evaluate(rows: Tensor):
             candidates = unravel(shape, rows)
             if evaluator is not None:
-                differentiable = (loss_fn if grad is not None else _differentiable(
-                    loss_fn, unravel(shape, state.grad_mask), by_evaluator=True))
-                out = evaluator(differentiable, candidates, *args)
+                by_rows = getattr(evaluator, "any_structure", False)  # takes rows
+                if grad is not None:
+                    differentiable = partial(loss_of_row, loss_fn, shape) if by_rows else loss_fn
+                elif by_rows:
+                    differentiable = _differentiable_rows(loss_fn, state.grad_mask, shape, True)
+                else:
+                    differentiable = _differentiable(loss_fn, unravel(shape, state.grad_mask),
+                                                     True)
+                out = evaluator(differentiable, rows if by_rows else candidates, *args)
                 if not (isinstance(out, tuple) and len(out) == 2):
                     raise TypeError("hybrid_bfo's evaluator must return (losses, grads); got "
                                     f"{type(out).__name__}. The evaluators of "
                                     "functional_bfo.evaluate return losses only.")
                 losses, grads = out
-                grads = None if grad is not None else ravel(shape, grads)
+                grads = None if grad is not None else grads if by_rows else ravel(shape, grads)
             elif grad is not None:  # the caller's gradient serves everyone: losses only
                 with torch.no_grad():
                     losses = batched(loss_fn, candidates, args, chunk_size)
@@ -339,12 +346,13 @@ def _mask_row(params: Params, grad_mask: Any) -> Tensor:
         sizes, output_size=sum(x.numel() for x in leaves))
 
 
-def _differentiable_rows(loss_fn: LossFn, mask: Tensor,
-                         shape: Layout) -> Callable[..., Tensor]:
+def _differentiable_rows(loss_fn: LossFn, mask: Tensor, shape: Layout,
+                         by_evaluator: bool = False) -> Callable[..., Tensor]:
     """``loss_fn`` of a row, differentiated through the coordinates ``mask`` marks only."""
 
     def loss(row: Tensor, *args: Any) -> Tensor:
-        return _checked(loss_fn(unravel(shape, torch.where(mask, row, row.detach())), *args))
+        params = unravel(shape, torch.where(mask, row, row.detach()))
+        return _checked(loss_fn(params, *args), by_evaluator)
 
     return loss
 

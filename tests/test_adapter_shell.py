@@ -555,6 +555,17 @@ def test_chunk_size_can_change_at_any_step():
     assert opt._swarms[0].evaluator.chunk_size == 2
 
 
+@pytest.mark.parametrize("cls", [BFO, HybridBFO])
+def test_the_fast_path_takes_the_groups_rows_and_a_closure_its_params(cls):
+    """vmap batches one (P, D) tensor per group on the fast path, however many params."""
+    w, b = two_params()
+    opt = make(cls, w, b, 1)
+    opt.step(loss_fn=lambda p: loss_of(*p))
+    assert opt._swarms[0].evaluator.any_structure
+    opt._swarms[0].evaluator.closure = lambda: 0.0
+    assert not opt._swarms[0].evaluator.any_structure
+
+
 def test_a_tensor_lr_works():
     w, b = two_params()
     opt = AdaptiveBFO([w, b], lr=torch.tensor(0.01), **TINY, seed=0)

@@ -4,7 +4,7 @@ import optree
 import pytest
 import torch
 import torch._dynamo.testing
-from helpers import leaf_flags, population
+from helpers import assert_trees_equal, leaf_flags, population
 
 import functional_bfo as fb
 from functional_bfo._hybrid import _mix
@@ -163,6 +163,26 @@ def test_custom_evaluator_matches_the_vmapped_one():
         a, b = vmapped.update(a, quad), looped.update(b, quad)
     torch.testing.assert_close(a.best_loss, b.best_loss)
     torch.testing.assert_close(population(a), population(b))
+
+
+def test_an_evaluator_of_rows_is_handed_the_rows_and_gives_gradients_as_rows():
+    """One (N, D) tensor to batch however many leaves the params have, as the default has."""
+    shapes = []
+
+    def by_rows(loss_fn, population, *args):
+        shapes.append(tuple(population.shape))
+        grads, losses = torch.func.vmap(torch.func.grad_and_value(loss_fn))(population, *args)
+        return losses, grads
+
+    by_rows.any_structure = True
+    kwargs = dict(population_size=6, gradient_weight=0.7, grad_mask={"a": True, "b": False})
+    default, rowwise = fb.hybrid_bfo(**kwargs), fb.hybrid_bfo(**kwargs, evaluator=by_rows)
+    a = default.init(params(), key=fb.random.key(3))
+    b = rowwise.init(params(), key=fb.random.key(3))
+    for _ in range(5):
+        a, b = default.update(a, quad), rowwise.update(b, quad)
+    assert set(shapes) == {(6, 5)}  # D = 3 + 2
+    assert_trees_equal(a, b)
 
 
 def test_no_leaf_requiring_grad_is_refused_when_the_mask_comes_from_requires_grad():
