@@ -6,6 +6,10 @@ loop does), the vmapped fast path ``step(loss_fn=...)`` eager, and compiled
 (``compile=True``) with its compile time and the number of steps after which compiling
 pays off.
 
+On Linux the two eager paths are timed again after asking glibc to keep the memory it
+frees (``mallopt``, as jemalloc and tcmalloc do): by default it returns the vmapped path's
+large temporaries to the system and page-faults them back every step.
+
 With ``--baseline ROOT`` it times instead this checkout's shell against the ``adapters/`` of
 another checkout ROOT (say ``git worktree add /tmp/old v0.3``), both over this core, step
 for step in one process: the shell's own cost is the difference, the core's work being
@@ -16,8 +20,10 @@ the same.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import pathlib
+import resource
 import subprocess
 import sys
 import time
@@ -49,10 +55,12 @@ def bench(cls, widths, samples, population, repeats, device) -> dict:
     closure_step = stepper(opt, "closure", model, x, y, cls is HybridBFO)
     row["closure_ms"] = median_ms(closure_step, repeats, device, warmup=1)
     evals_per_step = opt.num_evals / (repeats + 1)
+    row["closure_faults"] = faults_per_step(closure_step)
 
     opt = cls(model.named_parameters(), population_size=population, seed=0)
-    row["fast_eager_ms"] = median_ms(stepper(opt, "fast", model, x, y, cls is HybridBFO),
-                                     repeats, device)
+    fast_step = stepper(opt, "fast", model, x, y, cls is HybridBFO)
+    row["fast_eager_ms"] = median_ms(fast_step, repeats, device)
+    row["fast_eager_faults"] = faults_per_step(fast_step)
 
     torch.compiler.reset()
     opt = cls(model.named_parameters(), population_size=population, seed=0, compile=True)
@@ -71,6 +79,33 @@ def bench(cls, widths, samples, population, repeats, device) -> dict:
     for path in ("closure", "fast_eager", "fast_compiled"):
         row[f"{path}_evals_per_s"] = evals_per_step / (row[f"{path}_ms"] / 1e3)
     return row
+
+
+def faults_per_step(step, count: int = 5) -> float:
+    """Page faults per call of ``step``: memory the process took back from the system."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(count):
+        step()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / count
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc keep freed memory for reuse rather than return it; False where it cannot."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    trim_threshold, mmap_threshold = -1, -3  # mallopt's M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
+    return bool(libc.mallopt(mmap_threshold, 1 << 30) and libc.mallopt(trim_threshold, 1 << 30))
+
+
+def kept_memory_ms(row, cls, widths, samples, population, repeats, device) -> None:
+    """The eager paths again, each on a fresh optimizer, once glibc keeps freed memory."""
+    model, x, y = problem(widths, samples, device)
+    for path, params in (("closure", model.parameters), ("fast_eager", model.named_parameters)):
+        opt = cls(params(), population_size=population, seed=0)
+        step = stepper(opt, path.split("_")[0], model, x, y, cls is HybridBFO)
+        row[f"{path}_kept_ms"] = median_ms(step, repeats, device, warmup=1)
 
 
 def baseline_shell(root: pathlib.Path):
@@ -158,20 +193,30 @@ def main() -> None:
     if args.baseline is not None:
         return compare(args, widths, samples, population, repeats * 6, classes)
     rows = [bench(c, widths, samples, population, repeats, args.device) for c in classes]
+    kept = args.device == "cpu" and keep_freed_memory()
+    for row, c in zip(rows, classes) if kept else ():
+        kept_memory_ms(row, c, widths, samples, population, repeats, args.device)
     result = {"machine": machine(args.device), "quick": args.quick, "model": list(widths),
               "samples": samples, "rows": rows}
     md = [f"# Adapter paths: closure vs vmapped fast path ({'quick' if args.quick else 'full'})",
           "", f"MLP {'-'.join(map(str, widths))} (tanh) on {samples} samples, cross-entropy, "
           f"population {population}, default swim length. Machine: {result['machine']}", "",
           "| class | params | evals/step | closure ms | fast eager ms | fast compiled ms | "
-          "closure / fast | compile s | break-even steps |",
-          "|---|---|---|---|---|---|---|---|---|"]
+          "closure / fast | compile s | break-even steps | page faults a step (closure, fast) "
+          "| memory kept: closure ms | fast eager ms | closure / fast |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         even = "never" if r["break_even_steps"] is None else f"{r['break_even_steps']:.0f}"
+        kept_cells = (f"{r['closure_kept_ms']:.1f} | {r['fast_eager_kept_ms']:.2f} | "
+                      f"{r['closure_kept_ms'] / r['fast_eager_kept_ms']:.2f}x" if kept
+                      else "- | - | -")
         md.append(f"| {r['class']} | {r['params']} | {r['evals_per_step']:.0f} | "
                   f"{r['closure_ms']:.1f} | {r['fast_eager_ms']:.2f} | "
-                  f"{r['fast_compiled_ms']:.2f} | {r['closure_over_fast']:.0f}x | "
-                  f"{r['compile_s']:.1f} | {even} |")
+                  f"{r['fast_compiled_ms']:.2f} | {r['closure_over_fast']:.2f}x | "
+                  f"{r['compile_s']:.1f} | {even} | {r['closure_faults']:,.0f}, "
+                  f"{r['fast_eager_faults']:,.0f} | {kept_cells} |")
+    md += ["", "Memory kept: the eager paths timed again after glibc was asked (`mallopt`) to "
+           "keep the memory it frees, as jemalloc and tcmalloc do."]
     write(args, "adapter_paths", result, md)
 
 
