@@ -81,7 +81,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
 
     def _compute_diversity(self) -> float:
         """Root-mean-square distance of the bacteria to their centroid, all groups."""
-        return float(diversity([population := self.population], population.dtype))
+        return float(diversity(population := self.population, population.dtype))
 
     def __init__(self, params: Iterable[Any], *, seed: int | None = None,
                  compile: bool | str = False, module: torch.nn.Module | None = None,

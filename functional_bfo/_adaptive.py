@@ -25,7 +25,7 @@ from ._dispersal import dispersal_mask, initial_population, per_run
 from ._layout import layout, ravel, unravel
 from ._noise import bacterium_noise
 from ._reproduction import reproduction_index
-from ._tree import diversity, first_min, numel, take, where
+from ._tree import diversity, first_min, take, where
 from .evaluate import Evaluator, check_evaluator
 
 
@@ -213,13 +213,13 @@ def adaptive_bfo(
                             relative_steps, swim_batch, rate)
 
     def init_fn(params: Params, *, key: Key) -> AdaptiveBFOState:
-        if rate > 0 and numel(params) > metric.MAX_METRIC_SIZE:
-            raise ValueError(f"metric_rate={metric_rate} learns a {numel(params)} x "
-                             f"{numel(params)} tumble metric; it is limited to "
-                             f"{metric.MAX_METRIC_SIZE} parameters (n^2 memory, n^3 time per "
-                             "update). Pass metric_rate=0 for isotropic tumbles.")
         start = initial_population(params, key, size, bounds, hyper["init_scale"])
         dtype, device, shape = start.dtype, start.key.device, layout(params)
+        if rate > 0 and (n := shape.size) > metric.MAX_METRIC_SIZE:
+            raise ValueError(f"metric_rate={metric_rate} learns a {n} x {n} tumble metric; "
+                             "it is limited to "
+                             f"{metric.MAX_METRIC_SIZE} parameters (n^2 memory, n^3 time per "
+                             "update). Pass metric_rate=0 for isotropic tumbles.")
         box = flat_box(bounds if relative_steps else None, shape, device, torch.float64)
         return per_run(AdaptiveBFOState(
             **start.state_fields(sign, hyper, AdaptiveBFOHyperparams),

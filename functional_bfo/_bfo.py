@@ -29,7 +29,6 @@ from ._layout import layout, ravel, unravel
 from ._noise import bacterium_noise
 from ._reproduction import reproduce
 from ._swarming import SwarmingWeights, cell_to_cell
-from ._tree import sq_norms
 from .evaluate import Evaluator, check_evaluator
 
 
@@ -232,10 +231,10 @@ def bfo(
 
         swarm_cost = None
         if swarming:
-            swarm_sq = sq_norms(population, dtype)
+            swarm_sq = population.to(dtype).square().sum(1)
             weights = SwarmingWeights(hp.d_attract, hp.w_attract, hp.h_repel, hp.w_repel)
 
-            def swarm_cost(positions: Params) -> Tensor:
+            def swarm_cost(positions: Tensor) -> Tensor:
                 """J_cc against the population as it stands at the start of the step."""
                 return cell_to_cell(positions, population, swarm_sq, weights, dtype)
 

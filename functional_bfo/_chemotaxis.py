@@ -26,7 +26,7 @@ from ._base import Params
 from ._bounds import LeafBounds, project
 from ._checks import check_losses
 from ._layout import Layout, unravel
-from ._tree import first_min, numel, sq_norms, take, where
+from ._tree import first_min, take, where
 
 TUMBLES = ("gaussian", "levy")
 LEVY_MAX_LENGTH = 1e3  # Mantegna's ratio has no finite variance; cap it so f16 stays finite
@@ -49,7 +49,7 @@ def tumble_directions(z: Tensor, u: Tensor, v: Tensor, kind: str, levy_beta: Ten
     uniform on the sphere. The multiplier is 1 for Gaussian tumbles, else Mantegna's
     ``sigma |u| / |v|^(1/beta)`` from the normals ``u``, ``v`` (P,).
     """
-    direction = z * torch.rsqrt(sq_norms(z, u.dtype)).unsqueeze(1)
+    direction = z * torch.rsqrt(z.to(u.dtype).square().sum(1)).unsqueeze(1)
     if kind == "gaussian":
         return direction, torch.ones_like(u)
     beta = levy_beta.to(u.dtype)
@@ -147,7 +147,7 @@ class Plan(NamedTuple):
         is kept at each final point without storing the whole ray.
         """
         ray, carry = self.ray, self.carry
-        ordered = numel(ray.population) >= ORDER_POINTS_FROM
+        ordered = ray.population.numel() >= ORDER_POINTS_FROM
         raw: Tensor | None = None
         aux: Any = None
         for first in range(0, ray.distances.shape[0], per_call):

@@ -37,7 +37,6 @@ from ._checks import (
 from ._chemotaxis import Plan, SwimResult, loss_of_row, rank_costs
 from ._dispersal import per_run
 from ._layout import Layout, layout, ravel, strided, unravel
-from ._tree import rows, sq_norms, take, where
 from .evaluate import batched, check_evaluator
 
 NOT_DIFFERENTIABLE_MSG = (
@@ -225,11 +224,11 @@ def hybrid_bfo(
                 g = ravel(layout(state.best_params), grad).expand_as(direction)
                 usable = torch.ones_like(known)
             else:
-                g, usable = take(state.grads, source), state.grad_known[source] & known
+                g, usable = state.grads.index_select(0, source), state.grad_known[source] & known
             return _mix(direction, g, usable, state.grad_mask, hp.gradient_weight, static.sign)
 
         def start_aux(source: Tensor, known: Tensor):
-            return None if grad is not None else take(state.grads, source)
+            return None if grad is not None else state.grads.index_select(0, source)
 
         return adaptive_plan(state, static, steer, start_aux)
 
@@ -248,7 +247,7 @@ def hybrid_bfo(
         new = torch.nan_to_num(new, 0.0, 0.0, 0.0)
         old = state.grads.index_select(0, step.source)
         averaged = hp.momentum * old + (1 - hp.momentum) * new
-        averaged = where(state.grad_known[step.source] & step.known, averaged, new)
+        averaged = torch.where((state.grad_known[step.source] & step.known)[:, None], averaged, new)
         stats = _grad_stats(step.aux, mask, dtype, vanishing_threshold, exploding_threshold)
         return HybridBFOState(**fields, grads=averaged, grad_known=finite, grad_mask=mask,
                               **stats)
@@ -390,39 +389,32 @@ def _checked(out: Any, by_evaluator: bool = False) -> Tensor:
     return out
 
 
-def _masked(tree: Params, mask: Params, dtype: torch.dtype) -> Params:
-    """Leaves in ``dtype``, zero where not marked (where, not *, so NaN cannot leak)."""
-    return optree.tree_map(lambda x, m: torch.where(m, x.to(dtype), 0), tree, mask)
+def _mix(direction: Tensor, grads: Tensor, usable: Tensor, mask: Tensor, weight: Tensor,
+         sign: float) -> Tensor:
+    """The tumbles (P, D) bent toward -grad on the ``mask``ed coordinates (see hybrid_bfo).
 
-
-def _mix(direction: Params, grads: Params, usable: Tensor, mask: Params, weight: Tensor,
-         sign: float) -> Params:
-    """The tumble bent toward -grad on the masked leaves (see hybrid_bfo's docstring)."""
-    dtype = weight.dtype
-    phi_g = _masked(direction, mask, dtype)
-    g = _masked(grads, mask, dtype)
-    g_norm = sq_norms(g, dtype).sqrt()
-    phi_norm = sq_norms(phi_g, dtype).sqrt()
+    ``torch.where``, not a product with the mask, so that NaN cannot leak from elsewhere.
+    """
+    phi_g = torch.where(mask, direction, 0.0)
+    g = torch.where(mask, grads.to(weight.dtype), 0.0)
+    g_norm, phi_norm = g.square().sum(1).sqrt(), phi_g.square().sum(1).sqrt()
     usable = usable & torch.isfinite(g_norm) & (g_norm > 0)
     scale = torch.where(usable, phi_norm / g_norm.clamp_min(1e-30), 0.0)
     descent = -sign  # gradients are of the loss as given; maximizing climbs them
-    d_g = optree.tree_map(
-        lambda p, x: (1 - weight) * p + weight * descent * rows(scale, x) * x, phi_g, g)
-    d_norm = sq_norms(d_g, dtype).sqrt()
+    d_g = (1 - weight) * phi_g + weight * descent * scale[:, None] * g
+    d_norm = d_g.square().sum(1).sqrt()
     renorm = torch.where(d_norm > 0, phi_norm / d_norm.clamp_min(1e-30), 0.0)
-    mixed = optree.tree_map(lambda p, pg, d: p - pg + rows(renorm, d) * d, direction, phi_g, d_g)
-    return where(usable, mixed, direction)
+    return torch.where(usable[:, None], direction - phi_g + renorm[:, None] * d_g, direction)
 
 
-def _grad_stats(grads: Params, mask: Params, dtype: torch.dtype, vanishing: float,
+def _grad_stats(grads: Tensor, mask: Tensor, dtype: torch.dtype, vanishing: float,
                 exploding: float) -> dict[str, Any]:
-    """Gradient telemetry of a population of gradients, as tensors (no host sync)."""
-    masked = _masked(grads, mask, dtype)
-    norms = torch.sqrt(sum(torch.linalg.vector_norm(x.reshape(x.shape[0], -1), dim=1) ** 2
-                           for x in optree.tree_leaves(masked)))
-    nonfinite = sum((~torch.isfinite(x)).sum() for x in optree.tree_leaves(masked))
+    """Gradient telemetry of a population of gradients (P, D), as tensors (no host sync)."""
+    masked = torch.where(mask, grads.to(dtype), 0.0)
+    norms = torch.linalg.vector_norm(masked, dim=1)
+    nonfinite = (~torch.isfinite(masked)).sum()
     return dict(grad_norms=norms,
-                grad_nonfinite=torch.as_tensor(nonfinite, dtype=torch.int64),
+                grad_nonfinite=nonfinite,
                 grad_vanishing=(norms < vanishing).sum(),
                 grad_exploding=(norms > exploding).sum())
 

@@ -11,12 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import optree
 import torch
 from torch import Tensor
-
-from ._base import Params
-from ._tree import sq_norms
 
 
 class SwarmingWeights(NamedTuple):
@@ -28,16 +24,15 @@ class SwarmingWeights(NamedTuple):
     w_repel: Tensor  # width of the repellent
 
 
-def pairwise_sq_distances(a: Params, b: Params, b_sq: Tensor, dtype: torch.dtype) -> Tensor:
-    """(P_a, P_b) squared distances between the bacteria of two populations."""
-    cross = sum(torch.einsum("pd,qd->pq", x.to(dtype).reshape(x.shape[0], -1),
-                             y.to(dtype).reshape(y.shape[0], -1))
-                for x, y in zip(optree.tree_leaves(a), optree.tree_leaves(b)))
-    return (sq_norms(a, dtype).unsqueeze(1) + b_sq.unsqueeze(0) - 2 * cross).clamp_min(0)
+def pairwise_sq_distances(a: Tensor, b: Tensor, b_sq: Tensor, dtype: torch.dtype) -> Tensor:
+    """(P_a, P_b) squared distances between the rows of two populations."""
+    a = a.to(dtype)
+    cross = torch.einsum("pd,qd->pq", a, b.to(dtype))
+    return (a.square().sum(1).unsqueeze(1) + b_sq.unsqueeze(0) - 2 * cross).clamp_min(0)
 
 
 def cell_to_cell(
-    positions: Params, swarm: Params, swarm_sq: Tensor, w: SwarmingWeights, dtype: torch.dtype
+    positions: Tensor, swarm: Tensor, swarm_sq: Tensor, w: SwarmingWeights, dtype: torch.dtype
 ) -> Tensor:
     """J_cc of each bacterium in ``positions`` against the whole ``swarm``, shape (P,)."""
     d2 = pairwise_sq_distances(positions, swarm, swarm_sq, dtype)

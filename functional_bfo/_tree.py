@@ -28,40 +28,16 @@ def take(tree: PyTree, index: Tensor) -> PyTree:
     return optree.tree_map(lambda x: x.index_select(0, index), tree)
 
 
-def numel(tree: PyTree) -> int:
-    """Elements in all leaves of ``tree`` (a population's count includes its P axis)."""
-    return sum(x.numel() for x in optree.tree_leaves(tree))
-
-
-def unflatten_like(flat: Tensor, template: PyTree) -> PyTree:
-    """Cut ``flat`` (P, n) into a population pytree shaped like ``template``.
-
-    ``n`` is the total size of ``template``; leaves take consecutive slices in optree's
-    flatten order and keep the leading P axis.
-    """
-    leaves, spec = optree.tree_flatten(template)
-    chunks = torch.split(flat, [x.numel() for x in leaves], dim=-1)
-    return spec.unflatten([c.reshape(flat.shape[:-1] + x.shape) for c, x in zip(chunks, leaves)])
-
-
-def diversity(population: PyTree, dtype: torch.dtype) -> Tensor:
-    """Root-mean-square distance of the bacteria to their centroid, over all leaves.
+def diversity(population: Tensor, dtype: torch.dtype) -> Tensor:
+    """Root-mean-square distance of the bacteria (rows) to their centroid.
 
     The centroid is a product with a row of ones, not ``mean(dim=0)``: compiled for a GPU,
     inductor fused that column mean into the reproduction's gather and ran it unsplit, a
     quarter of an adaptive update's GPU time at P = 65,536; a product reads the population
     once it is gathered.
     """
-    total = sum((x - x.new_ones(x.shape[0]) @ x / x.shape[0]).square().sum(dim=1).mean()
-                for x in (leaf.to(dtype).reshape(leaf.shape[0], -1)
-                          for leaf in optree.tree_leaves(population)))
-    return torch.sqrt(total)
-
-
-def sq_norms(tree: PyTree, dtype: torch.dtype) -> Tensor:
-    """Squared Euclidean norm of each bacterium over all leaves, shape (P,), in ``dtype``."""
-    leaves = optree.tree_leaves(tree)
-    return sum(x.to(dtype).reshape(x.shape[0], -1).square().sum(1) for x in leaves)
+    x = population.to(dtype)
+    return torch.sqrt((x - x.new_ones(x.shape[0]) @ x / x.shape[0]).square().sum(dim=1).mean())
 
 
 def first_min(costs: Tensor) -> tuple[Tensor, Tensor]:

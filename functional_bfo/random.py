@@ -40,8 +40,6 @@ import optree
 import torch
 from torch import Tensor
 
-from ._tree import unflatten_like
-
 try:  # the C kernel, compiled at install time where a compiler is found (setup.py)
     from . import _threefry as _c_module  # type: ignore[attr-defined]  # built C, no stub
 except ImportError:
@@ -492,4 +490,15 @@ def tree_normal_like(key: Tensor, tree, dtype: torch.dtype | None = None):
     draw_dtype = torch.float64 if torch.float64 in dtypes else torch.float32
     flat = normal(key, (sum(x.numel() for x in leaves),), draw_dtype)
     cast = lambda z, x: z.to(dtype=dtype or x.dtype, device=x.device)  # noqa: E731
-    return optree.tree_map(cast, unflatten_like(flat, tree), tree)
+    return optree.tree_map(cast, _unflatten_like(flat, tree), tree)
+
+
+def _unflatten_like(flat: Tensor, template: Any) -> Any:
+    """Cut ``flat`` (P, n) into a population pytree shaped like ``template``.
+
+    ``n`` is the total size of ``template``; leaves take consecutive slices in optree's
+    flatten order and keep the leading P axis.
+    """
+    leaves, spec = optree.tree_flatten(template)
+    chunks = torch.split(flat, [x.numel() for x in leaves], dim=-1)
+    return spec.unflatten([c.reshape(flat.shape[:-1] + x.shape) for c, x in zip(chunks, leaves)])
