@@ -15,11 +15,11 @@ import torch
 from torch import Tensor
 
 from . import _metric as metric
-from ._ask_tell import Ask, ask_round, told_costs
-from ._base import Key, LossFn, Optimizer, Params
+from ._ask_tell import swim_optimizer
+from ._base import Key, Optimizer, Params
 from ._bounds import BOUNDARY_MODES, LeafBounds, box_relative, check_bounds, flat_box, sample_domain
-from ._checks import check_bool, check_choice, check_float, check_int, check_state
-from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_by, tumble_directions, walk
+from ._checks import check_bool, check_choice, check_float, check_int
+from ._chemotaxis import TUMBLES, Plan, SwimResult, tumble_directions, walk
 from ._cycle import cycle_ends
 from ._dispersal import dispersal_mask, initial_population, per_run
 from ._layout import layout, ravel, unravel
@@ -233,26 +233,14 @@ def adaptive_bfo(
                                     else torch.zeros(0, dtype=torch.float64, device=device)),
         ))
 
-    def update_fn(state: AdaptiveBFOState, loss_fn: LossFn, *args: Any) -> AdaptiveBFOState:
-        check_state(state, size, AdaptiveBFOState, "adaptive_bfo")
-        evaluate = costs_by(evaluator, loss_fn, args, state.losses.dtype, sign,
-                            layout(state.best_params))
-        return adaptive_state(state, static, adaptive_step(state, static, evaluate))
-
-    def ask_fn(state: AdaptiveBFOState) -> Ask:
-        check_state(state, size, AdaptiveBFOState, "adaptive_bfo")
-        return ask_round(state, adaptive_plan(state, static))
-
-    def tell_fn(state: AdaptiveBFOState, asked: Ask, losses: Any, *,
-                check: bool = True) -> AdaptiveBFOState:
-        check_state(state, size, AdaptiveBFOState, "adaptive_bfo")
-        costs = told_costs(state, asked, losses, sign, "adaptive_bfo", check)
-        plan = adaptive_plan(state, static)
-        result = plan.told(costs, None)
+    def finish(state: AdaptiveBFOState, plan: Plan, result: SwimResult) -> AdaptiveBFOState:
         return adaptive_state(state, static, adaptive_fields(state, static, plan, result))
 
-    update_fn.static = static  # type: ignore[attr-defined]  # read by adaptive_static
-    return Optimizer(init_fn, update_fn, maximize, ask_fn, tell_fn)
+    opt = swim_optimizer("adaptive_bfo", AdaptiveBFOState, size, sign, init_fn,
+                         lambda state: adaptive_plan(state, static), finish, evaluator,
+                         swim_batch)
+    opt.update.static = static  # type: ignore[attr-defined]  # read by adaptive_static
+    return opt
 
 
 class AdaptiveStatic(NamedTuple):

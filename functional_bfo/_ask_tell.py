@@ -10,6 +10,7 @@ the state alone.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -17,9 +18,11 @@ import optree
 import torch
 from torch import Tensor
 
-from ._base import Params
-from ._chemotaxis import Plan, rank_costs
+from ._base import LossFn, Optimizer, Params
+from ._checks import check_state
+from ._chemotaxis import Plan, SwimResult, costs_by, rank_costs
 from ._layout import strided, unravel
+from .evaluate import Evaluator
 
 # The integer type whose bits a float of each width is read as, for a state's digest.
 BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -68,6 +71,38 @@ def round_tag(state: Any) -> Tensor:
         place = torch.arange(1, mask.shape[-1] + 1, device=mask.device)
         digest = digest + MASK_WEIGHT * (mask.to(torch.int64) * place).sum()
     return torch.stack([state.step, state.num_evals, state.key[0], state.key[1], digest])
+
+
+def swim_optimizer(name: str, state_type: type, size: int, sign: float, init: Any,
+                   plan: Callable[[Any], Plan], finish: Callable[[Any, Plan, SwimResult], Any],
+                   evaluator: Evaluator, swim_batch: int) -> Optimizer:
+    """A variant's optimizer from the two halves of its update.
+
+    ``plan(state)`` makes the round's candidates before any loss, ``finish(state, plan,
+    result)`` the state after them. ``update`` swims with the evaluator's losses; ``ask``
+    and ``tell`` split it at the round.
+    """
+
+    def update(state: Any, loss_fn: LossFn, *args: Any) -> Any:
+        check_state(state, size, state_type, name)
+        if not callable(loss_fn):
+            raise TypeError(f"Invalid loss_fn: {loss_fn!r}; expected a callable "
+                            "loss_fn(params, *args) -> 0-d tensor (call update(state, loss_fn)).")
+        steps = plan(state)
+        evaluate = costs_by(evaluator, loss_fn, args, state.losses.dtype, sign, steps.shape)
+        return finish(state, steps, steps.swim(evaluate, swim_batch))
+
+    def ask(state: Any) -> Ask:
+        check_state(state, size, state_type, name)
+        return ask_round(state, plan(state))
+
+    def tell(state: Any, asked: Ask, losses: Any, *, check: bool = True) -> Any:
+        check_state(state, size, state_type, name)
+        costs = told_costs(state, asked, losses, sign, name, check)
+        steps = plan(state)
+        return finish(state, steps, steps.told(costs, None))
+
+    return Optimizer(init, update, sign < 0, ask, tell)
 
 
 def ask_round(state: Any, plan: Plan) -> Ask:

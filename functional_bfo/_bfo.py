@@ -12,17 +12,16 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ._ask_tell import Ask, ask_round, told_costs
-from ._base import Key, LossFn, Optimizer, Params
+from ._ask_tell import swim_optimizer
+from ._base import Key, Optimizer, Params
 from ._bounds import BOUNDARY_MODES, check_bounds, flat_box
 from ._checks import (
     check_bool,
     check_choice,
     check_float,
     check_int,
-    check_state,
 )
-from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_by, tumble_directions, walk
+from ._chemotaxis import TUMBLES, Plan, SwimResult, tumble_directions, walk
 from ._cycle import cycle_ends
 from ._dispersal import disperse, initial_population, per_run
 from ._layout import layout, ravel, unravel
@@ -262,23 +261,5 @@ def bfo(
             hyperparams=state.hyperparams,
         )
 
-    def update_fn(state: BFOState, loss_fn: LossFn, *args: Any) -> BFOState:
-        check_state(state, size, BFOState, "bfo")
-        if not callable(loss_fn):
-            raise TypeError(f"Invalid loss_fn: {loss_fn!r}; expected a callable "
-                            "loss_fn(params, *args) -> 0-d tensor (call update(state, loss_fn)).")
-        steps = plan(state)
-        evaluate = costs_by(evaluator, loss_fn, args, state.losses.dtype, sign, steps.shape)
-        return assemble(state, steps, steps.swim(evaluate, swim_batch))
-
-    def ask_fn(state: BFOState) -> Ask:
-        check_state(state, size, BFOState, "bfo")
-        return ask_round(state, plan(state))
-
-    def tell_fn(state: BFOState, asked: Ask, losses: Any, *, check: bool = True) -> BFOState:
-        check_state(state, size, BFOState, "bfo")
-        costs = told_costs(state, asked, losses, sign, "bfo", check)
-        steps = plan(state)
-        return assemble(state, steps, steps.told(costs, None))
-
-    return Optimizer(init_fn, update_fn, maximize, ask_fn, tell_fn)
+    return swim_optimizer("bfo", BFOState, size, sign, init_fn, plan, assemble, evaluator,
+                          swim_batch)
