@@ -152,6 +152,11 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "the same at any population, so per evaluation a lone bacterium's update costs many "
      "times a swarm's (the last column): on a loss this cheap that is the wall time; for an "
      "expensive loss the evaluations dominate."),
+    ("black_box_speed", "fb.black_box against pycma's BIPOP-CMA-ES (CPU)",
+     "`python benchmarks/black_box_speed.py`: evaluations per second, final error and the "
+     "share of evaluations asked in rounds of a whole swarm, at equal budgets in one "
+     "process. On the rotated ellipsoid a swarm finds the valley and goes on as its lone "
+     "bacterium, a round of one candidate each, whose update costs as much as a swarm's."),
     ("distributed", "A population sharded across processes (CPU, gloo)",
      "`python benchmarks/distributed.py`: `fb.distributed.sharded()` on 1 and 2 processes "
      "of one thread each, against one process with 1 and 2 threads (docs/distributed.md)."),

@@ -145,7 +145,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
     polish_share = check_float("polish", polish, 0.0, 1.0)
     settings = dict(bounds=bounds, relative_steps=True, swim_length=swim_length,
                     chemotaxis_steps=chemotaxis_steps, step_size_min=step_size_min,
-                    **adaptive_kwargs)
+                    **{"swim_batch": swim_length + 1, **adaptive_kwargs})
     plain = adaptive_bfo(population_size, **settings)  # isotropic tumbles
     learner = adaptive_bfo(population_size, metric_rate=rate, **settings) if rate else plain
     lone = adaptive_bfo(1, metric_rate=rate, **{**settings, "min_population_size": None,
@@ -414,7 +414,8 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
         key: the random key; the same key gives the same result.
         progress: a ``tqdm`` bar (lines without tqdm) and a summary at the end.
         **settings: ``population_size`` (8) and ``swim_length`` (1) of each swarm (a
-            lone bacterium does not swim); ``step_size_min`` (1e-12 box widths);
+            lone bacterium does not swim), whose round goes to the evaluator in
+            ``swim_batch`` (``swim_length + 1``: one) calls; ``step_size_min`` (1e-12 box widths);
             ``restart_after`` (30; None: never) updates without a gain of
             ``restart_rtol`` (0.01) of the way still to the best of the swarms before (of
             its own descent, or in a valley its metric found of its last gain, for 3x as

@@ -1,0 +1,122 @@
+"""fb.black_box against pycma's BIPOP-CMA-ES: evaluations per second and error, equal budgets.
+
+D = 10, cheap losses (a shifted sphere, Rastrigin, a rotated ellipsoid of condition 1e6),
+each with a constant added (a user's loss has no minimum at 0), box [-5, 5], a budget of
+1000 D evaluations. Per seed, ``fb.black_box`` (torch losses) and ``cma.fmin2(...,
+bipop=True)`` (the same losses in numpy, its own restarts, started at the box's centre with
+a step of 0.3 box widths) run one after the other in this process; the table has the
+medians over seeds of evaluations per second (evaluations over wall time), of the error
+``f - min f``, and the share of fb's evaluations asked in rounds of at least a whole
+swarm's candidates (the rest: a lone bacterium's rounds of one), which is what a caller
+who scores a round in parallel gets in parallel.
+
+    python benchmarks/black_box_speed.py [--quick]
+
+Without ``cma`` installed (``pip install cma``) the cma columns are empty.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import numpy as np
+import torch
+from common import machine, parser, write
+
+import functional_bfo as fb
+
+DIM, LOW, HIGH, OFFSET = 10, -5.0, 5.0, 100.0
+WHOLE = 8 * (1 + 1)  # the candidates of a whole swarm's round, at black_box's defaults
+
+
+def problems(dim: int) -> dict:
+    """name -> (torch loss of {"x": (D,)}, numpy loss of a (D,) array); each min is OFFSET."""
+    shift = np.linspace(-2.0, 2.0, dim)
+    rotation = np.linalg.qr(np.random.default_rng(0).standard_normal((dim, dim)))[0]
+    scale = 1e6 ** (np.arange(dim) / (dim - 1))
+    t_shift, t_rotation, t_scale = (torch.tensor(a) for a in (shift, rotation, scale))
+
+    def rastrigin_np(x):
+        z = np.asarray(x) - shift
+        return float(10 * dim + (z * z - 10 * np.cos(2 * np.pi * z)).sum()) + OFFSET
+
+    def rastrigin_t(p):
+        z = p["x"] - t_shift
+        return 10 * dim + (z * z - 10 * torch.cos(2 * math.pi * z)).sum() + OFFSET
+
+    return {
+        "sphere": (lambda p: (p["x"] - t_shift).square().sum() + OFFSET,
+                   lambda x: float(np.square(np.asarray(x) - shift).sum()) + OFFSET),
+        "rastrigin": (rastrigin_t, rastrigin_np),
+        "rotated ellipsoid": (
+            lambda p: (t_scale * (t_rotation @ (p["x"] - t_shift)).square()).sum() + OFFSET,
+            lambda x: float((scale * (rotation @ (np.asarray(x) - shift)) ** 2).sum()) + OFFSET),
+    }
+
+
+def run_fb(loss, budget: int, seed: int) -> dict:
+    """One ``fb.black_box`` run, driven round by round to count the whole-swarm rounds."""
+    search = fb.black_box_search((LOW, HIGH), max_evals=budget)
+    start = time.perf_counter()
+    state = search.init({"x": torch.zeros(DIM, dtype=torch.float64)}, key=fb.random.key(seed))
+    whole = 0
+    while state.phase != "done":
+        before = state.num_evals
+        state = search.update(state, loss)
+        whole += state.num_evals - before if state.num_evals - before >= WHOLE else 0
+    seconds = time.perf_counter() - start
+    return {"evals_per_s": state.num_evals / seconds, "error": float(state.best_loss) - OFFSET,
+            "whole_share": whole / state.num_evals}
+
+
+def run_cma(loss, budget: int, seed: int) -> dict:
+    import cma
+
+    start = time.perf_counter()
+    _, es = cma.fmin2(loss, DIM * [0.0], 0.3 * (HIGH - LOW), {
+        "bounds": [LOW, HIGH], "maxfevals": budget, "verbose": -9, "seed": seed + 1},
+        bipop=True, restarts=9)
+    seconds = time.perf_counter() - start
+    return {"evals_per_s": es.result.evaluations / seconds, "error": es.result.fbest - OFFSET}
+
+
+def main() -> None:
+    args = parser(__doc__).parse_args()
+    try:
+        import cma  # noqa: F401
+        peer = True
+    except ImportError:
+        peer = False
+    budget, seeds = (1000, [0]) if args.quick else (1000 * DIM, [0, 1, 2, 3, 4])
+    rows = []
+    for name, (loss_t, loss_np) in problems(DIM).items():
+        runs = [(run_fb(loss_t, budget, s), run_cma(loss_np, budget, s) if peer else None)
+                for s in seeds]
+        row = {"problem": name, "fb": {k: statistics.median(r[0][k] for r in runs)
+                                       for k in runs[0][0]}}
+        if peer:
+            row["cma"] = {k: statistics.median(r[1][k] for r in runs) for k in runs[0][1]}
+            row["ratio"] = statistics.median(r[0]["evals_per_s"] / r[1]["evals_per_s"]
+                                             for r in runs)
+        rows.append(row)
+    result = {"machine": machine("cpu"), "quick": args.quick, "dim": DIM, "budget": budget,
+              "seeds": seeds, "rows": rows}
+    md = [f"# fb.black_box against pycma's BIPOP-CMA-ES ({'quick' if args.quick else 'full'})",
+          "", f"D = {DIM}, box [{LOW:g}, {HIGH:g}], {budget} evaluations, medians over "
+          f"{len(seeds)} seeds. Machine: {result['machine']}", "",
+          "| problem | fb evals/s | cma evals/s | fb / cma | fb error | cma error "
+          "| fb whole-swarm share |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r.get("cma")
+        md.append(f"| {r['problem']} | {r['fb']['evals_per_s']:,.0f} | "
+                  f"{c['evals_per_s']:,.0f} | {r['ratio']:.2f}x | " if c else
+                  f"| {r['problem']} | {r['fb']['evals_per_s']:,.0f} | - | - | ")
+        md[-1] += (f"{r['fb']['error']:.3g} | {c['error']:.3g} | " if c else
+                   f"{r['fb']['error']:.3g} | - | ") + f"{r['fb']['whole_share']:.0%} |"
+    write(args, "black_box_speed", result, md)
+
+
+if __name__ == "__main__":
+    main()
