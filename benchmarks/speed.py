@@ -4,13 +4,15 @@ The same shifted Rastrigin (30-D, population 256 by default) for: our functional
 eager and compiled, ``fb.adaptive_bfo`` compiled, the ``torch.optim`` adapter's closure path
 and vmapped fast path, and every peer of ``peers.py`` that is installed (``pip install -e
 ".[bench]"``), each given a numpy implementation of the function so that the peer's own
-speed is what is measured. Ratios are against the fastest BFO peer of the same run.
+speed is what is measured, and EvoX's PSO (``pip install evox``), eager and compiled, on the
+same function in torch. Ratios are against the fastest BFO peer of the same run.
 
     python benchmarks/speed.py [--quick] [--device cuda]
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import time
 
@@ -113,6 +115,46 @@ def run_adapter(name: str, loss, dim, population, budget, device, fast: bool) ->
             "compile_s": 0.0, "history": history}
 
 
+def run_evox(name: str, dim: int, population: int, budget: int, device: str,
+             compiled: bool) -> dict:
+    """EvoX's PSO on the same function (batched in torch), its step compiled as EvoX
+    documents it or eager."""
+    from evox.algorithms import PSO
+    from evox.core import Problem
+    from evox.workflows import StdWorkflow
+
+    shift = shift_of("rastrigin", dim, torch.Generator().manual_seed(0)).to(device)
+
+    class Rastrigin(Problem):
+        def evaluate(self, pop):
+            z = pop - shift
+            return 10 * dim + (z.square() - 10 * torch.cos(2 * math.pi * z)).sum(1)
+
+    box = torch.full((dim,), BOXES["rastrigin"], device=device)
+    algorithm = PSO(population, -box, box, device=device)
+    workflow = StdWorkflow(algorithm, Rastrigin(), device=device)
+    workflow.init_step()
+    step = torch.compile(workflow.step) if compiled else workflow.step
+    sync(device)
+    start = time.perf_counter()
+    step()  # compiles, timed apart
+    step()  # and compiles again: the state its first step wrote is not the initial one
+    sync(device)
+    compile_s = time.perf_counter() - start if compiled else 0.0
+    steps, bests = max(100, math.ceil(budget / population)), []
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+        bests.append(algorithm.global_best_fit.clone())
+    sync(device)
+    seconds = time.perf_counter() - start
+    history = [(k * population, b, k * seconds / steps)
+               for k, b in enumerate(torch.stack(bests).tolist(), start=1)]
+    evals, best, seconds = history[-1]
+    return {"name": name, "kind": "peer", "evals": evals, "seconds": seconds, "best": best,
+            "compile_s": compile_s, "history": history}
+
+
 def run_peer(name: str, numpy_loss, dim, population, budget) -> dict:
     out = peers.run_peer(name, numpy_loss, dim, -BOXES["rastrigin"], BOXES["rastrigin"],
                          budget, population, seed=0)
@@ -152,6 +194,9 @@ def main() -> None:
                     budget // (10 if not args.quick else 1), device, False),
     ]
     rows += [run_peer(name, numpy_loss, dim, population, budget) for name in peers.available()]
+    if importlib.util.find_spec("evox") is not None:  # a torch peer: eager and compiled
+        rows += [run_evox(f"evox PSO {mode}", dim, population, budget, device, mode == "compiled")
+                 for mode in ("eager", "compiled")]
     for r in rows:
         r["evals_per_s"] = r["evals"] / r["seconds"]
         r["seconds_to_target"] = time_to(r["history"], target)
