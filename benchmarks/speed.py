@@ -12,6 +12,7 @@ same function in torch. Ratios are against the fastest BFO peer of the same run.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import time
@@ -179,6 +180,8 @@ def main() -> None:
     target = args.target if args.target is not None else 0.6 * start_loss
     rows = [
         run_ours("fb.bfo eager", fb.bfo, loss, dim, population, budget, device, None),
+        run_ours("fb.bfo eager, swim_batch=5", functools.partial(fb.bfo, swim_batch=5), loss,
+                 dim, population, budget, device, None),  # the whole swim ray in one call
         run_ours("fb.bfo compiled", fb.bfo, loss, dim, population, budget, device, "default"),
         run_ours("fb.adaptive_bfo compiled", fb.adaptive_bfo, loss, dim, population, budget,
                  device, "default"),
