@@ -17,6 +17,7 @@ Every decision compares losses with each other, in float64, so ``f``, ``f + c`` 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 import warnings
@@ -160,28 +161,55 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
                          "that or a smaller swarm.")
     main_budget = budget - per_round * int(polish_share * budget / per_round)
 
-    def cost(loss: Tensor) -> float:
-        return sign * float(loss)
+    search = _Search(budget, main_budget, per_round, stall_limit, rtol, hand_over, kick,
+                     population_size, swim_length, chemotaxis_steps, sign, bounds, evaluator,
+                     plain, learner, lone)
+    return Optimizer(search.init, search.update, bool(plain.maximize), search.ask, search.tell)
 
-    def box(s: BlackBoxState) -> LeafBounds:
+
+@dataclasses.dataclass(frozen=True)
+class _Search:
+    """:func:`black_box_search`'s settings, and the steps its rounds are made of."""
+
+    budget: int
+    main_budget: int  # the polish starts once a round would pass it
+    per_round: int  # a whole swarm's evaluations in a round
+    stall_limit: int | None
+    rtol: float
+    hand_over: int | None
+    kick: float
+    population_size: int
+    swim_length: int
+    chemotaxis_steps: int
+    sign: float
+    bounds: Any
+    evaluator: Any
+    plain: Optimizer  # isotropic tumbles
+    learner: Optimizer  # a learned metric
+    lone: Optimizer  # a swarm in a valley, as its best bacterium alone
+
+    def cost(self, loss: Tensor) -> float:
+        return self.sign * float(loss)
+
+    def box(self, s: BlackBoxState) -> LeafBounds:
         """The box of a row of the search (its params are float64)."""
-        row_box = flat_box(bounds, layout(s.start), s.best_loss.device)
+        row_box = flat_box(self.bounds, layout(s.start), s.best_loss.device)
         assert row_box is not None  # black_box_search refuses bounds=None
         return row_box
 
-    def faces(s: BlackBoxState) -> tuple[Tensor, Tensor]:
+    def faces(self, s: BlackBoxState) -> tuple[Tensor, Tensor]:
         """Each coordinate's low and high face, (D,) rows."""
-        b, size = box(s), layout(s.start).size
+        b, size = self.box(s), layout(s.start).size
         return b.low.expand(size), b.high.expand(size)
 
-    def optimizer(s: BlackBoxState) -> Optimizer:
+    def optimizer(self, s: BlackBoxState) -> Optimizer:
         """The optimizer of the swarm whose round is next."""
-        return (lone if _lone(s) else learner) if _learns(_swarm(s)) else plain
+        return (self.lone if _lone(s) else self.learner) if _learns(_swarm(s)) else self.plain
 
-    def init_fn(params: Params, *, key: Key) -> BlackBoxState:
+    def init(self, params: Params, *, key: Key) -> BlackBoxState:
         check_params(params)
         start = optree.tree_map(lambda x: x.detach().to(torch.float64, copy=True), params)
-        none = torch.tensor(sign * math.inf, dtype=torch.float64,
+        none = torch.tensor(self.sign * math.inf, dtype=torch.float64,
                             device=optree.tree_leaves(start)[0].device)
         s = BlackBoxState(
             phase="converge", swarm=None,  # type: ignore[arg-type]  # restarted() sets it
@@ -190,92 +218,92 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
             converged_best=math.inf, found_after=0, first=math.inf, progress=math.inf,
             stalled=0, gain=0.0, valley=False, explorer_updates=0, start=start,
             dtypes=optree.tree_map(lambda x: x.dtype, params), key=key)
-        return after(restarted(s, start, 0))
+        return self.after(self.restarted(s, start, 0))
 
-    def ask_fn(state: BlackBoxState) -> Ask:
-        swarm = round_swarm(state)
+    def ask(self, state: BlackBoxState) -> Ask:
+        swarm = self.round_swarm(state)
         if swarm is not None:
-            return optimizer(state).ask(swarm)._replace(tag=_tag(state))  # type: ignore[misc]
+            return self.optimizer(state).ask(swarm)._replace(tag=_tag(state))  # type: ignore[misc]
         rows = state.faces.rows  # type: ignore[union-attr]
         return Ask(copied_params(rows, state.start),
                    torch.ones(len(rows), dtype=torch.bool, device=rows.device), _tag(state))
 
-    def tell_fn(state: BlackBoxState, asked: Ask, losses: Any, *,
+    def tell(self, state: BlackBoxState, asked: Ask, losses: Any, *,
                 check: bool = True) -> BlackBoxState:
-        swarm = round_swarm(state)
+        swarm = self.round_swarm(state)
         if not isinstance(asked, Ask):
             raise TypeError("black_box_search.tell takes the Ask that ask(state) returned, "
                             f"got {type(asked).__name__}.")
         check_tag(_tag(state), asked.tag.cpu(), "black_box_search", check)
         rows = len(state.faces.rows) if swarm is None else len(  # type: ignore[union-attr]
-            swarm.losses) * (1 if _lone(state) else swim_length + 1)
+            swarm.losses) * (1 if _lone(state) else self.swim_length + 1)
         if tuple(asked.mask.shape) != (rows,):  # a stale answer was named as one above
             raise ValueError(f"asked has {len(asked.mask)} rows, but the state's round "
                              f"{state.rounds} ({state.phase}) has {rows}: tell the Ask that "
                              "ask(state) returned for this state.")
         if swarm is not None:
-            return told(state, optimizer(state).tell(  # type: ignore[misc]  # adaptive's is set
+            return self.told(state, self.optimizer(state).tell(  # type: ignore[misc]  # adaptive's is set
                 swarm, asked, losses, check=False))
-        costs = told_costs(state.swarm, asked, losses, sign, "black_box_search", check=False)
-        return after(told_faces(state, costs))
+        costs = told_costs(state.swarm, asked, losses, self.sign, "black_box_search", check=False)
+        return self.after(self.told_faces(state, costs))
 
-    def update_fn(state: BlackBoxState, loss_fn: LossFn, *args: Any) -> BlackBoxState:
+    def update(self, state: BlackBoxState, loss_fn: LossFn, *args: Any) -> BlackBoxState:
         """One round: ``tell(state, ask(state), losses)``, a swarm's by its own ``update``."""
-        swarm, loss_fn = round_swarm(state), in_given_dtypes(state, loss_fn)
+        swarm, loss_fn = self.round_swarm(state), self.in_given_dtypes(state, loss_fn)
         if swarm is not None:
-            return told(state, optimizer(state).update(swarm, loss_fn, *args))
-        asked = ask_fn(state)
+            return self.told(state, self.optimizer(state).update(swarm, loss_fn, *args))
+        asked = self.ask(state)
         with torch.no_grad():
-            losses = check_losses(evaluator(loss_fn, asked.params, *args), len(asked.mask))
-        return tell_fn(state, asked, losses, check=False)
+            losses = check_losses(self.evaluator(loss_fn, asked.params, *args), len(asked.mask))
+        return self.tell(state, asked, losses, check=False)
 
-    def in_given_dtypes(s: BlackBoxState, loss_fn: LossFn) -> LossFn:
+    def in_given_dtypes(self, s: BlackBoxState, loss_fn: LossFn) -> LossFn:
         """``loss_fn`` taking its params in the given dtypes, as :func:`black_box` does."""
         if all(d == torch.float64 for d in optree.tree_leaves(s.dtypes)):
             return loss_fn
         like = layout(optree.tree_map(lambda x, d: x.to(d), s.start, s.dtypes))
-        given = flat_box(bounds, like, s.best_loss.device, torch.float64)
+        given = flat_box(self.bounds, like, s.best_loss.device, torch.float64)
         return lambda p, *args: loss_fn(as_given(p, like, given), *args)
 
-    def round_swarm(state: BlackBoxState) -> AdaptiveBFOState | None:
+    def round_swarm(self, state: BlackBoxState) -> AdaptiveBFOState | None:
         """The swarm whose round is next (None: the face moves'); its optimizer checks it."""
         if not isinstance(state, BlackBoxState):
             raise TypeError(f"black_box_search takes the BlackBoxState its init made, got "
                             f"{type(state).__name__}.")
         if state.phase == "done":
             raise ValueError(f"black_box_search has spent its budget ({state.num_evals} of "
-                             f"{budget} evaluations; no round fits): the best point is "
+                             f"{self.budget} evaluations; no round fits): the best point is "
                              "state.best_params, its loss state.best_loss.")
         return None if state.phase == "faces" else _swarm(state)
 
-    def told(state: BlackBoxState, new: AdaptiveBFOState) -> BlackBoxState:
+    def told(self, state: BlackBoxState, new: AdaptiveBFOState) -> BlackBoxState:
         """After a swarm's round: the best point, the counters, the phase's own rule."""
-        s = better(state, new.best_params, new.best_loss)._replace(
+        s = self.better(state, new.best_params, new.best_loss)._replace(
             rounds=state.rounds + 1,
             num_evals=state.num_evals + int(new.num_evals - _swarm(state).num_evals))
         if state.phase == "converge":
-            return after(converged(s, new))
+            return self.after(self.converged(s, new))
         if state.phase == "polish":
-            return after(s._replace(swarm=new))
+            return self.after(s._replace(swarm=new))
         updates = s.explorer_updates + 1
         if updates % JITTER_PERIOD == 0:  # a kick moves bacteria, never the best seen
-            new = moves.kicked(new, box(s), kick, random.fold_in(
+            new = moves.kicked(new, self.box(s), self.kick, random.fold_in(
                 random.fold_in(s.key, EXPLORER_STREAM), updates))
-        return after(s._replace(explorer=new, explorer_updates=updates))
+        return self.after(s._replace(explorer=new, explorer_updates=updates))
 
-    def restarted(s: BlackBoxState, start: Params, restarts: int) -> BlackBoxState:
+    def restarted(self, s: BlackBoxState, start: Params, restarts: int) -> BlackBoxState:
         """``s`` with a new converging swarm at ``start``.
 
         Even swarms learn a metric, odd ones tumble isotropically: a learned metric makes a
         swarm less likely to find Ackley's funnel.
         """
-        swarm = (learner if restarts % 2 == 0 else plain).init(
+        swarm = (self.learner if restarts % 2 == 0 else self.plain).init(
             start, key=random.fold_in(s.key, 2 * restarts))
         return s._replace(
             swarm=swarm, restarts=restarts, entry_best=s.converged_best, first=math.inf,
             progress=math.inf, stalled=0, gain=0.0, valley=False)
 
-    def converged(s: BlackBoxState, new: AdaptiveBFOState) -> BlackBoxState:
+    def converged(self, s: BlackBoxState, new: AdaptiveBFOState) -> BlackBoxState:
         """After a converging round: a restart, once the swarm stopped progressing.
 
         Progress is a gain of more than ``rtol`` of the way still to the best of the swarms
@@ -287,83 +315,83 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         swarm that goes on as its lone bacterium starts these counts afresh: the swarm's
         last gain, made at the scale of its first updates, may be out of its reach.
         """
-        now, spent = cost(new.best_loss), int(new.num_evals - s.swarm.num_evals)
+        now, spent = self.cost(new.best_loss), int(new.num_evals - s.swarm.num_evals)
         behind = s.progress > s.entry_best
-        valley = s.valley or (_learns(new) and int(new.step) % chemotaxis_steps == 0
+        valley = s.valley or (_learns(new) and int(new.step) % self.chemotaxis_steps == 0
                               and metric.condition(new.metric) > VALLEY_CONDITION)
         first, progress, stalled, gain = s.first, s.progress, s.stalled + spent, s.gain
         if valley and not s.valley:  # the lone bacterium's own descent starts here
-            new, first, progress, stalled, gain = narrowed(new), now, now, 0, 0.0
+            new, first, progress, stalled, gain = self.narrowed(new), now, now, 0, 0.0
         if not math.isfinite(progress):  # its first finite loss is progress
             if now < progress:
                 first, progress, stalled = now, now, 0
-        elif (progress - now > rtol * (progress - s.entry_best if behind else first - progress)
-              or (valley and not behind and progress - now > rtol * gain)):
+        elif (progress - now > self.rtol * (progress - s.entry_best if behind else first - progress)
+              or (valley and not behind and progress - now > self.rtol * gain)):
             progress, stalled, gain = now, 0, progress - now
         spent_all = int(new.num_evals)
         s = s._replace(swarm=new, converged_best=min(s.converged_best, now),
                        found_after=spent_all if now < s.converged_best else s.found_after,
                        first=first, progress=progress, stalled=stalled, gain=gain, valley=valley)
-        patience = per_round * (1 if behind else HOLDING_PATIENCE)
+        patience = self.per_round * (1 if behind else HOLDING_PATIENCE)
         late = behind and spent_all > BEHIND_BUDGET * s.found_after
-        if stall_limit is None or (stalled < stall_limit * patience and not late):
+        if self.stall_limit is None or (stalled < self.stall_limit * patience and not late):
             return s
         shape = layout(s.start)  # a point uniform in the box (the start where a side is open)
         z = random.normal(random.fold_in(s.key, 2 * s.restarts + 1), (shape.size,), torch.float64)
-        place = unravel(shape, sample_domain(ravel(shape, s.start), z, box(s),
+        place = unravel(shape, sample_domain(ravel(shape, s.start), z, self.box(s),
                                              z.new_zeros(())))
-        return restarted(s._replace(failed=s.failed + 1 if now >= s.entry_best else 0),
+        return self.restarted(s._replace(failed=s.failed + 1 if now >= s.entry_best else 0),
                          place, s.restarts + 1)
 
-    def narrowed(w: AdaptiveBFOState) -> AdaptiveBFOState:
+    def narrowed(self, w: AdaptiveBFOState) -> AdaptiveBFOState:
         """A swarm in a valley as its best bacterium alone, with its step and metric.
 
         A lone bacterium's successes add up into an evolution path, which learns a valley's
         axis in about n successes where a swarm's take about n^2 (``_metric.py``). It does
         not swim: its swim, wasted after four tumbles in five, would halve its speed.
         """
-        i = int((sign * w.losses).nan_to_num(math.inf).argmin())
-        return _undispersed(lone.init(w.best_params, key=w.key)._replace(
+        i = int((self.sign * w.losses).nan_to_num(math.inf).argmin())
+        return _undispersed(self.lone.init(w.best_params, key=w.key)._replace(
             population=w.population[i:i + 1].clone(),
             losses=w.losses[i:i + 1].clone(), best_params=w.best_params,
             best_loss=w.best_loss, step=w.step, num_evals=w.num_evals,
             step_sizes=w.step_sizes[i:i + 1].clone(), stall=w.stall, metric=w.metric))
 
-    def face_moves(s: BlackBoxState) -> moves.FaceScan:
+    def face_moves(self, s: BlackBoxState) -> moves.FaceScan:
         """The polish's face moves: the best point's coordinates moved onto the box's faces."""
-        room = min(budget - s.num_evals, int(FACE_SHARE * (budget - main_budget)))
+        room = min(self.budget - s.num_evals, int(FACE_SHARE * (self.budget - self.main_budget)))
         base = ravel(layout(s.best_params), s.best_params)
         if not math.isfinite(float(s.best_loss)) or len(base) > FACE_SCAN_SIZE:
             room = 0
-        return moves.face_scan(base, cost(s.best_loss), *faces(s), room)
+        return moves.face_scan(base, self.cost(s.best_loss), *self.faces(s), room)
 
-    def told_faces(s: BlackBoxState, costs: Tensor) -> BlackBoxState:
+    def told_faces(self, s: BlackBoxState, costs: Tensor) -> BlackBoxState:
         """After a round of face moves: the best of them, and the next round."""
         f, row = s.faces, int(costs.argmin())
         assert f is not None  # the faces phase has them
-        s = better(s, optree.tree_map(lambda x: x[0], copied_params(f.rows[row:row + 1], s.start)),
-                   sign * costs[row])
+        found = optree.tree_map(lambda x: x[0], copied_params(f.rows[row:row + 1], s.start))
+        s = self.better(s, found, self.sign * costs[row])
         return s._replace(num_evals=s.num_evals + len(f.rows), rounds=s.rounds + 1,
-                          faces=moves.face_scan_told(f, costs, *faces(s)))
+                          faces=moves.face_scan_told(f, costs, *self.faces(s)))
 
-    def after(s: BlackBoxState) -> BlackBoxState:
+    def after(self, s: BlackBoxState) -> BlackBoxState:
         """``s`` with the phase of the next round, and the swarm or moves it needs."""
-        fits = s.num_evals + per_round <= budget
-        polishing = s.num_evals + per_round > main_budget
+        fits = s.num_evals + self.per_round <= self.budget
+        polishing = s.num_evals + self.per_round > self.main_budget
         if s.faces is None and polishing and fits:  # the polish opens with the face moves
-            s = s._replace(faces=face_moves(s))
+            s = s._replace(faces=self.face_moves(s))
         if s.faces is not None and len(s.faces.rows):
             return s._replace(phase="faces")
         if not fits:
             return s._replace(phase="done")
         if polishing:
-            return s if s.phase == "polish" else s._replace(phase="polish", swarm=polisher(s))
-        if s.explorer is None and hand_over is not None and s.failed >= hand_over:
-            s = s._replace(explorer=plain.init(s.start, key=random.fold_in(s.key,
+            return s if s.phase == "polish" else s._replace(phase="polish", swarm=self.polisher(s))
+        if s.explorer is None and self.hand_over is not None and s.failed >= self.hand_over:
+            s = s._replace(explorer=self.plain.init(s.start, key=random.fold_in(s.key,
                                                                             EXPLORER_STREAM)))
         return s._replace(phase="converge" if s.explorer is None else "explore")
 
-    def polisher(s: BlackBoxState) -> AdaptiveBFOState:
+    def polisher(self, s: BlackBoxState) -> AdaptiveBFOState:
         """The polishing swarm: every bacterium at the best point, its loss known.
 
         Steps go from ``jitter`` down over ``POLISH_DECADES``, so that some bacteria start
@@ -372,25 +400,24 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         swarm), else from a new one.
         """
         key = random.fold_in(s.key, POLISHER_STREAM)
-        held = cost(s.swarm.best_loss) <= cost(s.best_loss)
-        state = s.swarm if held else plain.init(s.best_params, key=key)
-        if len(state.losses) != population_size:  # a lone bacterium's metric
-            state = learner.init(s.best_params, key=key)._replace(
+        held = self.cost(s.swarm.best_loss) <= self.cost(s.best_loss)
+        state = s.swarm if held else self.plain.init(s.best_params, key=key)
+        if len(state.losses) != self.population_size:  # a lone bacterium's metric
+            state = self.learner.init(s.best_params, key=key)._replace(
                 metric=state.metric._replace(path=torch.zeros_like(state.metric.path)))
-        steps = kick * torch.logspace(0, -POLISH_DECADES, population_size, dtype=torch.float64)
+        steps = self.kick * torch.logspace(0, -POLISH_DECADES, self.population_size,
+                                           dtype=torch.float64)
         return _undispersed(state._replace(
             population=ravel(layout(s.best_params), s.best_params).expand(
-                population_size, -1).clone(),
+                self.population_size, -1).clone(),
             losses=torch.full_like(state.losses, float(s.best_loss)),
             step_sizes=steps.to(state.step_sizes)))
 
-    def better(s: BlackBoxState, params: Params, loss: Tensor) -> BlackBoxState:
+    def better(self, s: BlackBoxState, params: Params, loss: Tensor) -> BlackBoxState:
         """``s`` with ``params`` as its best point if their ``loss`` beats its best."""
         loss = loss.to(torch.float64).reshape(())
-        return s._replace(best_params=params, best_loss=loss) if cost(loss) < cost(
+        return s._replace(best_params=params, best_loss=loss) if self.cost(loss) < self.cost(
             s.best_loss) else s
-
-    return Optimizer(init_fn, update_fn, bool(plain.maximize), ask_fn, tell_fn)
 
 
 def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_evals: int,
