@@ -263,9 +263,9 @@ class AdaptiveStatic(NamedTuple):
 def adaptive_static(opt: Optimizer) -> AdaptiveStatic:
     """The structural settings of an optimizer made by :func:`adaptive_bfo`.
 
-    For variants that drive :func:`adaptive_step` themselves (``hybrid_bfo``,
-    ``black_box``): they build an ``adaptive_bfo`` with their settings, which validates and
-    completes them with its defaults, and read the result here.
+    For variants that drive :func:`adaptive_plan` and :func:`adaptive_fields` themselves
+    (``hybrid_bfo``): they build an ``adaptive_bfo`` with their settings, which validates
+    and completes them with its defaults, and read the result here.
     """
     return opt.update.static  # type: ignore[attr-defined]
 
@@ -417,13 +417,6 @@ def adaptive_state(state: AdaptiveBFOState, static: AdaptiveStatic,
         learned = metric.learn(state.metric, steps, step.known & (steps != 0).any(dim=1),
                                static.metric_rate, step.known)
     return AdaptiveBFOState(**step.fields, metric=learned)
-
-
-def adaptive_step(state: Any, static: AdaptiveStatic, evaluate, steer=None,
-                  start_aux=None) -> AdaptiveStep:
-    """One adaptive update with ``evaluate`` (see :func:`adaptive_plan`)."""
-    plan = adaptive_plan(state, static, steer, start_aux)
-    return adaptive_fields(state, static, plan, plan.swim(evaluate, static.swim_batch))
 
 
 def _on_active(active: Tensor | None, x: Tensor, other: Tensor | float) -> Tensor:

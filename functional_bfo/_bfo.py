@@ -15,12 +15,7 @@ from torch import Tensor
 from ._ask_tell import swim_optimizer
 from ._base import Key, Optimizer, Params
 from ._bounds import BOUNDARY_MODES, check_bounds, flat_box
-from ._checks import (
-    check_bool,
-    check_choice,
-    check_float,
-    check_int,
-)
+from ._checks import check_bool, check_choice, check_float, check_int
 from ._chemotaxis import TUMBLES, Plan, SwimResult, tumble_directions, walk
 from ._cycle import cycle_ends
 from ._dispersal import disperse, initial_population, per_run
