@@ -105,15 +105,11 @@ class CandidateEvaluator:
     ``with_grads`` reads each ``.grad`` too: NaN (unknown) if the closure ran no ``backward``.
     """
 
-    def __init__(self, params: list[Tensor], trace: Trace, with_grads: bool) -> None:
-        self.params, self.trace, self.with_grads = params, trace, with_grads
-        self.closure: Callable[[], Any] | None = None  # set for a step; None: the fast path
-        self.chunk_size: int | None = None
+    any_structure = property(lambda self: self.closure is None)  # the fast path takes rows
 
-    @property
-    def any_structure(self) -> bool:
-        """On the fast path it takes the core's rows and a loss of a row (see Evaluator)."""
-        return self.closure is None
+    def __init__(self, params: list[Tensor], trace: Trace, with_grads: bool) -> None:
+        self.params, self.trace, self.with_grads, self.chunk_size = params, trace, with_grads, None
+        self.closure: Callable[[], Any] | None = None  # set for a step; None: the fast path
 
     def __call__(self, loss_fn: Any, population: Any, *args: Any) -> Any:
         if self.closure is None:  # the fast path; the hybrid's as (losses, grads)

@@ -74,10 +74,9 @@ class SwarmOptimizer(torch.optim.Optimizer):
     @property
     def population(self) -> Tensor:
         """Every bacterium's parameters flattened, shape (population_size, n_params)."""
-        leaves = [state.population for state in self._swarm_states().values()]  # rows
-        if not leaves:
+        if not (rows := [state.population for state in self._swarm_states().values()]):
             raise ValueError("There is no population before the first step; call step first.")
-        return torch.cat(leaves, dim=1)  # (groups of other sizes: read each with metrics(g))
+        return torch.cat(rows, dim=1)  # (groups of other sizes: read each with metrics(g))
 
     def _compute_diversity(self) -> float:
         """Root-mean-square distance of the bacteria to their centroid, all groups."""
