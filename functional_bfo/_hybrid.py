@@ -260,7 +260,6 @@ def hybrid_bfo(
             grad = optree.tree_map(lambda g: strided(g.detach()), grad)
 
         def evaluate(rows: Tensor):
-            candidates = unravel(shape, rows)
             if evaluator is not None:
                 by_rows = getattr(evaluator, "any_structure", False)  # takes rows
                 if grad is not None:
@@ -270,7 +269,7 @@ def hybrid_bfo(
                 else:
                     differentiable = _differentiable(loss_fn, unravel(shape, state.grad_mask),
                                                      True)
-                out = evaluator(differentiable, rows if by_rows else candidates, *args)
+                out = evaluator(differentiable, rows if by_rows else unravel(shape, rows), *args)
                 if not (isinstance(out, tuple) and len(out) == 2):
                     raise TypeError("hybrid_bfo's evaluator must return (losses, grads); got "
                                     f"{type(out).__name__}. The evaluators of "
@@ -279,7 +278,8 @@ def hybrid_bfo(
                 grads = None if grad is not None else grads if by_rows else ravel(shape, grads)
             elif grad is not None:  # the caller's gradient serves everyone: losses only
                 with torch.no_grad():
-                    losses = batched(loss_fn, candidates, args, chunk_size)
+                    losses = batched(partial(loss_of_row, loss_fn, shape), rows, args,
+                                     chunk_size)
                 grads = None
             else:  # by the rows: the gradient comes out as rows too
                 grads, losses = batched(torch.func.grad_and_value(_differentiable_rows(
