@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ._checks import path_str
-from ._layout import layout, strided
+from ._layout import layout, ravel, strided
 
 State = TypeVar("State", bound=Any)  # a NamedTuple state of any variant
 FORMAT = "functional_bfo.state/1"
@@ -178,8 +178,7 @@ def with_start_loss(state: State, loss: Any, grad: Any = None) -> State:
             if g.shape != want:
                 raise ValueError(f"Invalid grad: a leaf of shape {tuple(g.shape)} where params "
                                  f"has {tuple(want)}; pass a gradient like params.")
-        row = torch.cat([g.reshape(-1) for g in given]).to(state.grads.device,
-                                                             state.grads.dtype)
+        row = ravel(shape, shape.spec.unflatten(given)).to(state.grads.device)
         known = torch.isfinite(row).all() & finite
         fields["grads"] = state.grads.index_put((torch.tensor(0, device=losses.device),),
                                                 torch.nan_to_num(row, 0.0, 0.0, 0.0))
