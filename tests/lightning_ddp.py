@@ -11,6 +11,7 @@ import warnings
 
 import lightning as L
 import torch
+import torch.distributed as dist
 
 import functional_bfo as fb
 from functional_bfo.adapters import BFO
@@ -46,6 +47,14 @@ class SaveParams(L.Callback):
                    f"{self.out}.rank{trainer.global_rank}.pt")
 
 
+class EndProcessGroup(L.Callback):
+    """Lightning destroys only NCCL groups; gloo threads can abort an exit that skips it."""
+
+    def teardown(self, trainer, pl_module, stage):
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def main(strategy: str, out: str) -> None:
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
@@ -54,7 +63,8 @@ def main(strategy: str, out: str) -> None:
     data = torch.utils.data.TensorDataset(x, y)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=2,
                         logger=False, enable_progress_bar=False, enable_model_summary=False,
-                        enable_checkpointing=False, callbacks=[BFOCallback(), SaveParams(out)])
+                        enable_checkpointing=False,
+                        callbacks=[BFOCallback(), SaveParams(out), EndProcessGroup()])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(Model(), torch.utils.data.DataLoader(data, batch_size=BATCH))
