@@ -25,7 +25,7 @@ from ._dispersal import dispersal_mask, initial_population, per_run
 from ._layout import layout, ravel, unravel
 from ._noise import bacterium_noise
 from ._reproduction import reproduction_index
-from ._tree import diversity, first_min, take, where
+from ._tree import diversity, first_min, where
 from .evaluate import Evaluator, check_evaluator
 
 
@@ -295,7 +295,7 @@ def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: 
     size = static.size
     varying = static.min_size < size
     source = reproduction_index(state.health, flag, count if varying else None)
-    population, losses = take(state.population, source), state.losses[source]
+    population, losses = state.population.index_select(0, source), state.losses[source]
     step_sizes = state.step_sizes[source]
     health = torch.where(flag, torch.zeros_like(state.health), state.health)
     cost = static.sign * losses  # NaN where never evaluated

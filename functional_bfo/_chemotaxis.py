@@ -26,7 +26,7 @@ from ._base import Params
 from ._bounds import LeafBounds, project
 from ._checks import check_losses
 from ._layout import Layout, unravel
-from ._tree import first_min, take, where
+from ._tree import first_min, where
 
 TUMBLES = ("gaussian", "levy")
 LEVY_MAX_LENGTH = 1e3  # Mantegna's ratio has no finite variance; cap it so f16 stays finite
@@ -250,7 +250,8 @@ class Ray(NamedTuple):
             final = where(moved, final, self.population)
         cost, at = first_min(torch.cat(carry.seen) if len(carry.seen) > 1 else carry.seen[0])
         bacterium = at % self.distances.shape[1]
-        row = ray_point(take(self.population, bacterium), take(self.direction, bacterium),
+        row = ray_point(self.population.index_select(0, bacterium),
+                        self.direction.index_select(0, bacterium),
                         self.distances.reshape(-1).index_select(0, at), self.bounds,
                         self.boundary)[0]
         better = cost[0] < carry.best_cost

@@ -10,15 +10,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._base import Params
-from ._tree import take
 
-
-def reproduce(flag: Tensor, population: Params, losses: Tensor, health: Tensor
-              ) -> tuple[Params, Tensor, Tensor]:
+def reproduce(flag: Tensor, population: Tensor, losses: Tensor, health: Tensor
+              ) -> tuple[Tensor, Tensor, Tensor]:
     """Where ``flag`` (0-d bool) holds, the healthiest half splits and health restarts at zero."""
     source = reproduction_index(health, flag)
-    return (take(population, source), losses[source],
+    return (population.index_select(0, source), losses[source],
             torch.where(flag, torch.zeros_like(health), health))
 
 

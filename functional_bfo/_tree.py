@@ -1,4 +1,8 @@
-"""Population-axis pytree helpers: every population leaf carries a leading bacterium axis."""
+"""Population helpers over the rows of a ``(P, D)`` population: spread, first best, choice.
+
+Rows are picked with ``index_select`` rather than ``x[index]``: indexing is not traced as a
+tensor op when the index is 0-d, which would make ``torch.compile`` read it on the host.
+"""
 
 from __future__ import annotations
 
@@ -9,23 +13,10 @@ from torch import Tensor
 from ._base import PyTree
 
 
-def rows(v: Tensor, like: Tensor) -> Tensor:
-    """A per-bacterium ``v`` of shape (P,) viewed to broadcast against a leaf (P, ...)."""
-    return v.reshape(v.shape + (1,) * (like.dim() - v.dim()))
-
-
 def where(mask: Tensor, a: PyTree, b: PyTree) -> PyTree:
-    """Per bacterium: leaf rows of ``a`` where ``mask`` (shape (P,)) holds, else of ``b``."""
-    return optree.tree_map(lambda x, y: torch.where(rows(mask, x), x, y), a, b)
-
-
-def take(tree: PyTree, index: Tensor) -> PyTree:
-    """Rows ``index`` (a 1-d int64 tensor) of every leaf along the population axis.
-
-    ``index_select`` rather than ``x[index]``: indexing is not traced as a tensor op when
-    the index is 0-d, which would make ``torch.compile`` read its value on the host.
-    """
-    return optree.tree_map(lambda x: x.index_select(0, index), tree)
+    """Per bacterium: the rows of ``a``'s leaves where ``mask`` (shape (P,)) holds, else ``b``'s."""
+    return optree.tree_map(
+        lambda x, y: torch.where(mask.reshape(mask.shape + (1,) * (x.dim() - 1)), x, y), a, b)
 
 
 def diversity(population: Tensor, dtype: torch.dtype) -> Tensor:
