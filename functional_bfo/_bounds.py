@@ -69,33 +69,20 @@ def _check_pair(pair: Any, where: str) -> None:
                          "(use -inf/inf for an open side).")
 
 
-class Bounds:
-    """Bounds as given, checked, with the row boxes :func:`flat_box` built from them.
-
-    An eager update builds its box once per layout, device and dtype (about 15 ops and
-    70 us an update otherwise); a traced one (compiled, exported, or under a tensor
-    subclass such as fake tensors) builds its own, so no traced tensor is kept.
-    """
-
-    def __init__(self, value: Any):
-        self.value = value
-        self.boxes: dict[tuple, LeafBounds] = {}
-
-
-def check_bounds(bounds: Any) -> Bounds | None:
+def check_bounds(bounds: Any) -> Any:
     """``bounds`` after checking its form and that low < high; runs once, in the factory."""
     if bounds is None:
         return None
     if _is_pair(bounds):
         _check_pair(bounds, "")
-        return Bounds(bounds)
+        return bounds
     pairs = optree.tree_leaves(bounds, is_leaf=_is_pair)
     flat_scalars = isinstance(bounds, (tuple, list)) and all(map(_is_scalar_like, bounds))
     if not pairs or flat_scalars:
         raise ValueError(f"Invalid bounds: {bounds!r}; {BOUNDS_FORM_MSG}.")
     for pair in pairs:
         _check_pair(pair, " entry")
-    return Bounds(bounds)
+    return bounds
 
 
 def _round_inward(v: Tensor, dtype: torch.dtype, toward: float) -> Tensor:
@@ -105,7 +92,7 @@ def _round_inward(v: Tensor, dtype: torch.dtype, toward: float) -> Tensor:
     return torch.where(outside, torch.nextafter(r, torch.full_like(r, toward)), r)
 
 
-def flat_box(bounds: Bounds | None, shape: Layout, device: torch.device,
+def flat_box(bounds: Any, shape: Layout, device: torch.device,
              dtype: torch.dtype | None = None) -> LeafBounds | None:
     """The box of a row of ``shape``: one :class:`LeafBounds` over its ``D`` coordinates.
 
@@ -117,19 +104,6 @@ def flat_box(bounds: Bounds | None, shape: Layout, device: torch.device,
     if bounds is None:
         return None
     dtype = dtype or shape.dtype
-    if torch.compiler.is_compiling():
-        return _build_box(bounds.value, shape, device, dtype)
-    key = (shape, device, dtype)
-    box = bounds.boxes.get(key)
-    if box is None:
-        box = _build_box(bounds.value, shape, device, dtype)
-        if type(box.low) is Tensor and not box.low.is_inference():  # not traced nor fake
-            bounds.boxes[key] = box
-    return box
-
-
-def _build_box(bounds: Any, shape: Layout, device: torch.device,
-               dtype: torch.dtype) -> LeafBounds:
     if _is_pair(bounds):
         pairs = [bounds] * len(shape.sizes)
     else:

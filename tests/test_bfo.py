@@ -12,7 +12,7 @@ from helpers import assert_trees_equal, population
 from torch import nn
 
 import functional_bfo as fb
-from functional_bfo._bounds import check_bounds, flat_box, leaf_bounds, project
+from functional_bfo._bounds import flat_box, leaf_bounds, project
 from functional_bfo._layout import layout
 
 
@@ -55,33 +55,18 @@ def test_a_box_known_closed_projects_as_the_masked_one(mode):
     assert torch.equal(project(x, closed, mode), project(x, masked, mode))
 
 
-def test_an_eager_box_is_built_once_and_a_traced_or_inference_one_never_kept():
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    bounds, shape = check_bounds((-1.0, 1.0)), layout({"x": torch.zeros(3)})
-    cpu = torch.device("cpu")
-    with FakeTensorMode():
-        fake = flat_box(bounds, shape, cpu)
-    with torch.inference_mode():
-        flat_box(bounds, shape, cpu)
-    assert type(fake.low) is not torch.Tensor and not bounds.boxes
-    first = flat_box(bounds, shape, cpu)
-    assert flat_box(bounds, shape, cpu) is first and type(first.low) is torch.Tensor
-    assert flat_box(bounds, shape, cpu, torch.float64).low.dtype == torch.float64
-
-
 def test_a_box_is_closed_only_from_finite_numbers():
     """Tensor bounds are never read on the host: a box with any keeps the open-coordinate
     mask, as one with an infinite side does."""
     shape = layout({"a": torch.zeros(2), "b": torch.zeros(2), "c": torch.zeros(2)})
     cpu = torch.device("cpu")
     numbers = {"a": (-1.0, 1.0), "b": (0.0, 2.0), "c": (0.0, 3.0)}
-    assert flat_box(check_bounds(numbers), shape, cpu).open is None
+    assert flat_box(numbers, shape, cpu).open is None
     tensors = {"a": (-1.0, 1.0), "b": (torch.tensor([0.0, 1.0]), torch.tensor([2.0, 3.0])),
                "c": (0.0, 3.0)}
-    assert not bool(flat_box(check_bounds(tensors), shape, cpu).open.any())
+    assert not bool(flat_box(tensors, shape, cpu).open.any())
     open_side = {**tensors, "c": (0.0, float("inf"))}
-    assert flat_box(check_bounds(open_side), shape, cpu).open.tolist() == [False] * 4 + [True] * 2
+    assert flat_box(open_side, shape, cpu).open.tolist() == [False] * 4 + [True] * 2
 
 
 def test_ties_across_swim_calls_keep_the_earliest_best():

@@ -525,14 +525,14 @@ def test_a_best_no_swarm_holds_is_polished_by_a_swarm_started_there():
 
 
 def test_an_explorer_kick_moves_even_bacteria_a_little_and_odd_ones_along_one_coordinate():
-    from functional_bfo._bounds import check_bounds, flat_box
+    from functional_bfo._bounds import flat_box
     from functional_bfo._layout import layout
     from functional_bfo._moves import kicked
 
     params = {"w": torch.zeros(3, 2, dtype=torch.float64), "b": torch.zeros(2, dtype=torch.float64)}
     bounds = {"w": (-2.0, 2.0), "b": (torch.tensor(-1.0), torch.tensor(float("inf")))}
     opt = fb.adaptive_bfo(8, bounds=bounds, relative_steps=True)
-    box = flat_box(check_bounds(bounds), layout(params), torch.device("cpu"))
+    box = flat_box(bounds, layout(params), torch.device("cpu"))
     state = opt.init(params, key=fb.random.key(3))
     before = state.population  # a row is b's 2 coordinates, then w's 6
     seen_open_redraw, odd_moves = False, 0
