@@ -1,6 +1,6 @@
-"""Population helpers over the rows of a ``(P, D)`` population: spread, first best, choice.
+"""Helpers over a population's rows: a choice per bacterium, the spread, the first best.
 
-Rows are picked with ``index_select`` rather than ``x[index]``: indexing is not traced as a
+The core picks rows with ``index_select``, never ``x[index]``: indexing is not traced as a
 tensor op when the index is 0-d, which would make ``torch.compile`` read it on the host.
 """
 
