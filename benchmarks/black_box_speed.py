@@ -63,12 +63,13 @@ def run_fb(loss, budget: int, seed: int) -> dict:
     state = search.init({"x": torch.zeros(DIM, dtype=torch.float64)}, key=fb.random.key(seed))
     whole = 0
     while state.phase != "done":
-        before = state.num_evals
+        before = int(state.num_evals)
         state = search.update(state, loss)
-        whole += state.num_evals - before if state.num_evals - before >= WHOLE else 0
-    seconds = time.perf_counter() - start
-    return {"evals_per_s": state.num_evals / seconds, "error": float(state.best_loss) - OFFSET,
-            "whole_share": whole / state.num_evals}
+        spent = int(state.num_evals) - before
+        whole += spent if spent >= WHOLE else 0
+    seconds, evals = time.perf_counter() - start, int(state.num_evals)
+    return {"evals_per_s": evals / seconds, "error": float(state.best_loss) - OFFSET,
+            "whole_share": whole / evals}
 
 
 def run_cma(loss, budget: int, seed: int) -> dict:

@@ -60,35 +60,50 @@ POLISH_DECADES = 4
 # A swarm behind the best restarts once it has spent BEHIND_BUDGET x the evaluations the
 # best's swarm took to find it (the eight's ellipsoid-10: 5.96 -> 1e-8; 1x lost a seed of it).
 BEHIND_BUDGET = 2
+LONE_ROWS = ("losses", "health", "step_sizes")  # with population, a swarm's per-bacterium rows
 EXPLORER_STREAM, POLISHER_STREAM = 2**31 - 1, 2**31 - 2  # fold_in data; restarts use 0, 1, ..
 PHASES = ("converge", "explore", "faces", "polish", "done")
 
 
 class BlackBoxState(NamedTuple):
-    """The state of :func:`black_box_search`: its swarms, the best point, the counters."""
+    """The state of :func:`black_box_search`: its swarms, the best point, the counters.
 
-    phase: str  # the next round's, one of PHASES
+    Tensors only, in shapes that ``init`` fixes, so that :func:`functional_bfo.save` and
+    :func:`functional_bfo.load` take it in every phase. The converging swarm is kept with
+    ``population_size`` rows and a learner's metric whatever its kind: a lone bacterium is
+    its row 0 (every row holds it), an isotropic swarm's metric is unused.
+    """
+
+    stage: Tensor  # () int64: the next round's phase, an index into PHASES
     swarm: AdaptiveBFOState  # the converging swarm (in the polish: the polishing one)
-    explorer: AdaptiveBFOState | None
-    faces: moves.FaceScan | None  # the polish's face moves
+    swarm_learns: Tensor  # () bool: whether it learns its tumble metric
+    explorer: AdaptiveBFOState  # the exploring swarm (it runs after explore_after failures)
+    faces: moves.FaceScan  # the polish's face moves
     best_params: Params  # the best point evaluated (float64)
     best_loss: Tensor  # () float64 (inf, or -inf when maximizing, before a finite loss)
-    num_evals: int
-    rounds: int  # rounds told
-    restarts: int  # converging swarms started after the first
-    failed: int  # converging swarms in a row that ended without beating the ones before
-    entry_best: float  # the cost to beat: the best of the converging swarms before this one
-    converged_best: float  # the best cost of every converging swarm so far
-    found_after: int  # the evaluations its swarm had spent when it found it
-    first: float  # this swarm's first finite best cost
-    progress: float  # its best cost at its last progress
-    stalled: int  # its evaluations since
-    gain: float  # the gain of its last progress (0 before any)
-    valley: bool  # whether its metric found a valley: a lone bacterium, progress against gain
-    explorer_updates: int
+    num_evals: Tensor  # () int64, like every counter below
+    rounds: Tensor  # rounds told
+    restarts: Tensor  # converging swarms started after the first
+    failed: Tensor  # converging swarms in a row that ended without beating the ones before
+    entry_best: Tensor  # () float64: the best cost of the converging swarms before this one
+    converged_best: Tensor  # () float64: the best cost of every converging swarm so far
+    found_after: Tensor  # the evaluations its swarm had spent when it found it
+    first: Tensor  # () float64: this swarm's first finite best cost
+    progress: Tensor  # () float64: its best cost at its last progress
+    stalled: Tensor  # its evaluations since
+    gain: Tensor  # () float64: the gain of its last progress (0 before any)
+    valley: Tensor  # () bool: its metric found a valley, so it goes on as a lone bacterium
+    explorer_updates: Tensor
     start: Params  # the given params (float64): the explorer's start, open sides' place
-    dtypes: Any  # the given params' dtypes, a pytree like them: update's loss gets these
+    dtypes: Params  # an empty tensor per leaf in the given params' dtype
     key: Key
+
+    RANGES = {"stage": (0, len(PHASES) - 1, False)}  # type: ignore[misc]  # a class constant
+
+    @property
+    def phase(self) -> str:
+        """The next round's phase, one of ``PHASES``."""
+        return PHASES[int(self.stage)]
 
 
 class BlackBoxResult(NamedTuple):
@@ -126,7 +141,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
         ...     asked = opt.ask(state)
         ...     x = asked.params["x"].numpy()               # evaluated outside torch
         ...     state = opt.tell(state, asked, np.square(x - 0.3).sum(axis=1) + 1000)
-        >>> bool(state.best_loss - 1000 < 1e-8), state.num_evals <= 6000
+        >>> bool(state.best_loss - 1000 < 1e-8), int(state.num_evals) <= 6000
         (True, True)
     """
     if bounds is None:
@@ -197,52 +212,58 @@ class _Search:
         assert row_box is not None  # black_box_search refuses bounds=None
         return row_box
 
-    def faces(self, s: BlackBoxState) -> tuple[Tensor, Tensor]:
+    def sides(self, s: BlackBoxState) -> tuple[Tensor, Tensor]:
         """Each coordinate's low and high face, (D,) rows."""
         b, size = self.box(s), layout(s.start).size
         return b.low.expand(size), b.high.expand(size)
 
     def optimizer(self, s: BlackBoxState) -> Optimizer:
         """The optimizer of the swarm whose round is next."""
-        return (self.lone if _lone(s) else self.learner) if _learns(_swarm(s)) else self.plain
+        if s.phase == "explore" or not bool(s.swarm_learns):
+            return self.plain
+        return self.lone if _lone(s) else self.learner
 
     def init(self, params: Params, *, key: Key) -> BlackBoxState:
         check_params(params)
         start = optree.tree_map(lambda x: x.detach().to(torch.float64, copy=True), params)
-        none = torch.tensor(self.sign * math.inf, dtype=torch.float64,
-                            device=optree.tree_leaves(start)[0].device)
-        s = BlackBoxState(
-            phase="converge", swarm=None,  # type: ignore[arg-type]  # restarted() sets it
-            explorer=None, faces=None, best_params=start, best_loss=none,
-            num_evals=0, rounds=0, restarts=0, failed=0, entry_best=math.inf,
-            converged_best=math.inf, found_after=0, first=math.inf, progress=math.inf,
-            stalled=0, gain=0.0, valley=False, explorer_updates=0, start=start,
-            dtypes=optree.tree_map(lambda x: x.dtype, params), key=key)
-        return self.after(self.restarted(s, start, 0))
+        row = ravel(layout(start), start)
+        s = BlackBoxState(  # type: ignore[call-arg]  # RANGES is a class constant
+            stage=_int(0), swarm=None, swarm_learns=torch.tensor(False),  # type: ignore[arg-type]
+            explorer=self.plain.init(start, key=random.fold_in(key, EXPLORER_STREAM)),
+            faces=None, best_params=start,  # type: ignore[arg-type]  # set below
+            best_loss=torch.tensor(self.sign * math.inf, dtype=torch.float64, device=row.device),
+            num_evals=_int(0), rounds=_int(0), restarts=_int(0), failed=_int(0),
+            entry_best=_float(math.inf), converged_best=_float(math.inf), found_after=_int(0),
+            first=_float(math.inf), progress=_float(math.inf), stalled=_int(0),
+            gain=_float(0.0), valley=torch.tensor(False), explorer_updates=_int(0), start=start,
+            dtypes=optree.tree_map(lambda x: x.new_empty(0), params), key=key)
+        closed = moves.face_scan(row, math.inf, *self.sides(s), 0)._replace(
+            stage=_int(moves.CLOSED))
+        return self.after(self.restarted(s._replace(faces=closed), start, 0))
 
     def ask(self, state: BlackBoxState) -> Ask:
         swarm = self.round_swarm(state)
         if swarm is not None:
             return self.optimizer(state).ask(swarm)._replace(tag=_tag(state))  # type: ignore[misc]
-        rows = state.faces.rows  # type: ignore[union-attr]
+        rows = moves.face_rows(state.faces, *self.sides(state))
         return Ask(copied_params(rows, state.start),
                    torch.ones(len(rows), dtype=torch.bool, device=rows.device), _tag(state))
 
     def tell(self, state: BlackBoxState, asked: Ask, losses: Any, *,
-                check: bool = True) -> BlackBoxState:
+             check: bool = True) -> BlackBoxState:
         swarm = self.round_swarm(state)
         if not isinstance(asked, Ask):
             raise TypeError("black_box_search.tell takes the Ask that ask(state) returned, "
                             f"got {type(asked).__name__}.")
         check_tag(_tag(state), asked.tag.cpu(), "black_box_search", check)
-        rows = len(state.faces.rows) if swarm is None else len(  # type: ignore[union-attr]
+        rows = moves.face_count(state.faces, *self.sides(state)) if swarm is None else len(
             swarm.losses) * (1 if _lone(state) else self.swim_length + 1)
         if tuple(asked.mask.shape) != (rows,):  # a stale answer was named as one above
             raise ValueError(f"asked has {len(asked.mask)} rows, but the state's round "
-                             f"{state.rounds} ({state.phase}) has {rows}: tell the Ask that "
-                             "ask(state) returned for this state.")
+                             f"{int(state.rounds)} ({state.phase}) has {rows}: tell the Ask "
+                             "that ask(state) returned for this state.")
         if swarm is not None:
-            return self.told(state, self.optimizer(state).tell(  # type: ignore[misc]  # adaptive's is set
+            return self.told(state, swarm, self.optimizer(state).tell(  # type: ignore[misc]
                 swarm, asked, losses, check=False))
         costs = told_costs(state.swarm, asked, losses, self.sign, "black_box_search", check=False)
         return self.after(self.told_faces(state, costs))
@@ -251,7 +272,7 @@ class _Search:
         """One round: ``tell(state, ask(state), losses)``, a swarm's by its own ``update``."""
         swarm, loss_fn = self.round_swarm(state), self.in_given_dtypes(state, loss_fn)
         if swarm is not None:
-            return self.told(state, self.optimizer(state).update(swarm, loss_fn, *args))
+            return self.told(state, swarm, self.optimizer(state).update(swarm, loss_fn, *args))
         asked = self.ask(state)
         with torch.no_grad():
             losses = check_losses(self.evaluator(loss_fn, asked.params, *args), len(asked.mask))
@@ -259,9 +280,9 @@ class _Search:
 
     def in_given_dtypes(self, s: BlackBoxState, loss_fn: LossFn) -> LossFn:
         """``loss_fn`` taking its params in the given dtypes, as :func:`black_box` does."""
-        if all(d == torch.float64 for d in optree.tree_leaves(s.dtypes)):
+        if all(x.dtype == torch.float64 for x in optree.tree_leaves(s.dtypes)):
             return loss_fn
-        like = layout(optree.tree_map(lambda x, d: x.to(d), s.start, s.dtypes))
+        like = layout(optree.tree_map(lambda x, d: x.to(d.dtype), s.start, s.dtypes))
         given = flat_box(self.bounds, like, s.best_loss.device, torch.float64)
         return lambda p, *args: loss_fn(as_given(p, like, given), *args)
 
@@ -271,25 +292,36 @@ class _Search:
             raise TypeError(f"black_box_search takes the BlackBoxState its init made, got "
                             f"{type(state).__name__}.")
         if state.phase == "done":
-            raise ValueError(f"black_box_search has spent its budget ({state.num_evals} of "
-                             f"{self.budget} evaluations; no round fits): the best point is "
-                             "state.best_params, its loss state.best_loss.")
+            raise ValueError(f"black_box_search has spent its budget ({int(state.num_evals)} "
+                             f"of {self.budget} evaluations; no round fits): the best point "
+                             "is state.best_params, its loss state.best_loss.")
         return None if state.phase == "faces" else _swarm(state)
 
-    def told(self, state: BlackBoxState, new: AdaptiveBFOState) -> BlackBoxState:
-        """After a swarm's round: the best point, the counters, the phase's own rule."""
-        s = self.better(state, new.best_params, new.best_loss)._replace(
-            rounds=state.rounds + 1,
-            num_evals=state.num_evals + int(new.num_evals - _swarm(state).num_evals))
+    def told(self, state: BlackBoxState, swarm: AdaptiveBFOState,
+             new: AdaptiveBFOState) -> BlackBoxState:
+        """After ``swarm``'s round (``new``): the best point, the counters, the phase's rule."""
+        s = _with(self.better(state, new.best_params, new.best_loss),
+                  rounds=int(state.rounds) + 1,
+                  num_evals=int(state.num_evals) + int(new.num_evals - swarm.num_evals))
         if state.phase == "converge":
             return self.after(self.converged(s, new))
         if state.phase == "polish":
-            return self.after(s._replace(swarm=new))
-        updates = s.explorer_updates + 1
+            return self.after(s._replace(swarm=self.kept(s, new)))
+        updates = int(s.explorer_updates) + 1
         if updates % JITTER_PERIOD == 0:  # a kick moves bacteria, never the best seen
             new = moves.kicked(new, self.box(s), self.kick, random.fold_in(
                 random.fold_in(s.key, EXPLORER_STREAM), updates))
-        return self.after(s._replace(explorer=new, explorer_updates=updates))
+        return self.after(_with(s, explorer=new, explorer_updates=updates))
+
+    def kept(self, s: BlackBoxState, new: AdaptiveBFOState) -> AdaptiveBFOState:
+        """A round's converging or polishing swarm as ``s`` keeps it (``BlackBoxState``)."""
+        if not bool(s.swarm_learns):
+            return new._replace(metric=s.swarm.metric)
+        if not bool(s.valley):
+            return new
+        rows = self.population_size
+        return new._replace(population=new.population.expand(rows, -1),
+                            **{k: getattr(new, k).expand(rows) for k in LONE_ROWS})
 
     def restarted(self, s: BlackBoxState, start: Params, restarts: int) -> BlackBoxState:
         """``s`` with a new converging swarm at ``start``.
@@ -299,9 +331,12 @@ class _Search:
         """
         swarm = (self.learner if restarts % 2 == 0 else self.plain).init(
             start, key=random.fold_in(s.key, 2 * restarts))
-        return s._replace(
-            swarm=swarm, restarts=restarts, entry_best=s.converged_best, first=math.inf,
-            progress=math.inf, stalled=0, gain=0.0, valley=False)
+        learns = _learns(swarm)
+        if not learns and s.swarm is not None:  # a learner's metric, unused
+            swarm = swarm._replace(metric=s.swarm.metric)
+        return _with(s, swarm=swarm, swarm_learns=learns, restarts=restarts,
+                     entry_best=s.converged_best, first=math.inf, progress=math.inf, stalled=0,
+                     gain=0.0, valley=False)
 
     def converged(self, s: BlackBoxState, new: AdaptiveBFOState) -> BlackBoxState:
         """After a converging round: a restart, once the swarm stopped progressing.
@@ -316,32 +351,37 @@ class _Search:
         last gain, made at the scale of its first updates, may be out of its reach.
         """
         now, spent = self.cost(new.best_loss), int(new.num_evals - s.swarm.num_evals)
-        behind = s.progress > s.entry_best
-        valley = s.valley or (_learns(new) and int(new.step) % self.chemotaxis_steps == 0
-                              and metric.condition(new.metric) > VALLEY_CONDITION)
-        first, progress, stalled, gain = s.first, s.progress, s.stalled + spent, s.gain
-        if valley and not s.valley:  # the lone bacterium's own descent starts here
+        entry_best, was_valley = float(s.entry_best), bool(s.valley)
+        first, progress, stalled, gain = (float(s.first), float(s.progress),
+                                          int(s.stalled) + spent, float(s.gain))
+        behind = progress > entry_best
+        valley = was_valley or (bool(s.swarm_learns) and int(new.step) % self.chemotaxis_steps == 0
+                                and metric.condition(new.metric) > VALLEY_CONDITION)
+        if valley and not was_valley:  # the lone bacterium's own descent starts here
             new, first, progress, stalled, gain = self.narrowed(new), now, now, 0, 0.0
         if not math.isfinite(progress):  # its first finite loss is progress
             if now < progress:
                 first, progress, stalled = now, now, 0
-        elif (progress - now > self.rtol * (progress - s.entry_best if behind else first - progress)
+        elif (progress - now > self.rtol * (progress - entry_best if behind else first - progress)
               or (valley and not behind and progress - now > self.rtol * gain)):
             progress, stalled, gain = now, 0, progress - now
-        spent_all = int(new.num_evals)
-        s = s._replace(swarm=new, converged_best=min(s.converged_best, now),
-                       found_after=spent_all if now < s.converged_best else s.found_after,
-                       first=first, progress=progress, stalled=stalled, gain=gain, valley=valley)
+        spent_all, best_before = int(new.num_evals), float(s.converged_best)
+        found_after = spent_all if now < best_before else int(s.found_after)
+        s = _with(s, valley=valley)
+        s = _with(s, swarm=self.kept(s, new), converged_best=min(best_before, now),
+                  found_after=found_after, first=first, progress=progress, stalled=stalled,
+                  gain=gain)
         patience = self.per_round * (1 if behind else HOLDING_PATIENCE)
-        late = behind and spent_all > BEHIND_BUDGET * s.found_after
+        late = behind and spent_all > BEHIND_BUDGET * found_after
         if self.stall_limit is None or (stalled < self.stall_limit * patience and not late):
             return s
+        restarts = int(s.restarts)
         shape = layout(s.start)  # a point uniform in the box (the start where a side is open)
-        z = random.normal(random.fold_in(s.key, 2 * s.restarts + 1), (shape.size,), torch.float64)
+        z = random.normal(random.fold_in(s.key, 2 * restarts + 1), (shape.size,), torch.float64)
         place = unravel(shape, sample_domain(ravel(shape, s.start), z, self.box(s),
                                              z.new_zeros(())))
-        return self.restarted(s._replace(failed=s.failed + 1 if now >= s.entry_best else 0),
-                         place, s.restarts + 1)
+        failed = int(s.failed) + 1 if now >= entry_best else 0
+        return self.restarted(_with(s, failed=failed), place, restarts + 1)
 
     def narrowed(self, w: AdaptiveBFOState) -> AdaptiveBFOState:
         """A swarm in a valley as its best bacterium alone, with its step and metric.
@@ -359,50 +399,53 @@ class _Search:
 
     def face_moves(self, s: BlackBoxState) -> moves.FaceScan:
         """The polish's face moves: the best point's coordinates moved onto the box's faces."""
-        room = min(self.budget - s.num_evals, int(FACE_SHARE * (self.budget - self.main_budget)))
+        room = min(self.budget - int(s.num_evals),
+                   int(FACE_SHARE * (self.budget - self.main_budget)))
         base = ravel(layout(s.best_params), s.best_params)
         if not math.isfinite(float(s.best_loss)) or len(base) > FACE_SCAN_SIZE:
             room = 0
-        return moves.face_scan(base, self.cost(s.best_loss), *self.faces(s), room)
+        return moves.face_scan(base, self.cost(s.best_loss), *self.sides(s), room)
 
     def told_faces(self, s: BlackBoxState, costs: Tensor) -> BlackBoxState:
         """After a round of face moves: the best of them, and the next round."""
-        f, row = s.faces, int(costs.argmin())
-        assert f is not None  # the faces phase has them
-        found = optree.tree_map(lambda x: x[0], copied_params(f.rows[row:row + 1], s.start))
-        s = self.better(s, found, self.sign * costs[row])
-        return s._replace(num_evals=s.num_evals + len(f.rows), rounds=s.rounds + 1,
-                          faces=moves.face_scan_told(f, costs, *self.faces(s)))
+        faces, row = moves.face_scan_told(s.faces, costs, *self.sides(s))
+        found = optree.tree_map(lambda x: x[0], copied_params(row[None], s.start))
+        s = self.better(s, found, self.sign * costs.min())
+        return _with(s, num_evals=int(s.num_evals) + len(costs), rounds=int(s.rounds) + 1,
+                     faces=faces)
 
     def after(self, s: BlackBoxState) -> BlackBoxState:
         """``s`` with the phase of the next round, and the swarm or moves it needs."""
-        fits = s.num_evals + self.per_round <= self.budget
-        polishing = s.num_evals + self.per_round > self.main_budget
-        if s.faces is None and polishing and fits:  # the polish opens with the face moves
+        fits = int(s.num_evals) + self.per_round <= self.budget
+        polishing = int(s.num_evals) + self.per_round > self.main_budget
+        if int(s.faces.stage) == moves.CLOSED and polishing and fits:  # the polish opens
             s = s._replace(faces=self.face_moves(s))
-        if s.faces is not None and len(s.faces.rows):
-            return s._replace(phase="faces")
+        if int(s.faces.stage) in (moves.SINGLES, moves.UNION):
+            return _with(s, stage=PHASES.index("faces"))
         if not fits:
-            return s._replace(phase="done")
+            return _with(s, stage=PHASES.index("done"))
         if polishing:
-            return s if s.phase == "polish" else s._replace(phase="polish", swarm=self.polisher(s))
-        if s.explorer is None and self.hand_over is not None and s.failed >= self.hand_over:
-            s = s._replace(explorer=self.plain.init(s.start, key=random.fold_in(s.key,
-                                                                            EXPLORER_STREAM)))
-        return s._replace(phase="converge" if s.explorer is None else "explore")
+            if s.phase == "polish":
+                return s
+            swarm, learns = self.polisher(s)
+            return _with(s, stage=PHASES.index("polish"), swarm=swarm, swarm_learns=learns,
+                         valley=False)
+        exploring = self.hand_over is not None and int(s.failed) >= self.hand_over
+        return _with(s, stage=PHASES.index("explore" if exploring else "converge"))
 
-    def polisher(self, s: BlackBoxState) -> AdaptiveBFOState:
-        """The polishing swarm: every bacterium at the best point, its loss known.
+    def polisher(self, s: BlackBoxState) -> tuple[AdaptiveBFOState, bool]:
+        """The polishing swarm, every bacterium at the best point, and whether it learns.
 
-        Steps go from ``jitter`` down over ``POLISH_DECADES``, so that some bacteria start
-        at the scale the best point needs, with no dispersal. It goes on from the converging
-        swarm if that holds the best, keeping its metric (a lone bacterium's in a new full
-        swarm), else from a new one.
+        Its losses are known. Steps go from ``jitter`` down over ``POLISH_DECADES``, so
+        that some bacteria start at the scale the best point needs, with no dispersal. It
+        goes on from the converging swarm if that holds the best, keeping its metric (a lone
+        bacterium's in a new full swarm), else from a new one.
         """
         key = random.fold_in(s.key, POLISHER_STREAM)
         held = self.cost(s.swarm.best_loss) <= self.cost(s.best_loss)
-        state = s.swarm if held else self.plain.init(s.best_params, key=key)
-        if len(state.losses) != self.population_size:  # a lone bacterium's metric
+        state, learns = (s.swarm, bool(s.swarm_learns)) if held else (
+            self.plain.init(s.best_params, key=key)._replace(metric=s.swarm.metric), False)
+        if held and bool(s.valley):  # a lone bacterium's metric
             state = self.learner.init(s.best_params, key=key)._replace(
                 metric=state.metric._replace(path=torch.zeros_like(state.metric.path)))
         steps = self.kick * torch.logspace(0, -POLISH_DECADES, self.population_size,
@@ -411,7 +454,7 @@ class _Search:
             population=ravel(layout(s.best_params), s.best_params).expand(
                 self.population_size, -1).clone(),
             losses=torch.full_like(state.losses, float(s.best_loss)),
-            step_sizes=steps.to(state.step_sizes)))
+            step_sizes=steps.to(state.step_sizes))), learns
 
     def better(self, s: BlackBoxState, params: Params, loss: Tensor) -> BlackBoxState:
         """``s`` with ``params`` as its best point if their ``loss`` beats its best."""
@@ -482,31 +525,32 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
 
     def result() -> BlackBoxResult:
         found = as_given(state.best_params, given, given_box)  # the point its loss is of
-        return BlackBoxResult(found, state.best_loss, state.num_evals, state.restarts,
-                              state.explorer_updates, history)
+        return BlackBoxResult(found, state.best_loss, int(state.num_evals),
+                              int(state.restarts), int(state.explorer_updates), history)
 
     def info(**stopped: str) -> dict:
-        return {"step": state.rounds, "updates": state.rounds, "num_evals": state.num_evals,
+        return {"step": int(state.rounds), "updates": int(state.rounds),
+                "num_evals": int(state.num_evals),
                 "best_loss": float(state.best_loss), "mean_loss": math.nan,
                 "seconds": time.perf_counter() - started, **stopped}
 
     try:
         while state.phase != "done":
             state = search.update(state, loss_fn, *args)
-            history.append((state.num_evals, float(state.best_loss)))
-            if report is not None and state.rounds % 10 == 0:
+            history.append((int(state.num_evals), float(state.best_loss)))
+            if report is not None and int(state.rounds) % 10 == 0:
                 report(info())
     except BaseException as e:  # the user's exception (or Ctrl-C), with what was found
         with contextlib.suppress(AttributeError):  # an exception type without a __dict__
             e.partial_result = result()  # type: ignore[attr-defined]
-        e.add_note(f"functional_bfo.black_box: interrupted after {state.num_evals} "
+        e.add_note(f"functional_bfo.black_box: interrupted after {int(state.num_evals)} "
                    "evaluations; the best point found before is this exception's "
                    ".partial_result.")
         raise
     if report is not None:
         report(info(stopped="max_evals"))
     if not math.isfinite(float(state.best_loss)):
-        warnings.warn(f"functional_bfo.black_box: every loss evaluated ({state.num_evals}) is "
+        warnings.warn(f"functional_bfo.black_box: every loss evaluated ({int(state.num_evals)}) is "
                       "NaN or infinite, so the search had nothing to follow; check loss_fn and "
                       "the bounds.", RuntimeWarning, stacklevel=2)
     return result()
@@ -535,7 +579,7 @@ def _learns(swarm: AdaptiveBFOState) -> bool:
 
 def _lone(state: BlackBoxState) -> bool:
     """Whether the next round is a lone bacterium's: a converging swarm in a valley."""
-    return state.phase == "converge" and state.valley
+    return state.phase == "converge" and bool(state.valley)
 
 
 def _undispersed(swarm: AdaptiveBFOState) -> AdaptiveBFOState:
@@ -544,8 +588,19 @@ def _undispersed(swarm: AdaptiveBFOState) -> AdaptiveBFOState:
 
 
 def _swarm(state: BlackBoxState) -> AdaptiveBFOState:
-    """The swarm whose round is next (the converging one in the faces and done phases)."""
-    return state.explorer if state.phase == "explore" else state.swarm  # type: ignore[return-value]
+    """The swarm whose round is next, as its optimizer takes it.
+
+    A lone bacterium is one row, an isotropic swarm has an empty metric; in the faces and
+    done phases it is the converging swarm.
+    """
+    if state.phase == "explore":
+        return state.explorer
+    w = state.swarm
+    if not bool(state.swarm_learns):
+        return w._replace(metric=state.explorer.metric)
+    if not bool(state.valley):
+        return w
+    return w._replace(population=w.population[:1], **{k: getattr(w, k)[:1] for k in LONE_ROWS})
 
 
 def _tag(state: BlackBoxState) -> Tensor:
@@ -555,6 +610,30 @@ def _tag(state: BlackBoxState) -> Tensor:
     ``Ask`` of another history with the same counters is refused.
     """
     best = int(state.best_loss.cpu().view(torch.int64))
-    digest = int(round_tag(_swarm(state))[4]) * 31 + best * 7 + PHASES.index(state.phase)
-    return torch.tensor([state.rounds, state.num_evals, int(state.key[0]), int(state.key[1]),
-                         (digest + 2**63) % 2**64 - 2**63])
+    digest = int(round_tag(_swarm(state))[4]) * 31 + best * 7 + int(state.stage)
+    return torch.tensor([int(state.rounds), int(state.num_evals), int(state.key[0]),
+                         int(state.key[1]), (digest + 2**63) % 2**64 - 2**63])
+
+
+def _with(state: BlackBoxState, **fields: Any) -> BlackBoxState:
+    """``state`` with ``fields`` replaced, a Python number as a tensor of the field's dtype.
+
+    A number equal to the field's value keeps its tensor: a round changes few counters.
+    """
+    new: dict[str, Any] = {}
+    for name, value in fields.items():
+        if isinstance(value, (bool, int, float)):
+            old = getattr(state, name)
+            if old.item() == value:
+                continue
+            value = torch.scalar_tensor(value, dtype=old.dtype)
+        new[name] = value
+    return state._replace(**new)
+
+
+def _int(value: int) -> Tensor:
+    return torch.scalar_tensor(value, dtype=torch.int64)
+
+
+def _float(value: float) -> Tensor:
+    return torch.scalar_tensor(value, dtype=torch.float64)

@@ -44,53 +44,86 @@ def kicked(state: AdaptiveBFOState, box: LeafBounds | None, jitter: float,
                           step_sizes=state.step_sizes.clamp_min(3 * jitter))
 
 
-class FaceScan(NamedTuple):
-    """The face scan's next round: its points, and what they are."""
+# A face scan's stages: not opened, its single moves next, their union next, done.
+CLOSED, SINGLES, UNION, DONE = range(4)
 
-    rows: Tensor  # (k, n) float64: the next round's points (k = 0: no round left)
-    singles: Tensor | None  # (2, n) bool: which single moves the rows are (None: their union)
-    room: int  # evaluations they may spend, this round's included
+
+class FaceScan(NamedTuple):
+    """The face scan of a point: its fixed-shape record, from which each round is rebuilt."""
+
     base: Tensor  # (n,) float64: the point moved
-    base_cost: float  # its cost
+    base_cost: Tensor  # () float64: its cost
+    room: Tensor  # () int64: evaluations the scan may still spend
+    single_costs: Tensor  # (2, n) float64: each single move's cost (inf: not made)
+    stage: Tensor  # () int64: CLOSED, SINGLES, UNION or DONE
+
+    RANGES = {"stage": (CLOSED, DONE, False)}  # type: ignore[misc]  # a class constant
 
 
 def face_scan(base: Tensor, base_cost: float, low: Tensor, high: Tensor, room: int) -> FaceScan:
-    """The scan's first round: ``base`` with one coordinate on one face, at most ``room``."""
-    rows, singles = base.new_zeros((0, len(base))), None
-    if room > 0:
-        rows, singles = face_singles(base, low, high)
-    if len(rows) > room:  # some untried: no union follows
-        rows, singles = rows[:room].clone(), None  # a copy frees the rest
-    return FaceScan(rows, singles, room, base, base_cost)
+    """The scan of ``base``: a round of its single moves next (at most ``room``), if any."""
+    ahead = room > 0 and len(face_moves(base, low, high)) > 0
+    return FaceScan(  # type: ignore[call-arg]  # RANGES is a class constant
+        base, torch.tensor(base_cost, dtype=torch.float64), torch.tensor(room),
+        torch.full((2, len(base)), torch.inf, dtype=torch.float64, device=base.device),
+        torch.tensor(SINGLES if ahead else DONE))
 
 
-def face_scan_told(scan: FaceScan, costs: Tensor, low: Tensor, high: Tensor) -> FaceScan:
-    """The round after ``costs`` (one per row): the single moves' union, if they were singles."""
-    room = scan.room - len(scan.rows)
-    union = scan.rows.new_zeros((0, scan.rows.shape[1]))  # not a view: it would keep the rows
-    if scan.singles is not None:
-        single_costs = torch.full(scan.singles.shape, torch.inf, dtype=costs.dtype,
-                                  device=costs.device)
-        single_costs[scan.singles] = costs  # where each single move went
-        union = face_union(scan.base, low, high, single_costs, scan.base_cost)[:room]
-    return scan._replace(rows=union, singles=None, room=room)
+def face_rows(scan: FaceScan, low: Tensor, high: Tensor) -> Tensor:
+    """The scan's next round, a (k, n) float64 row per point (k = 0: no round left)."""
+    stage, room, base = int(scan.stage), int(scan.room), scan.base
+    if stage == SINGLES:
+        return moved(base, low, high, face_moves(base, low, high)[:room])
+    if stage == UNION:
+        return face_union(base, low, high, scan.single_costs, scan.base_cost)[:room]
+    return base.new_zeros((0, len(base)))
 
 
-def face_singles(x: Tensor, low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:
-    """``x`` with one coordinate on one face, a row per move; and the moves' (2, n) mask.
+def face_count(scan: FaceScan, low: Tensor, high: Tensor) -> int:
+    """The points of the scan's next round, without making them."""
+    if int(scan.stage) == SINGLES:
+        return min(len(face_moves(scan.base, low, high)), int(scan.room))
+    return int(int(scan.stage) == UNION)  # a union is one row, made only where it helps
 
-    Mask rows are the low and the high face; moves that would not change ``x`` are left out.
+
+def face_scan_told(scan: FaceScan, costs: Tensor, low: Tensor,
+                   high: Tensor) -> tuple[FaceScan, Tensor]:
+    """The scan after its round's ``costs`` (one per row), and the round's least costly row.
+
+    The single moves' union follows them if they were all made.
     """
-    faces = torch.stack([low, high])
-    singles = x.expand(2, len(x), len(x)).clone()  # [f, j]: x with coordinate j on face f
-    finite = torch.isfinite(high - low)
-    singles.diagonal(dim1=1, dim2=2).copy_(torch.where(finite, faces, x))
-    moves = finite & (faces != x)
-    return singles[moves], moves
+    best, room = int(costs.argmin()), int(scan.room) - len(costs)
+    if int(scan.stage) == UNION:
+        found = face_union(scan.base, low, high, scan.single_costs, scan.base_cost)[best]
+        return scan._replace(room=torch.tensor(room), stage=torch.tensor(DONE)), found
+    every = face_moves(scan.base, low, high)
+    made = every[:len(costs)]
+    single_costs = scan.single_costs.index_put((made[:, 0], made[:, 1]), costs.to(torch.float64))
+    found = moved(scan.base, low, high, made[best:best + 1])[0]
+    union = face_union(scan.base, low, high, single_costs, scan.base_cost)[:room]
+    stage = UNION if len(union) and len(made) == len(every) else DONE
+    return scan._replace(room=torch.tensor(room), single_costs=single_costs,
+                         stage=torch.tensor(stage)), found
+
+
+def face_moves(x: Tensor, low: Tensor, high: Tensor) -> Tensor:
+    """The single moves of ``x`` onto a face, (m, 2) rows of (face, coordinate).
+
+    Face 0 is the low one, 1 the high one; moves that would not change ``x`` are left out.
+    """
+    return (torch.isfinite(high - low) & (torch.stack([low, high]) != x)).nonzero()
+
+
+def moved(x: Tensor, low: Tensor, high: Tensor, which: Tensor) -> Tensor:
+    """``x`` with one coordinate on one face, a row per ``(face, coordinate)`` of ``which``."""
+    rows = x.expand(len(which), len(x)).clone()
+    rows[torch.arange(len(which), device=x.device), which[:, 1]] = torch.stack(
+        [low, high])[which[:, 0], which[:, 1]]
+    return rows
 
 
 def face_union(x: Tensor, low: Tensor, high: Tensor, single_costs: Tensor,
-               cost: float) -> Tensor:
+               cost: Tensor) -> Tensor:
     """``x`` with every single move that beat ``cost`` made at once, as one row.
 
     Each coordinate goes to its better face; no row unless at least two moves helped.

@@ -88,8 +88,7 @@ def save(state: Any, f: PathOrFile) -> None:
     tensors lets :func:`load` refuse a corrupted file.
 
     Raises:
-        TypeError: ``state`` is not an optimizer's state of tensors (a black-box search's
-            state holds Python values too: ``torch.save`` it).
+        TypeError: ``state`` is not an optimizer's state of tensors.
     """
     data = to_dict(state)
     if not isinstance(f, (str, os.PathLike)):  # a file object: the caller owns its fate
@@ -195,14 +194,8 @@ def to_dict(state: Any) -> dict[str, Any]:
     names = [_state_path(state, p) for p in paths]
     for name, x in zip(names, leaves):
         if not isinstance(x, Tensor):
-            from ._black_box import BlackBoxState  # here: _black_box imports this module
-
-            fix = ("a BlackBoxState changes its structure as swarms start: checkpoint it with "
-                   "torch.save(state, f), resumed by torch.load(f, weights_only=False)"
-                   if isinstance(state, BlackBoxState) else "pass the state returned by "
-                   "init/update")
             raise TypeError(f"save writes states whose leaves are tensors, but {name} is of "
-                            f"type {type(x).__name__}; {fix}.")
+                            f"type {type(x).__name__}; pass the state returned by init/update.")
     leaves = [x.detach() for x in leaves]
     return {"format": FORMAT, "type": type(state).__name__, "paths": names, "leaves": leaves,
             "digest": _digest(type(state).__name__, names, leaves)}
@@ -291,15 +284,17 @@ def from_dict(data: Any, like: State) -> State:
 
 # Fields whose every value is finite in any state that init and update make.
 FINITE_FIELDS = ("population", "best_params", "health", "step_sizes", "grads",
-                 "reference_diversity")
+                 "reference_diversity", "start")
 COUNTERS = ("step", "num_evals", "stall", "active_size", "grad_nonfinite", "grad_vanishing",
-            "grad_exploding")
+            "grad_exploding", "rounds", "restarts", "failed", "found_after", "stalled",
+            "explorer_updates", "room")
 
 
-def check_values(state: Any) -> None:
+def check_values(state: Any, where: str = "state") -> None:
     """Refuse a state holding values that no ``init``, ``update`` or ``with_hyperparams`` makes.
 
-    That is hyperparameters out of range, non-finite positions, negative counters. The
+    That is hyperparameters (or a phase) out of range, non-finite positions, negative
+    counters, in the state and the states it holds (a black-box search's swarms). The
     digest of a checkpoint catches corruption, not edits (whoever edits a file can
     recompute it), so :func:`load` checks the values too; it reads them on the host.
 
@@ -307,25 +302,29 @@ def check_values(state: Any) -> None:
         ValueError: naming the field and what it holds.
     """
     hp = getattr(state, "hyperparams", None)
-    for name, (low, high, low_open) in getattr(type(hp), "RANGES", {}).items():
-        value = getattr(hp, name)
-        above = value > low if low_open else value >= low
-        if not bool((torch.isfinite(value) & above & (value <= high)).all()):
-            left, right = "(" if low_open else "[", ")" if math.isinf(high) else "]"
-            raise ValueError(f"The checkpoint's state.hyperparams.{name} is {value.tolist()}, "
-                             f"outside {left}{low}, {high}{right}, a value init and "
-                             "with_hyperparams refuse: the file was edited or written by "
-                             "other code. Load an intact checkpoint.")
+    for holder, at in ((state, where), (hp, f"{where}.hyperparams")):
+        for name, (low, high, low_open) in getattr(type(holder), "RANGES", {}).items():
+            value = getattr(holder, name)
+            above = value > low if low_open else value >= low
+            if not bool((torch.isfinite(value) & above & (value <= high)).all()):
+                left, right = "(" if low_open else "[", ")" if math.isinf(high) else "]"
+                raise ValueError(f"The checkpoint's {at}.{name} is {value.tolist()}, outside "
+                                 f"{left}{low}, {high}{right}, a value no init, update or "
+                                 "with_hyperparams makes: the file was edited or written by "
+                                 "other code. Load an intact checkpoint.")
     for name in FINITE_FIELDS:
         field: Any = getattr(state, name, None)
         for x in optree.tree_leaves(field) if field is not None else ():
             if not bool(torch.isfinite(x).all()):
-                raise ValueError(f"The checkpoint's state.{name} holds NaN or infinite values, "
-                                 "which no update makes: the file was edited or written by "
-                                 "other code. Load an intact checkpoint.")
+                raise ValueError(f"The checkpoint's {where}.{name} holds NaN or infinite "
+                                 "values, which no update makes: the file was edited or "
+                                 "written by other code. Load an intact checkpoint.")
     for name in COUNTERS:
         count = getattr(state, name, None)
         if count is not None and not bool((count >= 0).all()):
-            raise ValueError(f"The checkpoint's state.{name} is negative ({count.tolist()}): "
+            raise ValueError(f"The checkpoint's {where}.{name} is negative ({count.tolist()}): "
                              "the file was edited or written by other code. Load an intact "
                              "checkpoint.")
+    for name in ("swarm", "explorer", "faces"):  # what a black-box search's state holds
+        if hasattr(state, name):
+            check_values(getattr(state, name), f"{where}.{name}")

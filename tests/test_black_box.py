@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import functional_bfo as fb
 from functional_bfo._metric import condition
+from functional_bfo._state import to_dict
 
 
 def shifted_sphere(p):
@@ -367,7 +368,8 @@ def test_a_swarm_in_a_valley_goes_on_as_its_best_bacterium_alone_and_descends_it
     while not state.valley:
         before, state = state, opt.update(state, valley)
     swarm, lone = before.swarm, state.swarm
-    assert len(swarm.losses) == 8 and len(lone.losses) == 1 and state.restarts == 0
+    assert not before.valley and state.restarts == 0 and len(set(swarm.losses.tolist())) > 1
+    assert bool((lone.population == lone.population[0]).all())  # kept in every row
     assert condition(lone.metric) > 30
     assert torch.equal(lone.metric.path, torch.zeros(4, dtype=torch.float64))
     assert float(lone.hyperparams.elimination_prob_max) == 0.0
@@ -387,15 +389,15 @@ def test_a_swarm_in_a_valley_goes_on_as_its_best_bacterium_alone_and_descends_it
     kept = fb.black_box_search((-5.0, 5.0), max_evals=2000, restart_after=None)
     state = kept.init(start(4), key=fb.random.key(0))
     while state.phase != "polish":
-        lone, state = state.swarm, kept.update(state, valley)
-    assert len(lone.losses) == 1 and len(state.swarm.losses) == 8
+        was_lone, lone, state = bool(state.valley), state.swarm, kept.update(state, valley)
+    assert was_lone and not state.valley and len(set(state.swarm.step_sizes.tolist())) == 8
     assert torch.equal(state.swarm.metric.cov, lone.metric.cov)
     # With a varying population in the swarms, the lone bacterium is still one.
     varying = fb.black_box_search((-5.0, 5.0), max_evals=8000, min_population_size=4)
     state = varying.init(start(4), key=fb.random.key(0))
     while not state.valley:
         state = varying.update(state, valley)
-    assert len(state.swarm.losses) == 1 and int(state.swarm.active_size) == 1
+    assert int(state.swarm.active_size) == 1
     assert varying.update(state, valley).num_evals == state.num_evals + 1
 
 
@@ -480,7 +482,7 @@ def test_the_polish_goes_on_from_the_converging_swarm_that_holds_the_best():
         state = opt.update(state, shifted_sphere)
     polisher = state.swarm
     assert float(converging.best_loss) == float(state.best_loss)
-    assert int(polisher.step) == int(converging.step) == 30 and polisher.metric.cov.numel()
+    assert int(polisher.step) == int(converging.step) == 30 and state.swarm_learns
     assert torch.equal(polisher.metric.cov, converging.metric.cov)
     assert bool((population(polisher)["x"] == state.best_params["x"]).all())
     assert torch.allclose(polisher.step_sizes, 0.01 * torch.logspace(0, -4, 8, dtype=torch.float64))
@@ -503,7 +505,7 @@ def test_a_best_the_converging_swarm_lost_is_polished_by_a_new_swarm():
     while state.phase != "polish":
         state = opt.update(state, drifting)
     polisher = state.swarm
-    assert state.restarts > 1 and int(polisher.step) == 0 and not polisher.metric.cov.numel()
+    assert state.restarts > 1 and int(polisher.step) == 0 and not state.swarm_learns
     assert bool((population(polisher)["x"] == state.best_params["x"]).all())
     assert float(polisher.hyperparams.elimination_prob_max) == 0.0
 
@@ -614,28 +616,32 @@ def test_face_moves_cut_short_by_their_room_have_no_union():
 def test_a_coordinate_on_the_far_face_is_moved_over_and_helping_moves_are_combined():
     """From (1, 1, 1, -0.2) the corner (1, -1, 1, -1) needs coordinate 1 moved across the
     box and coordinate 3 to a face: two single moves and their union do."""
-    from functional_bfo._moves import face_singles, face_union
+    from functional_bfo._moves import face_moves, face_union, moved
 
     x = torch.tensor([1.0, 1.0, 1.0, -0.2], dtype=torch.float64)
     low, high = -torch.ones(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64)
-    rows, mask = face_singles(x, low, high)
-    assert rows.shape == (5, 4) and mask.tolist() == [[True] * 3 + [True], [False] * 3 + [True]]
+    which = face_moves(x, low, high)  # (face, coordinate): 0 is the low face
+    assert which.tolist() == [[0, 0], [0, 1], [0, 2], [0, 3], [1, 3]]
+    rows = moved(x, low, high, which)
+    assert rows[1].tolist() == [1.0, -1.0, 1.0, -0.2] and rows[4].tolist() == [1, 1, 1, 1]
     costs = torch.full((2, 4), torch.inf, dtype=torch.float64)
-    costs[mask] = torch.stack([corner_slope({"x": r}) for r in rows])
-    union = face_union(x, low, high, costs, float(corner_slope({"x": x})))
+    costs[which[:, 0], which[:, 1]] = torch.stack([corner_slope({"x": r}) for r in rows])
+    union = face_union(x, low, high, costs, corner_slope({"x": x}))
     assert union.tolist() == [[1.0, -1.0, 1.0, -1.0]] and float(corner_slope({"x": union[0]})) == 0
-    assert face_union(x, low, high, costs, 0.0).shape == (0, 4)  # none helped: no row
+    none = face_union(x, low, high, costs, torch.tensor(0.0, dtype=torch.float64))
+    assert none.shape == (0, 4)  # none helped: no row
 
 
 def test_no_face_moves_on_open_sides_or_at_an_infinite_best():
     """Open coordinates never move; a best that is not finite is not moved at all."""
-    from functional_bfo._moves import face_singles
+    from functional_bfo._moves import face_moves, moved
 
     x = torch.tensor([0.0, 0.0, 0.999, 0.0], dtype=torch.float64)
     low = torch.tensor([-torch.inf, -torch.inf, -1.0, -1.0], dtype=torch.float64)
     high = torch.tensor([torch.inf, torch.inf, 1.0, 1.0], dtype=torch.float64)
-    rows, mask = face_singles(x, low, high)
-    assert rows.shape == (4, 4) and not mask[:, :2].any() and rows[:, :2].eq(0).all()
+    which = face_moves(x, low, high)
+    rows = moved(x, low, high, which)
+    assert which[:, 1].tolist() == [2, 3, 2, 3] and rows[:, :2].eq(0).all()
     with pytest.warns(RuntimeWarning, match="NaN or infinite"):
         out = fb.black_box(lambda p: p["x"].sum() * math.nan, start(), (-1.0, 1.0),
                            max_evals=16 * 20, key=fb.random.key(0))
@@ -723,22 +729,50 @@ def test_the_state_keeps_its_own_copy_of_the_params():
     assert state.start["x"].eq(0).all() and state.best_params["x"].eq(0).all()
 
 
-def test_a_pickled_state_resumes_the_same_run(tmp_path):
-    """Saved between ask and tell (torch.save, the documented way), the run goes on as if
-    never stopped, with a search rebuilt from the same settings."""
-    settings = dict(max_evals=16 * 60, restart_after=4)
-    opt = fb.black_box_search((-1.0, 1.0), **settings)
-    state = opt.init(start(3), key=fb.random.key(2))
-    for _ in range(25):
-        state = opt.tell(state, opt.ask(state), numpy_losses(opt.ask(state)))
-    torch.save(state, tmp_path / "state.pt")
-    resumed = torch.load(tmp_path / "state.pt", weights_only=False)
-    again = fb.black_box_search((-1.0, 1.0), **settings)
-    while state.phase != "done":
-        state = opt.tell(state, opt.ask(state), numpy_losses(opt.ask(state)))
-        resumed = again.tell(resumed, again.ask(resumed), numpy_losses(again.ask(resumed)))
-    assert resumed.phase == "done" and resumed.num_evals == state.num_evals
-    assert torch.equal(resumed.best_params["x"], state.best_params["x"])
+def rotated_valley(x):
+    """A rotated 4-D ellipsoid of condition 1e6 plus 100, on rows of ``x``: a lone bacterium's."""
+    q = torch.linalg.qr(torch.randn(4, 4, generator=torch.Generator().manual_seed(0),
+                                    dtype=torch.float64))[0]
+    y = (torch.as_tensor(x, dtype=torch.float64) - 1.0) @ q.T
+    return ((10.0 ** (2 * torch.arange(4, dtype=torch.float64))) * y * y).sum(-1) + 100.0
+
+
+@pytest.mark.parametrize("run", ["restarts, explorer, faces, polish", "lone bacterium"])
+def test_a_state_saved_in_every_kind_of_round_loads_into_a_fresh_init_and_ends_the_same(
+        tmp_path, run):
+    """fb.save between ask and tell at the first round of every phase and swarm kind, fb.load
+    into a new search's init: the run ends bitwise where the one never saved ends."""
+    if run == "lone bacterium":
+        bounds, settings = (-5.0, 5.0), dict(max_evals=2000, restart_after=None)
+        params = {"x": torch.zeros(4)}  # float32: the given dtypes are kept too
+
+        def losses(asked):
+            return rotated_valley(asked.params["x"]).numpy()
+    else:
+        bounds, settings, params = (-1.0, 1.0), dict(max_evals=6000, restart_after=8), start(4)
+
+        def losses(asked):
+            return numpy_losses(asked, offset=-37.5)
+
+    def finish(saving):
+        opt, kinds = fb.black_box_search(bounds, **settings), set()
+        state = opt.init(params, key=fb.random.key(0))
+        while state.phase != "done":
+            kind = (state.phase, bool(state.valley), bool(state.swarm_learns))
+            asked = opt.ask(state)
+            if saving and kind not in kinds:
+                fb.save(state, tmp_path / "state.pt")
+                opt = fb.black_box_search(bounds, **settings)  # as a new process would
+                state = fb.load(tmp_path / "state.pt", like=opt.init(params, key=fb.random.key(0)))
+            kinds.add(kind)
+            state = opt.tell(state, asked, losses(asked))
+        return state, kinds
+
+    (saved, kinds), (never, _) = finish(True), finish(False)
+    assert {k[0] for k in kinds} >= {"converge", "faces", "polish"}
+    assert (("converge", True, True) in kinds if run == "lone bacterium" else
+            {("converge", False, False), ("explore", False, False)} <= kinds)
+    assert to_dict(saved)["digest"] == to_dict(never)["digest"]
 
 
 def test_run_names_the_loop_a_black_box_search_needs():
@@ -748,34 +782,46 @@ def test_run_names_the_loop_a_black_box_search_needs():
         fb.run(opt, state, shifted_sphere, max_evals=100)
 
 
-def test_a_state_pickled_in_the_face_moves_resumes_them_and_each_round_is_built_once(
-        tmp_path, monkeypatch):
-    """The face moves' points are made once a round and kept in the state: a state saved
-    between their ask and tell resumes with the same rows and the same run."""
+@pytest.mark.parametrize("edit, match", [
+    (lambda s: s._replace(stage=torch.tensor(7)), r"state\.stage is 7, outside \[0, 4\]"),
+    (lambda s: s._replace(failed=torch.tensor(-1)), r"state\.failed is negative"),
+    (lambda s: s._replace(swarm=s.swarm._replace(step_sizes=s.swarm.step_sizes * torch.nan)),
+     r"state\.swarm\.step_sizes holds NaN"),
+    (lambda s: s._replace(explorer=s.explorer._replace(hyperparams=s.explorer.hyperparams._replace(
+        step_size=torch.tensor(-1.0, dtype=torch.float64)))),
+     r"state\.explorer\.hyperparams\.step_size is -1\.0"),
+    (lambda s: s._replace(faces=s.faces._replace(stage=torch.tensor(4))),
+     r"state\.faces\.stage is 4, outside \[0, 3\]"),
+], ids=["phase", "counter", "swarm", "explorer's hyperparameter", "face scan"])
+def test_a_black_box_checkpoint_no_search_makes_is_refused_by_its_values(tmp_path, edit, match):
+    opt = fb.black_box_search((-1.0, 1.0), max_evals=1000)
+    state = opt.init(start(2), key=fb.random.key(0))
+    fb.save(edit(state), tmp_path / "state.pt")
+    with pytest.raises(ValueError, match=match):
+        fb.load(tmp_path / "state.pt", like=state)
+
+
+def test_the_face_moves_are_made_by_ask_and_only_the_best_one_again_by_tell(monkeypatch):
+    """The state keeps what a round of face moves is made from, not its points: ``ask``
+    makes them, as copies the caller may edit, and ``tell`` makes only the best one."""
     import functional_bfo._moves as moves
 
-    built = []
-    singles = moves.face_singles
-    monkeypatch.setattr(moves, "face_singles", lambda *a: built.append(1) or singles(*a))
+    made = []
+    real = moves.moved
+    monkeypatch.setattr(moves, "moved", lambda x, lo, hi, which: made.append(len(which)) or real(
+        x, lo, hi, which))
     opt = fb.black_box_search((-1.0, 1.0), max_evals=16 * 40)
     state = opt.init(start(3), key=fb.random.key(4))
     while state.phase != "faces":
         state = opt.tell(state, opt.ask(state), numpy_losses(opt.ask(state)))
+    assert made == []
     asked = opt.ask(state)
-    assert len(built) == 1 and len(asked.mask) <= 2 * 3  # made in after(), not in ask
+    assert made == [len(asked.mask)] and 1 < len(asked.mask) <= 2 * 3
     before = asked.params["x"].clone()
-    asked.params["x"].mul_(10.0)  # the caller's Ask, edited in place: not the state's rows
+    asked.params["x"].mul_(10.0)  # the caller's Ask, edited in place: not the state's
     assert torch.equal(opt.ask(state).params["x"], before)
-    asked = opt.ask(state)
-    torch.save(state, tmp_path / "state.pt")
-    resumed = torch.load(tmp_path / "state.pt", weights_only=False)
-    assert torch.equal(opt.ask(resumed).params["x"], asked.params["x"])
-    while state.phase != "done":
-        state = opt.tell(state, opt.ask(state), numpy_losses(opt.ask(state)))
-        resumed = opt.tell(resumed, opt.ask(resumed), numpy_losses(opt.ask(resumed)))
-    assert len(built) == 1  # never again in ask or tell; the resumed state kept its rows
-    assert resumed.num_evals == state.num_evals
-    assert torch.equal(resumed.best_params["x"], state.best_params["x"])
+    state = opt.tell(state, opt.ask(state), numpy_losses(opt.ask(state)))
+    assert made[-1] == 1 and len(made) == 5  # three asks of every row, the best in tell
 
 
 def test_a_state_of_another_search_or_no_state_is_refused_by_name():

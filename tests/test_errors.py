@@ -353,11 +353,6 @@ TABLE = [
          lambda: fb.with_hyperparams({"w": torch.zeros(1)}, step_size=0.1), TypeError,
          r"Expected the state returned by init/update"),
     # ---- save -------------------------------------------------------------------------------
-    Case("save(a black-box search's state)",
-         lambda: fb.save(fb.black_box_search((-1.0, 1.0), max_evals=100).init(
-             {"x": torch.zeros(2)}, key=KEY), io.BytesIO()), TypeError,
-         r"save writes states whose leaves are tensors, but state\.phase is of type str; a "
-         r"BlackBoxState .* torch\.save\(state, f\)"),
     Case("save(a dict of tensors)", lambda: fb.save({"w": torch.zeros(1)}, io.BytesIO()),
          TypeError, r"Expected the state returned by init/update, got dict"),
     # ---- load -------------------------------------------------------------------------------
