@@ -82,7 +82,7 @@ class BlackBoxState(NamedTuple):
     best_params: Params  # the best point evaluated (float64)
     best_loss: Tensor  # () float64 (inf, or -inf when maximizing, before a finite loss)
     num_evals: Tensor  # () int64, like every counter below
-    rounds: Tensor  # rounds told
+    step: Tensor  # rounds told (its updates)
     restarts: Tensor  # converging swarms started after the first
     failed: Tensor  # converging swarms in a row that ended without beating the ones before
     entry_best: Tensor  # () float64: the best cost of the converging swarms before this one
@@ -227,18 +227,18 @@ class _Search:
         check_params(params)
         start = optree.tree_map(lambda x: x.detach().to(torch.float64, copy=True), params)
         row = ravel(layout(start), start)
+        no, zero, inf = torch.tensor(False), torch.tensor(0), torch.tensor(math.inf).double()
         s = BlackBoxState(  # type: ignore[call-arg]  # RANGES is a class constant
-            stage=_int(0), swarm=None, swarm_learns=torch.tensor(False),  # type: ignore[arg-type]
+            stage=zero, swarm=None, swarm_learns=no,  # type: ignore[arg-type]  # set below
             explorer=self.plain.init(start, key=random.fold_in(key, EXPLORER_STREAM)),
-            faces=None, best_params=start,  # type: ignore[arg-type]  # set below
+            faces=None, best_params=start,  # type: ignore[arg-type]
             best_loss=torch.tensor(self.sign * math.inf, dtype=torch.float64, device=row.device),
-            num_evals=_int(0), rounds=_int(0), restarts=_int(0), failed=_int(0),
-            entry_best=_float(math.inf), converged_best=_float(math.inf), found_after=_int(0),
-            first=_float(math.inf), progress=_float(math.inf), stalled=_int(0),
-            gain=_float(0.0), valley=torch.tensor(False), explorer_updates=_int(0), start=start,
+            num_evals=zero, step=zero, restarts=zero, failed=zero, entry_best=inf,
+            converged_best=inf, found_after=zero, first=inf, progress=inf, stalled=zero,
+            gain=zero.double(), valley=no, explorer_updates=zero, start=start,
             dtypes=optree.tree_map(lambda x: x.new_empty(0), params), key=key)
         closed = moves.face_scan(row, math.inf, *self.sides(s), 0)._replace(
-            stage=_int(moves.CLOSED))
+            stage=torch.tensor(moves.CLOSED))
         return self.after(self.restarted(s._replace(faces=closed), start, 0))
 
     def ask(self, state: BlackBoxState) -> Ask:
@@ -260,7 +260,7 @@ class _Search:
             swarm.losses) * (1 if _lone(state) else self.swim_length + 1)
         if tuple(asked.mask.shape) != (rows,):  # a stale answer was named as one above
             raise ValueError(f"asked has {len(asked.mask)} rows, but the state's round "
-                             f"{int(state.rounds)} ({state.phase}) has {rows}: tell the Ask "
+                             f"{int(state.step)} ({state.phase}) has {rows}: tell the Ask "
                              "that ask(state) returned for this state.")
         if swarm is not None:
             return self.told(state, swarm, self.optimizer(state).tell(  # type: ignore[misc]
@@ -301,7 +301,7 @@ class _Search:
              new: AdaptiveBFOState) -> BlackBoxState:
         """After ``swarm``'s round (``new``): the best point, the counters, the phase's rule."""
         s = _with(self.better(state, new.best_params, new.best_loss),
-                  rounds=int(state.rounds) + 1,
+                  step=int(state.step) + 1,
                   num_evals=int(state.num_evals) + int(new.num_evals - swarm.num_evals))
         if state.phase == "converge":
             return self.after(self.converged(s, new))
@@ -411,7 +411,7 @@ class _Search:
         faces, row = moves.face_scan_told(s.faces, costs, *self.sides(s))
         found = optree.tree_map(lambda x: x[0], copied_params(row[None], s.start))
         s = self.better(s, found, self.sign * costs.min())
-        return _with(s, num_evals=int(s.num_evals) + len(costs), rounds=int(s.rounds) + 1,
+        return _with(s, num_evals=int(s.num_evals) + len(costs), step=int(s.step) + 1,
                      faces=faces)
 
     def after(self, s: BlackBoxState) -> BlackBoxState:
@@ -529,7 +529,7 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
                               int(state.restarts), int(state.explorer_updates), history)
 
     def info(**stopped: str) -> dict:
-        return {"step": int(state.rounds), "updates": int(state.rounds),
+        return {"step": int(state.step), "updates": int(state.step),
                 "num_evals": int(state.num_evals),
                 "best_loss": float(state.best_loss), "mean_loss": math.nan,
                 "seconds": time.perf_counter() - started, **stopped}
@@ -538,7 +538,7 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
         while state.phase != "done":
             state = search.update(state, loss_fn, *args)
             history.append((int(state.num_evals), float(state.best_loss)))
-            if report is not None and int(state.rounds) % 10 == 0:
+            if report is not None and int(state.step) % 10 == 0:
                 report(info())
     except BaseException as e:  # the user's exception (or Ctrl-C), with what was found
         with contextlib.suppress(AttributeError):  # an exception type without a __dict__
@@ -611,7 +611,7 @@ def _tag(state: BlackBoxState) -> Tensor:
     """
     best = int(state.best_loss.cpu().view(torch.int64))
     digest = int(round_tag(_swarm(state))[4]) * 31 + best * 7 + int(state.stage)
-    return torch.tensor([int(state.rounds), int(state.num_evals), int(state.key[0]),
+    return torch.tensor([int(state.step), int(state.num_evals), int(state.key[0]),
                          int(state.key[1]), (digest + 2**63) % 2**64 - 2**63])
 
 
@@ -629,11 +629,3 @@ def _with(state: BlackBoxState, **fields: Any) -> BlackBoxState:
             value = torch.scalar_tensor(value, dtype=old.dtype)
         new[name] = value
     return state._replace(**new)
-
-
-def _int(value: int) -> Tensor:
-    return torch.scalar_tensor(value, dtype=torch.int64)
-
-
-def _float(value: float) -> Tensor:
-    return torch.scalar_tensor(value, dtype=torch.float64)

@@ -48,7 +48,11 @@ def run(
     """Apply ``opt.update`` to ``state`` until a stopping rule fires; return the last state.
 
     Whether a lower or a higher loss is better comes from the optimizer (``maximize=`` of
-    its factory), for ``target_loss`` and ``patience`` alike.
+    its factory), for ``target_loss`` and ``patience`` alike. A
+    :func:`functional_bfo.black_box_search` state runs until its own budget is spent
+    (``state.phase == "done"``, reason ``"max_evals"``) or another rule fires; it takes no
+    ``max_evals`` or ``compile`` here, and non-finite losses do not stop it (its restarts
+    look elsewhere).
 
     Args:
         opt: the optimizer that made ``state``.
@@ -92,7 +96,12 @@ def run(
             (reason ``"non_finite"``) rather than search blind. The first update took the
             evaluations past ``max_evals``.
     """
-    if max_evals is None and max_steps is None:
+    search = hasattr(state, "phase")  # a black-box search: its budget is its own
+    if search and (max_evals is not None or compile):
+        raise ValueError("run drives a black_box_search state to the search's own budget, "
+                         "round by round in eager: set max_evals in fb.black_box_search and "
+                         "leave run's max_evals and compile out.")
+    if max_evals is None and max_steps is None and not search:
         raise ValueError("run needs a budget: pass max_evals=... or max_steps=... "
                          "(target_loss and patience alone may never fire).")
     if not isinstance(compile, bool):
@@ -108,16 +117,12 @@ def run(
         if not os.path.isdir(folder):
             raise ValueError(f"Invalid checkpoint: {os.fspath(checkpoint)!r}; its folder "
                              f"{folder!r} does not exist. Create it first.")
-    losses = getattr(state, "losses", None)
-    if hasattr(state, "phase"):  # a BlackBoxState
-        raise TypeError("run does not drive fb.black_box_search: its budget is its own, so "
-                        "loop state = opt.tell(state, opt.ask(state), losses) (or "
-                        "opt.update) until state.phase == 'done', or call fb.black_box.")
-    if not isinstance(losses, torch.Tensor):
+    best_loss = getattr(state, "best_loss", None)
+    if not isinstance(best_loss, torch.Tensor) or not hasattr(state, "num_evals"):
         raise TypeError(f"Expected the state returned by init/update, got {type(state).__name__}.")
-    if losses.dim() != 1:
-        raise ValueError(f"run drives one state, and this one is batched (losses of shape "
-                         f"{tuple(losses.shape)}): loop over "
+    if best_loss.dim() != 0:
+        raise ValueError(f"run drives one state, and this one is batched (best_loss of shape "
+                         f"{tuple(best_loss.shape)}): loop over "
                          "torch.func.vmap(opt.update, in_dims=(0, None)) yourself, or run "
                          "each state of the batch.")
     report = _reporter(progress, max_evals if max_evals is not None else max_steps,
@@ -126,16 +131,16 @@ def run(
     rules = Stopping(maximize=opt.maximize, budget=max_evals, max_steps=max_steps,
                      target_loss=target_loss, patience=patience, min_delta=min_delta)
     rules.best_cost = rules.cost(best)
-    if max_evals is not None and evals >= max_evals:  # a finished run, resumed: nothing left
-        rules.reason = "max_evals"
+    if (evals >= max_evals if max_evals is not None else search and state.phase == "done"):
+        rules.reason = "max_evals"  # a finished run, resumed: nothing left
     update = torch.compile(opt.update, fullgraph=True) if compile else opt.update
-    buffer = losses.shape[-1]
+    buffer = state.losses.shape[-1] if hasattr(state, "losses") else 1
     started, steps, saved_at = time.perf_counter(), 0, None  # saved_at: steps on disk
     try:
         while rules.reason is None:
             new = update(state, loss_fn, *args)
             log_now = report is not None and (steps % log_every == log_every - 1 or steps == 0)
-            new_evals, best, mean, active = _read(new, with_mean=log_now)
+            new_evals, best, mean, active = _read(new, with_mean=log_now and not search)
             state, steps = new, steps + 1  # only a finished update replaces the last good one
             if checkpoint is not None and steps % checkpoint_every == 0:
                 save(state, checkpoint)
@@ -148,7 +153,7 @@ def run(
                     RuntimeWarning, stacklevel=2)
             # The most the next update can cost: every slot active (adaptive populations grow).
             per_update, evals = (new_evals - evals) * buffer / active, new_evals
-            if not math.isfinite(best):  # nothing finite was ever seen
+            if not math.isfinite(best) and not search:  # nothing finite was ever seen
                 rules.reason = "non_finite"
                 warnings.warn(
                     f"functional_bfo.run: every loss evaluated in {steps} update(s) "
@@ -156,7 +161,9 @@ def run(
                     "follow; check loss_fn, the starting params and the bounds.",
                     RuntimeWarning, stacklevel=2)
                 break
-            if rules.record(evals, best, per_update) is None and report and log_now:
+            if rules.record(evals, best, per_update) is None and search and new.phase == "done":
+                rules.reason = "max_evals"  # the search's own
+            if rules.reason is None and report and log_now:
                 report(_info(state, steps, evals, best, mean, started))
     except BaseException as e:
         with contextlib.suppress(AttributeError):  # an exception type without a __dict__
@@ -175,7 +182,7 @@ def run(
     if checkpoint is not None and saved_at != steps:
         save(state, checkpoint)
     if report is not None:
-        info = _info(state, steps, evals, best, _read(state, with_mean=True)[2], started)
+        info = _info(state, steps, evals, best, _read(state, with_mean=not search)[2], started)
         report({**info, "stopped": rules.reason})
     return state
 
@@ -187,7 +194,7 @@ def _read(state: Any, with_mean: bool = False) -> tuple[int, float, float, int]:
     if hasattr(state, "active_size"):
         values["active_size"] = state.active_size
     out = materialize(values)
-    active = int(out.get("active_size", state.losses.shape[-1]))
+    active = int(out.get("active_size", state.losses.shape[-1] if hasattr(state, "losses") else 1))
     return (int(out["num_evals"]), out["best_loss"], out.get("mean_loss", math.nan),
             max(active, 1))
 

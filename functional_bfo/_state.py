@@ -286,7 +286,7 @@ def from_dict(data: Any, like: State) -> State:
 FINITE_FIELDS = ("population", "best_params", "health", "step_sizes", "grads",
                  "reference_diversity", "start")
 COUNTERS = ("step", "num_evals", "stall", "active_size", "grad_nonfinite", "grad_vanishing",
-            "grad_exploding", "rounds", "restarts", "failed", "found_after", "stalled",
+            "grad_exploding", "restarts", "failed", "found_after", "stalled",
             "explorer_updates", "room")
 
 

@@ -775,11 +775,35 @@ def test_a_state_saved_in_every_kind_of_round_loads_into_a_fresh_init_and_ends_t
     assert to_dict(saved)["digest"] == to_dict(never)["digest"]
 
 
-def test_run_names_the_loop_a_black_box_search_needs():
-    opt = fb.black_box_search((-1.0, 1.0), max_evals=100)
-    state = opt.init(start(2), key=fb.random.key(0))
-    with pytest.raises(TypeError, match="run does not drive fb.black_box_search"):
-        fb.run(opt, state, shifted_sphere, max_evals=100)
+def test_run_drives_a_search_to_its_budget_and_checkpoints_it(tmp_path):
+    """fb.run on a black_box_search state: fb.black_box's run, round for round, stopped by
+    the search's own budget, saved as it goes and resumed bitwise from the checkpoint."""
+    settings = dict(max_evals=16 * 60, restart_after=4)
+    out = fb.black_box(shifted_sphere, start(3), (-1.0, 1.0), key=fb.random.key(2), **settings)
+    opt = fb.black_box_search((-1.0, 1.0), **settings)
+    lines = []
+    state = fb.run(opt, opt.init(start(3), key=fb.random.key(2)), shifted_sphere,
+                   progress=lines.append, log_every=1, checkpoint=tmp_path / "state.pt",
+                   checkpoint_every=7)
+    assert state.phase == "done" and lines[-1]["stopped"] == "max_evals"
+    assert [(line["num_evals"], line["best_loss"]) for line in lines] == out.history
+    assert int(state.num_evals) == out.num_evals and int(state.step) == len(out.history)
+    saved = fb.load(tmp_path / "state.pt", like=opt.init(start(3), key=fb.random.key(2)))
+    assert to_dict(saved)["digest"] == to_dict(state)["digest"]
+    halfway = fb.run(opt, opt.init(start(3), key=fb.random.key(2)), shifted_sphere,
+                     max_steps=20, checkpoint=tmp_path / "half.pt")
+    resumed = fb.load(tmp_path / "half.pt", like=opt.init(start(3), key=fb.random.key(2)))
+    assert int(halfway.step) == 20
+    ended = fb.run(opt, resumed, shifted_sphere)
+    assert to_dict(ended)["digest"] == to_dict(state)["digest"]
+    assert fb.run(opt, ended, shifted_sphere) is ended  # nothing left to run
+    early = fb.run(opt, opt.init(start(3), key=fb.random.key(2)), shifted_sphere,
+                   target_loss=1e-3)
+    assert float(early.best_loss) <= 1e-3 and early.phase != "done"
+    for bad in (dict(max_evals=100), dict(compile=True)):
+        with pytest.raises(ValueError, match="to the search's own budget"):
+            fb.run(opt, state, shifted_sphere, **bad)
+
 
 
 @pytest.mark.parametrize("edit, match", [

@@ -332,7 +332,7 @@ TABLE = [
          ValueError, r"Invalid target_loss: nan"),
     Case("run a batched state",
          lambda: fb.run(opt(), batched_states(), loss_fn, max_steps=1), ValueError,
-         r"run drives one state, and this one is batched \(losses of shape \(3, 4\)\)"),
+         r"run drives one state, and this one is batched \(best_loss of shape \(3,\)\)"),
     Case("run checkpoint=a file object",
          lambda: fb.run(opt(), state(), loss_fn, max_steps=1, checkpoint=io.BytesIO()),
          TypeError, r"Invalid checkpoint: .*expected a path \(str or os\.PathLike\)"),
