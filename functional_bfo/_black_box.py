@@ -60,7 +60,6 @@ POLISH_DECADES = 4
 # A swarm behind the best restarts once it has spent BEHIND_BUDGET x the evaluations the
 # best's swarm took to find it (the eight's ellipsoid-10: 5.96 -> 1e-8; 1x lost a seed of it).
 BEHIND_BUDGET = 2
-LONE_ROWS = ("losses", "health", "step_sizes")  # with population, a swarm's per-bacterium rows
 EXPLORER_STREAM, POLISHER_STREAM = 2**31 - 1, 2**31 - 2  # fold_in data; restarts use 0, 1, ..
 PHASES = ("converge", "explore", "faces", "polish", "done")
 
@@ -321,7 +320,8 @@ class _Search:
             return new
         rows = self.population_size
         return new._replace(population=new.population.expand(rows, -1),
-                            **{k: getattr(new, k).expand(rows) for k in LONE_ROWS})
+                            losses=new.losses.expand(rows), health=new.health.expand(rows),
+                            step_sizes=new.step_sizes.expand(rows))
 
     def restarted(self, s: BlackBoxState, start: Params, restarts: int) -> BlackBoxState:
         """``s`` with a new converging swarm at ``start``.
@@ -600,7 +600,8 @@ def _swarm(state: BlackBoxState) -> AdaptiveBFOState:
         return w._replace(metric=state.explorer.metric)
     if not bool(state.valley):
         return w
-    return w._replace(population=w.population[:1], **{k: getattr(w, k)[:1] for k in LONE_ROWS})
+    return w._replace(population=w.population[:1], losses=w.losses[:1], health=w.health[:1],
+                      step_sizes=w.step_sizes[:1])
 
 
 def _tag(state: BlackBoxState) -> Tensor:
@@ -620,12 +621,9 @@ def _with(state: BlackBoxState, **fields: Any) -> BlackBoxState:
 
     A number equal to the field's value keeps its tensor: a round changes few counters.
     """
-    new: dict[str, Any] = {}
     for name, value in fields.items():
-        if isinstance(value, (bool, int, float)):
+        if not isinstance(value, (Tensor, tuple)):
             old = getattr(state, name)
-            if old.item() == value:
-                continue
-            value = torch.scalar_tensor(value, dtype=old.dtype)
-        new[name] = value
-    return state._replace(**new)
+            fields[name] = old if old.item() == value else torch.scalar_tensor(value,
+                                                                               dtype=old.dtype)
+    return state._replace(**fields)

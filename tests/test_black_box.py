@@ -659,7 +659,7 @@ def test_progress_shows_a_bar_and_a_summary(capsys):
 
 def numpy_losses(asked, offset=0.0):
     """The integer-valued loss of every row, computed in numpy (an outside objective)."""
-    x = np.round(asked.params["x"].numpy() * 1024)
+    x = np.round(asked.params["x"].cpu().numpy() * 1024)
     return (np.round(x**2 / 64) + np.round(400 * (1 - np.cos(x / 128)))).sum(axis=1) + offset
 
 
@@ -737,19 +737,22 @@ def rotated_valley(x):
     return ((10.0 ** (2 * torch.arange(4, dtype=torch.float64))) * y * y).sum(-1) + 100.0
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
 @pytest.mark.parametrize("run", ["restarts, explorer, faces, polish", "lone bacterium"])
 def test_a_state_saved_in_every_kind_of_round_loads_into_a_fresh_init_and_ends_the_same(
-        tmp_path, run):
+        tmp_path, run, device):
     """fb.save between ask and tell at the first round of every phase and swarm kind, fb.load
     into a new search's init: the run ends bitwise where the one never saved ends."""
     if run == "lone bacterium":
         bounds, settings = (-5.0, 5.0), dict(max_evals=2000, restart_after=None)
-        params = {"x": torch.zeros(4)}  # float32: the given dtypes are kept too
+        params = {"x": torch.zeros(4, device=device)}  # float32: the given dtypes are kept too
 
         def losses(asked):
-            return rotated_valley(asked.params["x"]).numpy()
+            return rotated_valley(asked.params["x"].cpu()).numpy()
     else:
-        bounds, settings, params = (-1.0, 1.0), dict(max_evals=6000, restart_after=8), start(4)
+        bounds, settings = (-1.0, 1.0), dict(max_evals=6000, restart_after=8)
+        params = {"x": start(4)["x"].to(device)}
 
         def losses(asked):
             return numpy_losses(asked, offset=-37.5)
@@ -773,6 +776,7 @@ def test_a_state_saved_in_every_kind_of_round_loads_into_a_fresh_init_and_ends_t
     assert (("converge", True, True) in kinds if run == "lone bacterium" else
             {("converge", False, False), ("explore", False, False)} <= kinds)
     assert to_dict(saved)["digest"] == to_dict(never)["digest"]
+    assert saved.best_loss.device.type == saved.swarm.population.device.type == device
 
 
 def test_run_drives_a_search_to_its_budget_and_checkpoints_it(tmp_path):
