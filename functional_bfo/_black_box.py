@@ -235,7 +235,7 @@ class _Search:
             num_evals=zero, step=zero, restarts=zero, failed=zero, entry_best=inf,
             converged_best=inf, found_after=zero, first=inf, progress=inf, stalled=zero,
             gain=zero.double(), valley=no, explorer_updates=zero, start=start,
-            dtypes=optree.tree_map(lambda x: x.new_empty(0), params), key=key)
+            dtypes=optree.tree_map(lambda x: x.new_empty(0), params), key=key.to(row.device))
         closed = moves.face_scan(row, math.inf, *self.sides(s), 0)._replace(
             stage=torch.tensor(moves.CLOSED))
         return self.after(self.restarted(s._replace(faces=closed), start, 0))
