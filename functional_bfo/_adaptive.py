@@ -17,7 +17,16 @@ from torch import Tensor
 from . import _metric as metric
 from ._ask_tell import swim_optimizer
 from ._base import Key, Optimizer, Params
-from ._bounds import BOUNDARY_MODES, LeafBounds, box_relative, check_bounds, flat_box, sample_domain
+from ._bounds import (
+    BOUNDARY_MODES,
+    LeafBounds,
+    box_relative,
+    check_bounds,
+    flat_box,
+    is_closed,
+    sample_domain,
+    update_box,
+)
 from ._checks import check_bool, check_choice, check_float, check_int
 from ._chemotaxis import TUMBLES, Plan, SwimResult, tumble_directions, walk
 from ._cycle import cycle_ends
@@ -68,6 +77,7 @@ class AdaptiveBFOState(NamedTuple):
     key: Key  # (2,) int64
     step: Tensor  # () int64, updates taken
     num_evals: Tensor  # () int64, loss evaluations so far
+    box: LeafBounds  # the rows' box: (D,) rows, or () where every coordinate shares it
     step_sizes: Tensor  # (P,) each bacterium's own step size C_i
     stall: Tensor  # () int64, updates since the best loss last improved
     reference_diversity: Tensor  # () diversity of the initial population
@@ -210,7 +220,7 @@ def adaptive_bfo(
     evaluator = check_evaluator(evaluator)
     sign = -1.0 if maximize else 1.0
     static = AdaptiveStatic(size, swims, n_c, n_stag, bounds, boundary, tumble, sign, min_size,
-                            relative_steps, swim_batch, rate)
+                            relative_steps, swim_batch, rate, is_closed(bounds))
 
     def init_fn(params: Params, *, key: Key) -> AdaptiveBFOState:
         start = initial_population(params, key, size, bounds, hyper["init_scale"])
@@ -258,6 +268,7 @@ class AdaptiveStatic(NamedTuple):
     relative_steps: bool = False  # steps in units of the box width where it is finite
     swim_batch: int = 1  # swim points per evaluator call
     metric_rate: float = 0.0  # learning rate of the tumble metric (0: none)
+    closed: bool = False  # every side of the box is finite (is_closed)
 
 
 def adaptive_static(opt: Optimizer) -> AdaptiveStatic:
@@ -339,7 +350,7 @@ def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None
     """
     size, sign = static.size, static.sign
     hp, dtype, shape = state.hyperparams, state.losses.dtype, layout(state.best_params)
-    box = flat_box(static.bounds, shape, state.key.device)
+    box = update_box(state.box, static.bounds, static.closed)
     best = ravel(shape, state.best_params)
     noise = bacterium_noise(state.key, state.step, size, shape.size, dtype)
 
@@ -397,6 +408,7 @@ def adaptive_fields(state: Any, static: AdaptiveStatic, plan: Plan,
         stall=torch.where(improved, torch.zeros_like(state.stall), state.stall + 1),
         reference_diversity=state.reference_diversity,
         active_size=keep.active_size,
+        box=state.box,
         hyperparams=hp,
     )
     return AdaptiveStep(fields, keep.source, keep.known, result.aux)

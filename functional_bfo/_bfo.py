@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ._ask_tell import swim_optimizer
 from ._base import Key, Optimizer, Params
-from ._bounds import BOUNDARY_MODES, check_bounds, flat_box
+from ._bounds import BOUNDARY_MODES, LeafBounds, check_bounds, is_closed, update_box
 from ._checks import check_bool, check_choice, check_float, check_int
 from ._chemotaxis import TUMBLES, Plan, SwimResult, tumble_directions, walk
 from ._cycle import cycle_ends
@@ -72,6 +72,7 @@ class BFOState(NamedTuple):
     key: Key  # (2,) int64; see bacterium_noise for how each step draws from it
     step: Tensor  # () int64, chemotactic steps taken (updates)
     num_evals: Tensor  # () int64, loss evaluations so far
+    box: LeafBounds  # the rows' box: (D,) rows, or () where every coordinate shares it
     hyperparams: BFOHyperparams
 
 
@@ -201,7 +202,7 @@ def bfo(
     check_bool("swarming", swarming)
     check_bool("maximize", maximize)
     bounds = check_bounds(bounds)
-    evaluator = check_evaluator(evaluator)
+    closed, evaluator = is_closed(bounds), check_evaluator(evaluator)
     sign = -1.0 if maximize else 1.0
 
     def init_fn(params: Params, *, key: Key) -> BFOState:
@@ -211,7 +212,7 @@ def bfo(
     def plan(state: BFOState) -> Plan:
         """Reproduction, dispersal and the tumble: the update's swim, before any loss."""
         hp, dtype, shape = state.hyperparams, state.losses.dtype, layout(state.best_params)
-        box = flat_box(bounds, shape, state.key.device)
+        box = update_box(state.box, bounds, closed)
         best = ravel(shape, state.best_params)
         noise = bacterium_noise(state.key, state.step, size, shape.size, dtype)
 
@@ -253,6 +254,7 @@ def bfo(
             key=state.key,
             step=state.step + 1,
             num_evals=state.num_evals + size * (swims + 1),
+            box=state.box,
             hyperparams=state.hyperparams,
         )
 

@@ -44,6 +44,28 @@ def leaf_bounds(low: Tensor, high: Tensor, closed: bool = False) -> LeafBounds:
                       torch.where(finite, width, 1.0), None if closed else ~finite)
 
 
+def open_box(device: torch.device, dtype: torch.dtype) -> LeafBounds:
+    """The box a state without bounds keeps: every side open (``vmap`` returns no None)."""
+    inf = torch.tensor(torch.inf, dtype=dtype, device=device)
+    return leaf_bounds(-inf, inf)
+
+
+def is_closed(bounds: Any) -> bool:
+    """Whether ``bounds`` (checked) are finite Python numbers: no coordinate has an open side."""
+    pairs = [bounds] if _is_pair(bounds) else optree.tree_leaves(bounds, is_leaf=_is_pair)
+    return bounds is not None and all(isinstance(v, (int, float)) and math.isfinite(v)
+                                      for pair in pairs for v in pair)
+
+
+def update_box(box: LeafBounds, bounds: Any, closed: bool) -> LeafBounds | None:
+    """The state's ``box`` as an update projects into it, from the factory's ``bounds``.
+
+    None without bounds; without the open mask where the host knows every side is finite
+    (``closed``, from :func:`is_closed`), so projections skip it.
+    """
+    return None if bounds is None else box._replace(open=None) if closed else box
+
+
 def _is_pair(x: Any) -> bool:
     return (isinstance(x, (tuple, list)) and len(x) == 2
             and not any(isinstance(v, (tuple, list, dict)) for v in x))

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from . import random
 from ._base import Params
-from ._bounds import LeafBounds, flat_box, project, sample_domain
+from ._bounds import LeafBounds, flat_box, open_box, project, sample_domain
 from ._checks import check_params
 from ._layout import layout, ravel, unravel
 from ._tree import where
@@ -28,6 +28,7 @@ class Start(NamedTuple):
     population: Tensor  # (P, D): bacterium 0, then P - 1 samples of the search domain
     key: Tensor  # the run key (the init key's second half; the first made the population)
     dtype: torch.dtype  # the loss and step dtype: float64 if any leaf is, else float32
+    box: LeafBounds  # the rows' box in that dtype (every side open without bounds)
 
     def state_fields(self, sign: float, hyperparams: dict, hyperparams_type: type) -> dict:
         """The fields every variant's state starts with, nothing evaluated yet.
@@ -53,6 +54,7 @@ class Start(NamedTuple):
             key=self.key,
             step=count,
             num_evals=count.clone(),
+            box=self.box,
             hyperparams=hyperparams_type(**{k: tensor(v) for k, v in hyperparams.items()}),
         )
 
@@ -113,7 +115,8 @@ def _initial_rows(params, key, size, bounds, init_scale) -> Start:
     z = torch.func.vmap(lambda k: random.normal(k, (shape.size,), dtype))(keys)
     scale = torch.tensor(init_scale, dtype=dtype, device=device)
     rest = sample_domain(first, z, box, scale)
-    return Start(unravel(shape, first), torch.cat([first.unsqueeze(0), rest]), run_key, dtype)
+    return Start(unravel(shape, first), torch.cat([first.unsqueeze(0), rest]), run_key, dtype,
+                 open_box(device, dtype) if box is None else box._replace(open=~box.finite))
 
 
 def disperse(flag: Tensor, population: Tensor, known: Tensor, coins: Tensor, places: Tensor,

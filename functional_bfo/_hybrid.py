@@ -25,6 +25,7 @@ from ._adaptive import (
 )
 from ._ask_tell import Ask, ask_round, told_costs, told_grads
 from ._base import Key, LossFn, Optimizer, Params
+from ._bounds import LeafBounds
 from ._checks import (
     INTEGER_LOSS_MSG,
     LOSS_SHAPE_MSG,
@@ -93,6 +94,7 @@ class HybridBFOState(NamedTuple):
     key: Key
     step: Tensor
     num_evals: Tensor
+    box: LeafBounds
     step_sizes: Tensor
     stall: Tensor
     reference_diversity: Tensor

@@ -279,7 +279,19 @@ def from_dict(data: Any, like: State) -> State:
                              "size) or params differ.")
     state = cast(State, spec.unflatten([x.to(ref.device) for x, ref in zip(saved, leaves)]))
     check_values(state)
+    _check_box(state, like)
     return state
+
+
+def _check_box(state: Any, like: Any, where: str = "state") -> None:
+    """Refuse a state whose box is not ``like``'s: it was written under other bounds."""
+    if hasattr(like, "box") and not all(map(torch.equal, state.box, like.box)):
+        raise ValueError(f"The checkpoint's {where}.box differs from like's: it was written by "
+                         "an optimizer with other bounds, which a resumed run would keep. Pass "
+                         "like from an optimizer with the bounds of the run you resume.")
+    for name in ("swarm", "explorer"):  # a black-box search's swarms
+        if hasattr(like, name):
+            _check_box(getattr(state, name), getattr(like, name), f"{where}.{name}")
 
 
 # Fields whose every value is finite in any state that init and update make.

@@ -106,6 +106,20 @@ def test_a_checkpoint_of_a_state_no_update_makes_is_refused(tmp_path, edit, matc
         fb.load(path, like=state)
 
 
+@pytest.mark.parametrize("make", [
+    lambda bounds: fb.hybrid_bfo(population_size=4, bounds=bounds, grad_mask=True),
+    lambda bounds: fb.black_box_search(bounds, max_evals=100)], ids=["hybrid_bfo", "black box"])
+def test_a_checkpoint_written_under_other_bounds_is_refused(tmp_path, make):
+    """The box lives in the state; resumed under other bounds it would be kept, silently."""
+    state = make((-1.0, 1.0)).init(params(), key=fb.random.key(0))
+    fb.save(state, tmp_path / "state.pt")
+    assert_trees_equal(fb.load(tmp_path / "state.pt", like=state), state)
+    other = make((-2.0, 1.0)).init(params(), key=fb.random.key(0))
+    with pytest.raises(ValueError, match=r"state(\.swarm)?\.box differs from like's: .* other "
+                                         r"bounds"):
+        fb.load(tmp_path / "state.pt", like=other)
+
+
 def test_a_good_save_removes_what_killed_saves_left_and_nothing_else(tmp_path):
     """A job killed mid-save every hour must not fill its disk with full-size scratch."""
     opt, state, path = saved_state(tmp_path)
