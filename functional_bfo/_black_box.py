@@ -205,16 +205,10 @@ class _Search:
     def cost(self, loss: Tensor) -> float:
         return self.sign * float(loss)
 
-    def box(self, s: BlackBoxState) -> LeafBounds:
-        """The box of a row of the search (its params are float64)."""
-        row_box = flat_box(self.bounds, layout(s.start), s.best_loss.device)
-        assert row_box is not None  # black_box_search refuses bounds=None
-        return row_box
-
     def sides(self, s: BlackBoxState) -> tuple[Tensor, Tensor]:
-        """Each coordinate's low and high face, (D,) rows."""
-        b, size = self.box(s), layout(s.start).size
-        return b.low.expand(size), b.high.expand(size)
+        """Each coordinate's low and high face, (D,) rows of the swarms' box (float64)."""
+        box, size = s.explorer.box, layout(s.start).size
+        return box.low.expand(size), box.high.expand(size)
 
     def optimizer(self, s: BlackBoxState) -> Optimizer:
         """The optimizer of the swarm whose round is next."""
@@ -308,7 +302,7 @@ class _Search:
             return self.after(s._replace(swarm=self.kept(s, new)))
         updates = int(s.explorer_updates) + 1
         if updates % JITTER_PERIOD == 0:  # a kick moves bacteria, never the best seen
-            new = moves.kicked(new, self.box(s), self.kick, random.fold_in(
+            new = moves.kicked(new, new.box, self.kick, random.fold_in(
                 random.fold_in(s.key, EXPLORER_STREAM), updates))
         return self.after(_with(s, explorer=new, explorer_updates=updates))
 
@@ -378,7 +372,7 @@ class _Search:
         restarts = int(s.restarts)
         shape = layout(s.start)  # a point uniform in the box (the start where a side is open)
         z = random.normal(random.fold_in(s.key, 2 * restarts + 1), (shape.size,), torch.float64)
-        place = unravel(shape, sample_domain(ravel(shape, s.start), z, self.box(s),
+        place = unravel(shape, sample_domain(ravel(shape, s.start), z, s.explorer.box,
                                              z.new_zeros(())))
         failed = int(s.failed) + 1 if now >= entry_best else 0
         return self.restarted(_with(s, failed=failed), place, restarts + 1)
