@@ -95,6 +95,7 @@ class BlackBoxState(NamedTuple):
     explorer_updates: Tensor
     start: Params  # the given params (float64): the explorer's start, open sides' place
     dtypes: Params  # an empty tensor per leaf in the given params' dtype
+    given_box: LeafBounds  # the box (float64) rounded inward to those dtypes, for the loss
     key: Key
 
     RANGES = {"stage": (0, len(PHASES) - 1, False)}  # type: ignore[misc]  # a class constant
@@ -229,7 +230,9 @@ class _Search:
             num_evals=zero, step=zero, restarts=zero, failed=zero, entry_best=inf,
             converged_best=inf, found_after=zero, first=inf, progress=inf, stalled=zero,
             gain=zero.double(), valley=no, explorer_updates=zero, start=start,
-            dtypes=optree.tree_map(lambda x: x.new_empty(0), params), key=key.to(row.device))
+            dtypes=optree.tree_map(lambda x: x.new_empty(0), params), key=key.to(row.device),
+            given_box=flat_box(self.bounds, layout(params), row.device,  # never None: a box
+                               torch.float64))  # type: ignore[arg-type]
         closed = moves.face_scan(row, math.inf, *self.sides(s), 0)._replace(
             stage=torch.tensor(moves.CLOSED))
         return self.after(self.restarted(s._replace(faces=closed), start, 0))
@@ -276,8 +279,7 @@ class _Search:
         if all(x.dtype == torch.float64 for x in optree.tree_leaves(s.dtypes)):
             return loss_fn
         like = layout(optree.tree_map(lambda x, d: x.to(d.dtype), s.start, s.dtypes))
-        given = flat_box(self.bounds, like, s.best_loss.device, torch.float64)
-        return lambda p, *args: loss_fn(as_given(p, like, given), *args)
+        return lambda p, *args: loss_fn(as_given(p, like, s.given_box), *args)
 
     def round_swarm(self, state: BlackBoxState) -> AdaptiveBFOState | None:
         """The swarm whose round is next (None: the face moves'); its optimizer checks it."""
@@ -513,12 +515,11 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
     search = black_box_search(bounds, max_evals=max_evals, **settings)
     state = search.init(params, key=key)
     given = layout(params)
-    given_box = flat_box(check_bounds(bounds), given, state.best_loss.device, torch.float64)
     history: list[tuple[int, float]] = []
     report, started = _reporter(progress, max_evals), time.perf_counter()
 
     def result() -> BlackBoxResult:
-        found = as_given(state.best_params, given, given_box)  # the point its loss is of
+        found = as_given(state.best_params, given, state.given_box)  # the point its loss is of
         return BlackBoxResult(found, state.best_loss, int(state.num_evals),
                               int(state.restarts), int(state.explorer_updates), history)
 
