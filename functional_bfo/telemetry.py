@@ -82,6 +82,7 @@ def materialize(values: dict[str, Tensor]) -> dict[str, float | int]:
     if not names:
         return {}
     tensors = [torch.as_tensor(values[n]) for n in names]
-    stacked = torch.stack([x.to(torch.float64).reshape(()) for x in tensors])  # exact to 2**53
+    device = next((x.device for x in tensors if x.device.type != "cpu"), tensors[0].device)
+    stacked = torch.stack([x.to(device, torch.float64).reshape(()) for x in tensors])  # to 2**53
     return {n: v if x.is_floating_point() else int(v)
             for n, x, v in zip(names, tensors, stacked.tolist())}

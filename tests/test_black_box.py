@@ -779,10 +779,16 @@ def test_a_state_saved_in_every_kind_of_round_loads_into_a_fresh_init_and_ends_t
     assert saved.best_loss.device.type == saved.swarm.population.device.type == device
 
 
-def test_run_drives_a_search_to_its_budget_and_checkpoints_it(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+def test_run_drives_a_search_to_its_budget_and_checkpoints_it(tmp_path, device):
     """fb.run on a black_box_search state: fb.black_box's run, round for round, stopped by
     the search's own budget, saved as it goes and resumed bitwise from the checkpoint."""
     settings = dict(max_evals=16 * 60, restart_after=4)
+
+    def start(dim):  # the search's counters stay on the CPU, its points where params are
+        return {"x": torch.zeros(dim, dtype=torch.float64, device=device)}
+
     out = fb.black_box(shifted_sphere, start(3), (-1.0, 1.0), key=fb.random.key(2), **settings)
     opt = fb.black_box_search((-1.0, 1.0), **settings)
     lines = []
