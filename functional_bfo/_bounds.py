@@ -53,7 +53,9 @@ def open_box(device: torch.device, dtype: torch.dtype) -> LeafBounds:
 def is_closed(bounds: Any) -> bool:
     """Whether ``bounds`` (checked) are finite Python numbers: no coordinate has an open side."""
     pairs = [bounds] if _is_pair(bounds) else optree.tree_leaves(bounds, is_leaf=_is_pair)
-    return bounds is not None and all(isinstance(v, (int, float)) and math.isfinite(v)
+    # Comparisons, not math.isfinite: compiled, a number that changed between compiles is
+    # symbolic, and dynamo guards on a comparison but cannot trace isfinite.
+    return bounds is not None and all(isinstance(v, (int, float)) and -math.inf < v < math.inf
                                       for pair in pairs for v in pair)
 
 
@@ -144,9 +146,7 @@ def flat_box(bounds: Any, shape: Layout, device: torch.device,
             if isinstance(v, Tensor) and not broadcasts(v.shape, leaf_shape):
                 raise ValueError(f"bounds at {path_str(path)} have shape {tuple(v.shape)}, which "
                                  f"does not broadcast to the leaf's shape {tuple(leaf_shape)}.")
-    # Comparisons, not math.isfinite: compiled, a number that changed between
-    # compiles is symbolic, and dynamo guards on a comparison but cannot trace isfinite.
-    closed = numbers and all(-math.inf < v < math.inf for pair in pairs for v in pair)
+    closed = is_closed(bounds)
     if numbers:  # one value per leaf, rounded once per dtype, then spread over the coordinates
         ends = torch.tensor(pairs, dtype=torch.float64, device=device)  # (leaves, 2)
         low, high = _round_to_leaves(ends[:, 0], ends[:, 1], shape, dtype)
