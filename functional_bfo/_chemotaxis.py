@@ -30,8 +30,10 @@ from ._tree import first_min, where
 
 TUMBLES = ("gaussian", "levy")
 LEVY_MAX_LENGTH = 1e3  # Mantegna's ratio has no finite variance; cap it so f16 stays finite
-# A swim whose candidates hold this many elements per point evaluates its points one after
-# another (see ``after``); smaller ones gain from inductor fusing them side by side.
+# A swim whose candidates hold this many elements per point builds each point when it is
+# evaluated, one after another (see ``after``). A smaller one builds every point at once
+# (2.6 MB at most) and takes its best row from them: fewer ops per eager update, and
+# inductor may fuse the points side by side.
 ORDER_POINTS_FROM = 1 << 16
 
 
@@ -103,8 +105,11 @@ def walk(
     as the one before counts as improved, so a greedy swim drifts across a plateau.
     """
     ks = torch.arange(swims + 1, dtype=step_length.dtype, device=step_length.device)
-    return Ray(population, direction, (start + ks.unsqueeze(1)) * step_length, bounds, boundary,
-               swarm_cost, greedy, ties)
+    distances = (start + ks.unsqueeze(1)) * step_length
+    built = (ray_point(population, direction, distances, bounds, boundary)
+             if population.numel() < ORDER_POINTS_FROM else None)
+    return Ray(population, direction, distances, built, bounds, boundary, swarm_cost, greedy,
+               ties)
 
 
 class Plan(NamedTuple):
@@ -147,14 +152,13 @@ class Plan(NamedTuple):
         is kept at each final point without storing the whole ray.
         """
         ray, carry = self.ray, self.carry
-        ordered = ray.population.numel() >= ORDER_POINTS_FROM
         raw: Tensor | None = None
         aux: Any = None
         for first in range(0, ray.distances.shape[0], per_call):
             along = ray.distances[first:first + per_call]  # (G, P)
-            if ordered and raw is not None:  # after the previous points' losses and aux
+            if ray.built is None and raw is not None:  # after the previous points' outcome
                 along = after(along, raw, *optree.tree_leaves(aux))
-            candidates = ray.points(along)
+            candidates = ray.points(along, first)
             raw, aux = evaluate(candidates)
             raw = self.padded(raw)
             carry = ray.take(carry, along, candidates, raw, aux)
@@ -196,6 +200,7 @@ class Ray(NamedTuple):
     population: Tensor  # (P, D)
     direction: Tensor  # (P, D)
     distances: Tensor  # (N_s + 1, P): every point's place on the ray
+    built: Tensor | None  # ((N_s + 1) P, D) every point, point-major, if built at once
     bounds: LeafBounds | None
     boundary: str
     swarm_cost: Callable[[Params], Tensor] | None
@@ -213,9 +218,12 @@ class Ray(NamedTuple):
         return SwimCarry(running, last, torch.full_like(last, torch.nan), stay[0], stay[0],
                          stay[1], best_params, best_cost)
 
-    def points(self, along: Tensor) -> Params:
-        """The candidates at ``along`` (G, P): ``G * P`` rows, point-major."""
-        return ray_point(self.population, self.direction, along, self.bounds, self.boundary)
+    def points(self, along: Tensor, first: int = 0) -> Tensor:
+        """The candidates at ``along`` (G, P), points ``first`` on: G P rows, point-major."""
+        if self.built is None:
+            return ray_point(self.population, self.direction, along, self.bounds,
+                             self.boundary)
+        return self.built[first * along.shape[1]:(first + along.shape[0]) * along.shape[1]]
 
     def take(self, carry: SwimCarry, along: Tensor, candidates: Params, raw: Tensor,
              aux: Any) -> SwimCarry:
@@ -240,8 +248,8 @@ class Ray(NamedTuple):
         """Where each bacterium ends (the greedy ones that never improved stay), and the best.
 
         The best point of the whole ray is found once, over every point's cost: the first
-        of equal costs in point-major order, as batch after batch would keep it, and its
-        row rebuilt from the ray, as the final positions are.
+        of equal costs in point-major order, as batch after batch would keep it. Its row is
+        taken from the ray built at once, else rebuilt, as the final positions are.
         """
         final = ray_point(self.population, self.direction, carry.distance, self.bounds,
                           self.boundary)
@@ -249,11 +257,14 @@ class Ray(NamedTuple):
         if self.greedy:  # NaN rows (those that stay) are replaced whole
             final = where(moved, final, self.population)
         cost, at = first_min(torch.cat(carry.seen) if len(carry.seen) > 1 else carry.seen[0])
-        bacterium = at % self.distances.shape[1]
-        row = ray_point(self.population.index_select(0, bacterium),
-                        self.direction.index_select(0, bacterium),
-                        self.distances.reshape(-1).index_select(0, at), self.bounds,
-                        self.boundary)[0]
+        if self.built is not None:
+            row = self.built.index_select(0, at)[0]
+        else:
+            bacterium = at % self.distances.shape[1]
+            row = ray_point(self.population.index_select(0, bacterium),
+                            self.direction.index_select(0, bacterium),
+                            self.distances.reshape(-1).index_select(0, at), self.bounds,
+                            self.boundary)[0]
         better = cost[0] < carry.best_cost
         best = torch.where(better, row, carry.best_params)  # the best row
         return SwimResult(final, carry.raw_cost, carry.cost, carry.aux, best,

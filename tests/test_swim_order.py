@@ -104,3 +104,24 @@ def test_after_keeps_the_values():
     events = (torch.tensor([False, True, True]), torch.tensor([[float("nan"), 0.0]]),
               torch.zeros(3, 0))  # an empty leaf's gradients
     assert torch.equal(_chemotaxis.after(x, *events), x)
+
+
+@pytest.mark.parametrize("make", [fb.bfo, fb.adaptive_bfo, HYBRID],
+                         ids=["bfo", "adaptive", "hybrid"])
+def test_rays_built_up_front_or_point_by_point_give_the_same_run(make, monkeypatch):
+    """Small rays build every point at once and take their ends from them; large ones build
+    each point when it is evaluated and rebuild the ends: the same bits either way."""
+
+    def run():
+        opt = make(**SWIM, bounds=(-1.0, 1.0))
+        state = opt.init({"w": torch.full((3,), 0.9), "v": torch.zeros(2, 2)},
+                         key=fb.random.key(5))
+        for _ in range(2 * SWIM["chemotaxis_steps"] + 1):  # past a reproduction
+            state = opt.update(state, lambda p: shifted_sphere(p) + p["v"].square().sum())
+        return state
+
+    built = run()
+    monkeypatch.setattr(_chemotaxis, "ORDER_POINTS_FROM", 0)  # no ray is built up front
+    for a, b in zip(torch.utils._pytree.tree_leaves(built),
+                    torch.utils._pytree.tree_leaves(run())):
+        assert torch.equal(a, b) or (a.isnan().all() and b.isnan().all())
