@@ -15,8 +15,8 @@ from ._base import PyTree
 
 def where(mask: Tensor, a: PyTree, b: PyTree) -> PyTree:
     """Per bacterium: the rows of ``a``'s leaves where ``mask`` (shape (P,)) holds, else ``b``'s."""
-    return optree.tree_map(
-        lambda x, y: torch.where(mask.reshape(mask.shape + (1,) * (x.dim() - 1)), x, y), a, b)
+    return optree.tree_map(lambda x, y: torch.where(
+        mask if x.dim() == 1 else mask.reshape(mask.shape + (1,) * (x.dim() - 1)), x, y), a, b)
 
 
 def diversity(population: Tensor, dtype: torch.dtype) -> Tensor:
