@@ -40,10 +40,11 @@ def batched(fn: Any, population: Params, args: tuple, chunk_size: int | None = N
     """``torch.func.vmap(fn)`` over the population's leading axis, ``args`` unbatched.
 
     Every exception keeps its type; where vmap itself is the cause, a note says what to do.
+    ``args`` are closed over rather than given ``in_dims=None``: an ``in_dims`` tuple costs
+    vmap a pytree broadcast, about 30 us of an eager call's 65 (an eager update makes five).
     """
-    in_dims = (0,) + (None,) * len(args)
     try:
-        return torch.func.vmap(fn, in_dims=in_dims, chunk_size=chunk_size)(population, *args)
+        return torch.func.vmap(lambda rows: fn(rows, *args), chunk_size=chunk_size)(population)
     except ValueError as e:
         if "must only return Tensors" not in str(e):
             raise
