@@ -306,9 +306,10 @@ def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: 
     size = static.size
     varying = static.min_size < size
     source = reproduction_index(state.health, flag, count if varying else None)
-    population, losses = state.population.index_select(0, source), state.losses[source]
-    step_sizes = state.step_sizes[source]
-    health = torch.where(flag, torch.zeros_like(state.health), state.health)
+    population, losses = state.population.index_select(0, source), state.losses.index_select(
+        0, source)
+    step_sizes = state.step_sizes.index_select(0, source)
+    health = torch.where(flag, 0.0, state.health)
     cost = static.sign * losses  # NaN where never evaluated
     spread = diversity(population, dtype) / reference_diversity.clamp_min(1e-30)
     pressure = torch.maximum(stall.to(dtype) / static.stagnation_steps, 1 - spread).clamp(0, 1)
@@ -319,11 +320,12 @@ def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: 
         new_count = torch.where(flag, (count + change).clamp(static.min_size, size), count)
         woken = (slots < new_count) & (slots >= count)
         count = new_count
-    else:
-        woken = torch.zeros_like(slots, dtype=torch.bool)
-    active = slots < count
-    leader = first_min(torch.where(torch.isnan(cost) | ~active, torch.inf, cost))[1]
-    dispersed = (dispersal_mask(coins, p_ed, flag) & active & (slots != leader)) | woken
+    # A fixed population has every slot active: no masks (bitwise the same, fewer ops).
+    unknown = torch.isnan(cost) if not varying else torch.isnan(cost) | (slots >= count)
+    leader = first_min(torch.where(unknown, torch.inf, cost))[1]
+    dispersed = dispersal_mask(coins, p_ed, flag) & (slots != leader)
+    if varying:
+        dispersed = (dispersed & (slots < count)) | woken
     fresh = sample_domain(best, places, box, hp.init_scale)
     population = where(dispersed, fresh, population)
     step_sizes = torch.where(dispersed, hp.step_size, step_sizes)

@@ -15,8 +15,8 @@ def reproduce(flag: Tensor, population: Tensor, losses: Tensor, health: Tensor
               ) -> tuple[Tensor, Tensor, Tensor]:
     """Where ``flag`` (0-d bool) holds, the healthiest half splits and health restarts at zero."""
     source = reproduction_index(health, flag)
-    return (population.index_select(0, source), losses[source],
-            torch.where(flag, torch.zeros_like(health), health))
+    return (population.index_select(0, source), losses.index_select(0, source),
+            torch.where(flag, 0.0, health))
 
 
 def reproduction_index(health: Tensor, reproduce: Tensor, active: Tensor | None = None) -> Tensor:
