@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import platform
 import statistics
+import subprocess
 import time
 import warnings
 from collections.abc import Callable
@@ -124,3 +126,15 @@ def peak_bytes(fn: Callable[[], object], device: str = "cpu") -> int:
         running += change
         peak = max(peak, running)
     return peak
+
+
+def commit() -> str:
+    """``FB_COMMIT`` where the tree travels without its history (a lent GPU), else git's."""
+    if given := os.environ.get("FB_COMMIT"):
+        return given
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%h"], capture_output=True,
+                             text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+    except OSError:  # no git
+        return "unknown"
+    return out.stdout.strip() or "unknown"

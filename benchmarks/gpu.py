@@ -29,8 +29,6 @@ from __future__ import annotations
 import collections
 import functools
 import math
-import os
-import subprocess
 import tempfile
 import time
 import traceback
@@ -38,7 +36,16 @@ import warnings
 
 import optree
 import torch
-from common import machine, median_ms, paired_ms, parser, peak_bytes, sync, write
+from common import (
+    commit,
+    machine,
+    median_ms,
+    paired_ms,
+    parser,
+    peak_bytes,
+    sync,
+    write,
+)
 from update_overhead import CYCLE, rastrigin_problem
 
 import functional_bfo as fb
@@ -47,18 +54,6 @@ from functional_bfo import random as fbr
 SWIM = 4
 DEVICE = "cuda"
 MODES = {"eager": None, "compiled": "default", "graphs": "reduce-overhead"}
-
-
-def commit() -> str:
-    """``FB_COMMIT`` where the tree travels without its history (a lent GPU), else git's."""
-    if given := os.environ.get("FB_COMMIT"):
-        return given
-    try:
-        out = subprocess.run(["git", "log", "-1", "--format=%h"], capture_output=True,
-                             text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
-    except OSError:  # no git
-        return "unknown"
-    return out.stdout.strip() or "unknown"
 
 
 def compiled(fn, mode: str):

@@ -114,6 +114,25 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "`python benchmarks/leaves.py --device cuda --baseline ROOT --quick`: on a GPU every "
      "op is a kernel launch, so an op saved is time saved. Run before the library's "
      "evaluators were handed the population's rows."),
+    ("gpu_profile_cuda", "Where an eager update's time goes on an NVIDIA H200",
+     "`python benchmarks/gpu_profile.py --device cuda`: per update, the ops dispatched, the "
+     "kernels launched, the host syncs (none), the host's time before it waits for the GPU "
+     "and the GPU's own kernel time. The GPU computes for 5% of an eager update at P = 256 "
+     "(14% at 65,536); the rest is the host, with no sync: Python, and ops dispatched at "
+     "7-10 us each (`fb.bfo`'s 216 ops alone are 1.6 of its 4.7 ms). So an op fewer is "
+     "time saved, and CUDA graphs (the first GPU section) take the host out. The next "
+     "section is the same run at 96f5aac, before the eager cuts "
+     "of 0.2.0 (a ray built at once, one vmap call's pytree broadcast less, fewer masks), in "
+     "the same session: 216 ops instead of 285 for `fb.bfo` at P = 256."),
+    ("gpu_profile_cuda_96f5aac", "Where an eager update's time went, before the eager cuts",
+     "`python benchmarks/gpu_profile.py --device cuda` at 96f5aac."),
+    ("gpu_eager_h200_cuda", "Eager updates on an NVIDIA H200",
+     "`python benchmarks/gpu.py --only eager` at 0a11d3f; the next section is the same rows at "
+     "96f5aac, one after the other on the same machine. The host's speed moves by 25% "
+     "between processes there (one small op took 7.3 and 9.8 us in two), so read the op "
+     "counts of the profile above for what changed."),
+    ("gpu_eager_h200_cuda_96f5aac", "Eager updates on an NVIDIA H200, before the eager cuts",
+     "`python benchmarks/gpu.py --only eager` at 96f5aac."),
     ("gpu_eager_cuda", "Eager updates on an NVIDIA H100, one (P, D) matrix",
      "`python benchmarks/gpu.py --only eager`: a 30-D Rastrigin as one leaf, where the layout "
      "changes nothing: compare with the next section, the same rows before it, run on the "

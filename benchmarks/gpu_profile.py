@@ -1,0 +1,193 @@
+"""Where an eager update's time goes: kernel launches, host syncs, dispatch.
+
+``fb.bfo``, ``fb.adaptive_bfo`` and ``fb.hybrid_bfo`` (``grad_mask=True``) on the shifted
+30-D Rastrigin of ``gpu.py`` (swim length 4), eager, at populations 256 and 65,536. Per
+update, over a reproduction cycle of chained updates (each state fed to the next):
+
+- ms: wall time, the device synchronized at the cycle's end (median of repeats);
+- host ms: the same cycle's time before that synchronization, what Python and dispatch
+  spend while the device runs behind (equal to ms where the host is the bottleneck);
+- ops: the ops dispatched (``torch.profiler``'s aten events at the top of their stack);
+- launches: kernel launches (``cudaLaunchKernel``, ``cuLaunchKernel*``);
+- syncs: runtime calls that wait for the device (``cudaStreamSynchronize``,
+  ``cudaDeviceSynchronize``, ``cudaEventSynchronize``, blocking ``cudaMemcpy``), less those
+  of profiling an empty cycle (the benchmark's own);
+- copies: host-device copies (``cudaMemcpyAsync``);
+- GPU us: its kernels' durations summed;
+- sync sites: the lines of ``functional_bfo`` where ``torch.cuda.set_sync_debug_mode``
+  warns (an op that makes the host wait), with their counts per cycle;
+- op floor: ops x the time of one small eager op (``x.add_(1)``) on the device: what the
+  update would cost if dispatch were all it did.
+
+Writes ``results/gpu_profile[_quick]_<device>.{json,md}``.
+
+    python benchmarks/gpu_profile.py --device cuda [--quick]
+"""
+
+from __future__ import annotations
+
+import collections
+import traceback
+import warnings
+
+import torch
+from common import commit, machine, median_ms, parser, sync, write
+from update_overhead import CYCLE, FACTORIES, rastrigin_problem
+
+import functional_bfo as fb
+
+SWIM = 4
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+         "cudaMemcpy")
+
+
+def chain(opt, state, loss):
+    """CYCLE chained updates from ``state`` (kept, so every run starts alike)."""
+    def run():
+        s = state
+        for _ in range(CYCLE):
+            s = opt.update(s, loss)
+        return s
+
+    return run
+
+
+def host_ms(run, repeats: int, device: str) -> float:
+    """Median ms per update that the host spends before waiting for the device."""
+    import time
+
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+        sync(device)
+    return 1e3 * sorted(times)[len(times) // 2] / CYCLE
+
+
+def profiled(run, device: str):
+    """torch.profiler's events of one cycle."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        run()
+        sync(device)
+    return prof.events()
+
+
+def inside_op(event) -> bool:
+    """Whether an aten op encloses ``event`` (so it is not a dispatched op of its own)."""
+    parent = event.cpu_parent
+    while parent is not None and not parent.name.startswith("aten::"):
+        parent = parent.cpu_parent
+    return parent is not None
+
+
+def profile_counts(run, device: str) -> dict:
+    """Ops, launches, syncs, copies and GPU time per update of one profiled cycle."""
+    events = profiled(run, device)
+    own = collections.Counter(e.name for e in profiled(lambda: None, device))
+    gpu = torch.autograd.DeviceType.CUDA
+    top_ops = [e for e in events if e.name.startswith("aten::") and e.device_type != gpu
+               and not inside_op(e)]
+    names = collections.Counter(e.name for e in events if e.device_type != gpu)
+    return {
+        "ops": len(top_ops) / CYCLE,
+        "launches": sum(n for name, n in names.items()
+                        if name in ("cudaLaunchKernel", "cudaLaunchKernelExC")
+                        or name.startswith("cuLaunchKernel")) / CYCLE,
+        "syncs": {name: (names[name] - own[name]) / CYCLE for name in SYNCS
+                  if names[name] > own[name]},
+        "memcpy_async": names["cudaMemcpyAsync"] / CYCLE,
+        "gpu_us": sum(e.time_range.elapsed_us() for e in events if e.device_type == gpu)
+        / CYCLE,
+        "top_ops": collections.Counter(e.name for e in top_ops).most_common(12),
+    }
+
+
+def sync_sites(run) -> dict:
+    """``functional_bfo`` lines where the CUDA sync debug mode warns, over one cycle."""
+    sites: collections.Counter = collections.Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        ours = [f for f in traceback.extract_stack() if "functional_bfo" in f.filename
+                and "benchmarks" not in f.filename]
+        where = f"{ours[-1].filename.split('functional_bfo')[-1]}:{ours[-1].lineno} " \
+                f"({ours[-1].name})" if ours else f"{filename}:{lineno}"
+        sites[f"{where}: {str(message)[:60]}"] += 1
+
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            run()
+            torch.cuda.synchronize()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return dict(sites.most_common())
+
+
+def op_us(device: str, repeats: int) -> float:
+    """Time of one small eager op (``x.add_(1)``), in us: what dispatch and a launch cost."""
+    x = torch.zeros(256, device=device)
+
+    def ops():
+        for _ in range(1000):
+            x.add_(1)
+
+    return median_ms(ops, repeats, device)
+
+
+def row(variant: str, population: int, device: str, repeats: int) -> dict:
+    params, loss, extra = rastrigin_problem(30, device)
+    kwargs = dict(population_size=population, swim_length=SWIM, chemotaxis_steps=CYCLE,
+                  **extra)
+    if variant == "hybrid_bfo":
+        kwargs["grad_mask"] = True
+    opt = FACTORIES[variant](**kwargs)
+    state = opt.update(opt.init(params, key=fb.random.key(0)), loss)
+    run = chain(opt, state, loss)
+    run()
+    out = {"variant": variant, "population": population,
+           "ms": median_ms(run, repeats, device) / CYCLE,
+           "host_ms": host_ms(run, repeats, device), **profile_counts(run, device)}
+    if device.startswith("cuda"):
+        out["sync_sites"] = sync_sites(run)
+    return out
+
+
+def markdown(result: dict) -> list[str]:
+    lines = [f"# Where an eager update's time goes ({result['machine'].get('gpu', 'cpu')})", "",
+             f"Commit `{result['commit']}`, torch {result['machine']['torch']}. One small "
+             f"eager op: {result['op_us']:.1f} us. Per update, chained over "
+             f"{CYCLE} updates:", "",
+             "| variant | P | ms | host ms | ops | op floor ms | launches | syncs | "
+             "copies | GPU us |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        syncs = sum(r["syncs"].values())
+        lines.append(f"| {r['variant']} | {r['population']} | {r['ms']:.2f} | "
+                     f"{r['host_ms']:.2f} | {r['ops']:.0f} | "
+                     f"{r['ops'] * result['op_us'] / 1e3:.2f} | {r['launches']:.0f} | "
+                     f"{syncs:.1f} | {r['memcpy_async']:.1f} | {r['gpu_us']:.0f} |")
+    for r in result["rows"]:
+        if r.get("sync_sites"):
+            lines += ["", f"Sync sites, {r['variant']} P = {r['population']} (per cycle of "
+                      f"{CYCLE}):", ""] + [f"- {n} x {s}" for s, n in r["sync_sites"].items()]
+    return lines
+
+
+def main() -> None:
+    args = parser(__doc__).parse_args()
+    repeats = 3 if args.quick else 15
+    populations = (256,) if args.quick else (256, 65536)
+    result = {"commit": commit(), "machine": machine(args.device),
+              "op_us": op_us(args.device, repeats),
+              "rows": [row(v, p, args.device, repeats) for p in populations for v in FACTORIES]}
+    write(args, "gpu_profile", result, markdown(result))
+
+
+if __name__ == "__main__":
+    main()
