@@ -156,6 +156,11 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "`python benchmarks/scaling.py --device cuda`: peak memory from the CUDA allocator."),
     ("adapter_paths", "The torch.optim adapters: closure vs fast path (CPU)",
      "`python benchmarks/adapter_paths.py`."),
+    ("chunk_size", "Chunked evaluation against one call (CPU)",
+     "`python benchmarks/chunk_size.py`: what `chunk_size` does to an eager update, by how "
+     "large a candidate's activations are. Chunks win where a call's temporaries would be "
+     "megabytes (glibc then keeps them instead of faulting them back in each call) and "
+     "lose where they are small, so the default stays one call."),
     ("adapter_shells", "The shell's own cost against the one it replaced (CPU)",
      "`python benchmarks/adapter_paths.py --baseline ROOT`, ROOT a checkout of the previous "
      "shell: both step the same problem over the same core, in turn. \"per evaluation\" "
