@@ -304,6 +304,10 @@ def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: 
     hp, stall, count = state.hyperparams, state.stall, state.active_size
     reference_diversity = state.reference_diversity
     size = static.size
+    if size == 1:  # reproduction copies a lone bacterium, and as the leader it stays
+        return (state.population, state.losses, state.step_sizes,
+                torch.where(flag, 0.0, state.health), count, slots,
+                torch.zeros_like(slots, dtype=torch.bool))
     varying = static.min_size < size
     source = reproduction_index(state.health, flag, count if varying else None)
     population, losses = state.population.index_select(0, source), state.losses.index_select(
