@@ -238,8 +238,13 @@ class Ray(NamedTuple):
                 cost = point_raw + self.swarm_cost(point_rows(candidates, g, size))
             better = cost <= previous if self.ties else cost < previous
             improved = running & better
-            end = where(improved if self.greedy else running, (along[g], point_raw, cost,
-                                                               point_aux), end)
+            ends = improved if self.greedy else running
+            if self.swarm_cost is None:  # the compared cost is the raw one: one where for both
+                distance, raw_end, aux_end = where(ends, (along[g], point_raw, point_aux),
+                                                   (end[0], end[1], end[3]))
+                end = (distance, raw_end, raw_end, aux_end)
+            else:
+                end = where(ends, (along[g], point_raw, cost, point_aux), end)
             running, previous = improved, cost
         return SwimCarry(running, previous, *end, carry.best_params, carry.best_cost,
                          carry.seen + (raw,))
