@@ -226,7 +226,8 @@ def hybrid_bfo(
                 g = ravel(layout(state.best_params), grad).expand_as(direction)
                 usable = torch.ones_like(known)
             else:
-                g, usable = state.grads.index_select(0, source), state.grad_known[source] & known
+                g = state.grads.index_select(0, source)
+                usable = state.grad_known.index_select(0, source) & known
             return _mix(direction, g, usable, state.grad_mask, hp.gradient_weight, static.sign)
 
         def start_aux(source: Tensor, known: Tensor):
@@ -249,7 +250,8 @@ def hybrid_bfo(
         new = torch.nan_to_num(new, 0.0, 0.0, 0.0)
         old = state.grads.index_select(0, step.source)
         averaged = hp.momentum * old + (1 - hp.momentum) * new
-        averaged = torch.where((state.grad_known[step.source] & step.known)[:, None], averaged, new)
+        known = state.grad_known.index_select(0, step.source) & step.known
+        averaged = torch.where(known[:, None], averaged, new)
         stats = _grad_stats(step.aux, mask, dtype, vanishing_threshold, exploding_threshold)
         return HybridBFOState(**fields, grads=averaged, grad_known=finite, grad_mask=mask,
                               **stats)
@@ -261,37 +263,8 @@ def hybrid_bfo(
         if grad is not None:
             grad = optree.tree_map(lambda g: strided(g.detach()), grad)
 
-        def evaluate(rows: Tensor):
-            if evaluator is not None:
-                by_rows = getattr(evaluator, "any_structure", False)  # takes rows
-                if grad is not None:
-                    differentiable = partial(loss_of_row, loss_fn, shape) if by_rows else loss_fn
-                elif by_rows:
-                    differentiable = _differentiable_rows(loss_fn, state.grad_mask, shape, True)
-                else:
-                    differentiable = _differentiable(loss_fn, unravel(shape, state.grad_mask),
-                                                     True)
-                out = evaluator(differentiable, rows if by_rows else unravel(shape, rows), *args)
-                if not (isinstance(out, tuple) and len(out) == 2):
-                    raise TypeError("hybrid_bfo's evaluator must return (losses, grads); got "
-                                    f"{type(out).__name__}. The evaluators of "
-                                    "functional_bfo.evaluate return losses only.")
-                losses, grads = out
-                grads = None if grad is not None else grads if by_rows else ravel(shape, grads)
-            elif grad is not None:  # the caller's gradient serves everyone: losses only
-                with torch.no_grad():
-                    losses = batched(partial(loss_of_row, loss_fn, shape), rows, args,
-                                     chunk_size)
-                grads = None
-            else:  # by the rows: the gradient comes out as rows too
-                grads, losses = batched(torch.func.grad_and_value(_differentiable_rows(
-                    loss_fn, state.grad_mask, shape)), rows, args, chunk_size)
-            # Detached: a loss that touches tensors outside params which require grad (a
-            # model's other weights) must not leave their autograd graph in the state.
-            losses = check_losses(losses, rows.shape[0]).detach().to(dtype)
-            grads = None if grads is None else grads.detach()
-            return rank_costs(losses, sign), grads
-
+        evaluate = partial(_costs_and_grads, loss_fn, args, state.grad_mask, shape, grad,
+                           evaluator, chunk_size, sign, dtype)
         steps = plan(state, grad)
         return assemble(state, steps, steps.swim(evaluate, static.swim_batch), grad)
 
@@ -310,6 +283,42 @@ def hybrid_bfo(
         return assemble(state, steps, steps.told(costs, aux), None)
 
     return Optimizer(init_fn, update_fn, base.maximize, ask_fn, tell_fn)
+
+
+def _costs_and_grads(loss_fn: LossFn, args: tuple, mask: Tensor, shape: Layout,
+                     grad: Params | None, evaluator: Any, chunk_size: int | None, sign: float,
+                     dtype: torch.dtype, rows: Tensor) -> tuple[Tensor, Tensor | None]:
+    """Costs of ``rows`` and their gradients as rows (None where ``grad`` serves everyone).
+
+    The gradients go through the coordinates that ``mask`` marks; the ``evaluator`` (None:
+    ``vmap``) returns ``(losses, grads)``.
+    """
+    if evaluator is not None:
+        by_rows = getattr(evaluator, "any_structure", False)  # takes rows
+        if grad is not None:
+            differentiable = partial(loss_of_row, loss_fn, shape) if by_rows else loss_fn
+        elif by_rows:
+            differentiable = _differentiable_rows(loss_fn, mask, shape, True)
+        else:
+            differentiable = _differentiable(loss_fn, unravel(shape, mask), True)
+        out = evaluator(differentiable, rows if by_rows else unravel(shape, rows), *args)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise TypeError("hybrid_bfo's evaluator must return (losses, grads); got "
+                            f"{type(out).__name__}. The evaluators of "
+                            "functional_bfo.evaluate return losses only.")
+        losses, grads = out
+        grads = None if grad is not None else grads if by_rows else ravel(shape, grads)
+    elif grad is not None:  # the caller's gradient serves everyone: losses only
+        with torch.no_grad():
+            losses = batched(partial(loss_of_row, loss_fn, shape), rows, args, chunk_size)
+        grads = None
+    else:  # by the rows: the gradient comes out as rows too
+        grads, losses = batched(torch.func.grad_and_value(_differentiable_rows(
+            loss_fn, mask, shape)), rows, args, chunk_size)
+    # Detached: a loss that touches tensors outside params which require grad (a model's
+    # other weights) must not leave their autograd graph in the state.
+    losses = check_losses(losses, rows.shape[0]).detach().to(dtype)
+    return rank_costs(losses, sign), None if grads is None else grads.detach()
 
 
 def with_grad_mask(state: HybridBFOState, grad_mask: Any) -> HybridBFOState:
