@@ -134,7 +134,7 @@ def run(
     if (evals >= max_evals if max_evals is not None else search and state.phase == "done"):
         rules.reason = "max_evals"  # a finished run, resumed: nothing left
     update = torch.compile(opt.update, fullgraph=True) if compile else opt.update
-    buffer = state.losses.shape[-1] if hasattr(state, "losses") else 1
+    buffer = _slots(state)
     started, steps, saved_at = time.perf_counter(), 0, None  # saved_at: steps on disk
     try:
         while rules.reason is None:
@@ -194,7 +194,7 @@ def _read(state: Any, with_mean: bool = False) -> tuple[int, float, float, int]:
     if hasattr(state, "active_size"):
         values["active_size"] = state.active_size
     out = materialize(values)
-    active = int(out.get("active_size", state.losses.shape[-1] if hasattr(state, "losses") else 1))
+    active = int(out.get("active_size", _slots(state)))
     return (int(out["num_evals"]), out["best_loss"], out.get("mean_loss", math.nan),
             max(active, 1))
 
@@ -240,3 +240,8 @@ def _print_line(info: dict) -> None:
     print(f"step {info['step']:6d}  evals {info['num_evals']:9d}  "
           f"best {info['best_loss']:.6g}  mean {info['mean_loss']:.6g}  "
           f"{info['seconds']:.1f}s", flush=True)
+
+
+def _slots(state: Any) -> int:
+    """The bacteria a state holds (a black-box search's rounds: 1, it reports no losses)."""
+    return state.losses.shape[-1] if hasattr(state, "losses") else 1

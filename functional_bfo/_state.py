@@ -289,11 +289,13 @@ def _check_box(state: Any, like: Any, where: str = "state") -> None:
         raise ValueError(f"The checkpoint's {where}.box differs from like's: it was written by "
                          "an optimizer with other bounds, which a resumed run would keep. Pass "
                          "like from an optimizer with the bounds of the run you resume.")
-    for name in ("swarm", "explorer"):  # a black-box search's swarms
+    for name in HELD_STATES:
         if hasattr(like, name):
             _check_box(getattr(state, name), getattr(like, name), f"{where}.{name}")
 
 
+# The states a black-box search's state holds, checked as states of their own.
+HELD_STATES = ("swarm", "explorer", "faces")
 # Fields whose every value is finite in any state that init and update make.
 FINITE_FIELDS = ("population", "best_params", "health", "step_sizes", "grads",
                  "reference_diversity", "start")
@@ -337,6 +339,6 @@ def check_values(state: Any, where: str = "state") -> None:
             raise ValueError(f"The checkpoint's {where}.{name} is negative ({count.tolist()}): "
                              "the file was edited or written by other code. Load an intact "
                              "checkpoint.")
-    for name in ("swarm", "explorer", "faces"):  # what a black-box search's state holds
+    for name in HELD_STATES:
         if hasattr(state, name):
             check_values(getattr(state, name), f"{where}.{name}")
