@@ -4,7 +4,8 @@ A search is a sequence of phases over one :class:`BlackBoxState`, a round each:
 
 - converge: small swarms, each restarted from a uniform place once it stops progressing.
   Every other one tumbles along a metric learned from its successes (``_metric.py``) and,
-  once the metric finds a valley, goes on as its best bacterium alone;
+  once the metric finds a valley, goes on from its best bacterium as a walker that
+  recombines a whole round of tumbles (``_walker.py``);
 - explore: after ``explore_after`` failed swarms in a row, one swarm kicked every
   ``JITTER_PERIOD`` updates (``_moves.kicked``) takes every round until the polish;
 - faces, then polish: the last ``polish`` of the budget moves the best point onto the box's
@@ -29,12 +30,14 @@ from torch import Tensor
 
 from . import _metric as metric
 from . import _moves as moves
+from . import _walker as walker
 from . import random
-from ._adaptive import AdaptiveBFOState, adaptive_bfo
+from ._adaptive import AdaptiveBFOState, adaptive_bfo, adaptive_static
 from ._ask_tell import Ask, check_tag, round_tag, told_costs
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import LeafBounds, check_bounds, flat_box, project, sample_domain
-from ._checks import check_float, check_int, check_losses, check_params
+from ._checks import check_float, check_int, check_losses, check_params, check_state
+from ._chemotaxis import rank_costs
 from ._layout import Layout, layout, ravel, unravel
 from ._run import _reporter
 from ._state import with_hyperparams
@@ -60,7 +63,8 @@ POLISH_DECADES = 4
 # A swarm behind the best restarts once it has spent BEHIND_BUDGET x the evaluations the
 # best's swarm took to find it (the eight's ellipsoid-10: 5.96 -> 1e-8; 1x lost a seed of it).
 BEHIND_BUDGET = 2
-EXPLORER_STREAM, POLISHER_STREAM = 2**31 - 1, 2**31 - 2  # fold_in data; restarts use 0, 1, ..
+# fold_in data; restarts use 0, 1, ..
+EXPLORER_STREAM, POLISHER_STREAM, WALKER_STREAM = 2**31 - 1, 2**31 - 2, 2**31 - 3
 PHASES = ("converge", "explore", "faces", "polish", "done")
 
 
@@ -69,8 +73,8 @@ class BlackBoxState(NamedTuple):
 
     Tensors only, in shapes that ``init`` fixes, so that :func:`functional_bfo.save` and
     :func:`functional_bfo.load` take it in every phase. The converging swarm is kept with
-    ``population_size`` rows and a learner's metric whatever its kind: a lone bacterium is
-    its row 0 (every row holds it), an isotropic swarm's metric is unused.
+    a learner's metric whatever its kind (an isotropic swarm's is unused), and the walker
+    whether it walks or not.
     """
 
     stage: Tensor  # () int64: the next round's phase, an index into PHASES
@@ -78,6 +82,7 @@ class BlackBoxState(NamedTuple):
     swarm_learns: Tensor  # () bool: whether it learns its tumble metric
     explorer: AdaptiveBFOState  # the exploring swarm (it runs after explore_after failures)
     faces: moves.FaceScan  # the polish's face moves
+    walker: walker.Walker  # the converging swarm's walker, once its metric found a valley
     best_params: Params  # the best point evaluated (float64)
     best_loss: Tensor  # () float64 (inf, or -inf when maximizing, before a finite loss)
     num_evals: Tensor  # () int64, like every counter below
@@ -91,7 +96,7 @@ class BlackBoxState(NamedTuple):
     progress: Tensor  # () float64: its best cost at its last progress
     stalled: Tensor  # its evaluations since
     gain: Tensor  # () float64: the gain of its last progress (0 before any)
-    valley: Tensor  # () bool: its metric found a valley, so it goes on as a lone bacterium
+    valley: Tensor  # () bool: its metric found a valley, so it goes on as the walker
     explorer_updates: Tensor
     start: Params  # the given params (float64): the explorer's start, open sides' place
     dtypes: Params  # an empty tensor per leaf in the given params' dtype
@@ -164,9 +169,6 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
                     **{"swim_batch": swim_length + 1, **adaptive_kwargs})
     plain = adaptive_bfo(population_size, **settings)  # isotropic tumbles
     learner = adaptive_bfo(population_size, metric_rate=rate, **settings) if rate else plain
-    lone = adaptive_bfo(1, metric_rate=rate, **{**settings, "min_population_size": None,
-                                                 "swim_length": 0}
-                        ) if rate else plain  # a swarm in a valley goes on as one bacterium
     sign, evaluator = -1.0 if plain.maximize else 1.0, check_evaluator(settings.get("evaluator"))
     bounds = check_bounds(bounds)
     per_round = population_size * (swim_length + 1)
@@ -176,9 +178,9 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
                          "that or a smaller swarm.")
     main_budget = budget - per_round * int(polish_share * budget / per_round)
 
-    search = _Search(budget, main_budget, per_round, stall_limit, rtol, hand_over, kick,
-                     population_size, swim_length, chemotaxis_steps, sign, bounds, evaluator,
-                     plain, learner, lone)
+    search = _Search(budget, main_budget, per_round, stall_limit, rtol, hand_over, kick, rate,
+                     population_size, swim_length, chemotaxis_steps, sign, bounds,
+                     adaptive_static(plain).boundary, evaluator, plain, learner)
     return Optimizer(search.init, search.update, bool(plain.maximize), search.ask, search.tell)
 
 
@@ -193,15 +195,16 @@ class _Search:
     rtol: float
     hand_over: int | None
     kick: float
+    metric_rate: float
     population_size: int
     swim_length: int
     chemotaxis_steps: int
     sign: float
     bounds: Any
+    boundary: str  # the swarms' and the walker's
     evaluator: Any
     plain: Optimizer  # isotropic tumbles
     learner: Optimizer  # a learned metric
-    lone: Optimizer  # a swarm in a valley, as its best bacterium alone
 
     def cost(self, loss: Tensor) -> float:
         return self.sign * float(loss)
@@ -213,9 +216,7 @@ class _Search:
 
     def optimizer(self, s: BlackBoxState) -> Optimizer:
         """The optimizer of the swarm whose round is next."""
-        if s.phase == "explore" or not bool(s.swarm_learns):
-            return self.plain
-        return self.lone if _lone(s) else self.learner
+        return self.plain if s.phase == "explore" or not bool(s.swarm_learns) else self.learner
 
     def init(self, params: Params, *, key: Key) -> BlackBoxState:
         check_params(params)
@@ -225,7 +226,7 @@ class _Search:
         s = BlackBoxState(  # type: ignore[call-arg]  # RANGES is a class constant
             stage=zero, swarm=None, swarm_learns=no,  # type: ignore[arg-type]  # set below
             explorer=self.plain.init(start, key=random.fold_in(key, EXPLORER_STREAM)),
-            faces=None, best_params=start,  # type: ignore[arg-type]
+            faces=None, walker=None, best_params=start,  # type: ignore[arg-type]
             best_loss=torch.tensor(self.sign * math.inf, dtype=torch.float64, device=row.device),
             num_evals=zero, step=zero, restarts=zero, failed=zero, entry_best=inf,
             converged_best=inf, found_after=zero, first=inf, progress=inf, stalled=zero,
@@ -235,13 +236,14 @@ class _Search:
                                torch.float64))  # type: ignore[arg-type]
         closed = moves.face_scan(row, math.inf, *self.sides(s), 0)._replace(
             stage=torch.tensor(moves.CLOSED))
-        return self.after(self.restarted(s._replace(faces=closed), start, 0))
+        s = self.restarted(s._replace(faces=closed), start, 0)
+        return self.after(s._replace(walker=self.narrowed(s.swarm)))  # idle until a valley
 
     def ask(self, state: BlackBoxState) -> Ask:
         swarm = self.round_swarm(state)
         if swarm is not None:
             return self.optimizer(state).ask(swarm)._replace(tag=_tag(state))  # type: ignore[misc]
-        rows = moves.face_rows(state.faces, *self.sides(state))
+        rows = self.round_rows(state)
         return Ask(copied_params(rows, state.start),
                    torch.ones(len(rows), dtype=torch.bool, device=rows.device), _tag(state))
 
@@ -252,8 +254,8 @@ class _Search:
             raise TypeError("black_box_search.tell takes the Ask that ask(state) returned, "
                             f"got {type(asked).__name__}.")
         check_tag(_tag(state), asked.tag.cpu(), "black_box_search", check)
-        rows = moves.face_count(state.faces, *self.sides(state)) if swarm is None else len(
-            swarm.losses) * (1 if _lone(state) else self.swim_length + 1)
+        rows = moves.face_count(state.faces, *self.sides(state)) if state.phase == "faces" else (
+            self.per_round)  # a swarm's round or the walker's
         if tuple(asked.mask.shape) != (rows,):  # a stale answer was named as one above
             raise ValueError(f"asked has {len(asked.mask)} rows, but the state's round "
                              f"{int(state.step)} ({state.phase}) has {rows}: tell the Ask "
@@ -262,17 +264,23 @@ class _Search:
             return self.told(state, swarm, self.optimizer(state).tell(  # type: ignore[misc]
                 swarm, asked, losses, check=False))
         costs = told_costs(state.swarm, asked, losses, self.sign, "black_box_search", check=False)
-        return self.after(self.told_faces(state, costs))
+        if state.phase == "faces":
+            return self.after(self.told_faces(state, costs))
+        return self.after(self.walked(state, costs, self.walker_round(state)))
 
     def update(self, state: BlackBoxState, loss_fn: LossFn, *args: Any) -> BlackBoxState:
         """One round: ``tell(state, ask(state), losses)``, a swarm's by its own ``update``."""
         swarm, loss_fn = self.round_swarm(state), self.in_given_dtypes(state, loss_fn)
         if swarm is not None:
             return self.told(state, swarm, self.optimizer(state).update(swarm, loss_fn, *args))
-        asked = self.ask(state)
+        drawn = None if state.phase == "faces" else self.walker_round(state)
+        rows = self.round_rows(state) if drawn is None else drawn[1]
         with torch.no_grad():
-            losses = check_losses(self.evaluator(loss_fn, asked.params, *args), len(asked.mask))
-        return self.tell(state, asked, losses, check=False)
+            losses = check_losses(self.evaluator(loss_fn, copied_params(rows, state.start),
+                                                 *args), len(rows))
+        costs = rank_costs(losses.to(state.swarm.losses), self.sign)
+        return self.after(self.told_faces(state, costs) if drawn is None else
+                          self.walked(state, costs, drawn))
 
     def in_given_dtypes(self, s: BlackBoxState, loss_fn: LossFn) -> LossFn:
         """``loss_fn`` taking its params in the given dtypes, as :func:`black_box` does."""
@@ -281,8 +289,18 @@ class _Search:
         like = layout(optree.tree_map(lambda x, d: x.to(d.dtype), s.start, s.dtypes))
         return lambda p, *args: loss_fn(as_given(p, like, s.given_box), *args)
 
+    def round_rows(self, s: BlackBoxState) -> Tensor:
+        """The points of a round of face moves or of the walker, rows (float64)."""
+        if s.phase == "faces":
+            return moves.face_rows(s.faces, *self.sides(s))
+        return self.walker_round(s)[1]
+
+    def walker_round(self, s: BlackBoxState) -> tuple[Tensor, Tensor]:
+        """The walker's round: its normal draws and its points."""
+        return walker.draw(s.walker, self.per_round, s.explorer.box, self.boundary)
+
     def round_swarm(self, state: BlackBoxState) -> AdaptiveBFOState | None:
-        """The swarm whose round is next (None: the face moves'); its optimizer checks it."""
+        """The swarm whose round is next (None: the face moves' or the walker's), checked."""
         if not isinstance(state, BlackBoxState):
             raise TypeError(f"black_box_search takes the BlackBoxState its init made, got "
                             f"{type(state).__name__}.")
@@ -290,7 +308,8 @@ class _Search:
             raise ValueError(f"black_box_search has spent its budget ({int(state.num_evals)} "
                              f"of {self.budget} evaluations; no round fits): the best point "
                              "is state.best_params, its loss state.best_loss.")
-        return None if state.phase == "faces" else _swarm(state)
+        check_state(state.swarm, self.population_size, AdaptiveBFOState, "black_box_search")
+        return None if state.phase == "faces" or _walks(state) else _swarm(state)
 
     def told(self, state: BlackBoxState, swarm: AdaptiveBFOState,
              new: AdaptiveBFOState) -> BlackBoxState:
@@ -310,14 +329,7 @@ class _Search:
 
     def kept(self, s: BlackBoxState, new: AdaptiveBFOState) -> AdaptiveBFOState:
         """A round's converging or polishing swarm as ``s`` keeps it (``BlackBoxState``)."""
-        if not bool(s.swarm_learns):
-            return new._replace(metric=s.swarm.metric)
-        if not bool(s.valley):
-            return new
-        rows = self.population_size
-        return new._replace(population=new.population.expand(rows, -1),
-                            losses=new.losses.expand(rows), health=new.health.expand(rows),
-                            step_sizes=new.step_sizes.expand(rows))
+        return new if bool(s.swarm_learns) else new._replace(metric=s.swarm.metric)
 
     def restarted(self, s: BlackBoxState, start: Params, restarts: int) -> BlackBoxState:
         """``s`` with a new converging swarm at ``start``.
@@ -334,7 +346,8 @@ class _Search:
                      entry_best=s.converged_best, first=math.inf, progress=math.inf, stalled=0,
                      gain=0.0, valley=False)
 
-    def converged(self, s: BlackBoxState, new: AdaptiveBFOState) -> BlackBoxState:
+    def converged(self, s: BlackBoxState, new: AdaptiveBFOState | walker.Walker
+                  ) -> BlackBoxState:
         """After a converging round: a restart, once the swarm stopped progressing.
 
         Progress is a gain of more than ``rtol`` of the way still to the best of the swarms
@@ -343,17 +356,18 @@ class _Search:
         evaluations (``HOLDING_PATIENCE`` x as long while holding the best). A swarm behind
         stops after ``BEHIND_BUDGET`` x the evaluations the best's swarm took to find it,
         progressing or not: a slow descent would spend the budget the next swarms need. A
-        swarm that goes on as its lone bacterium starts these counts afresh: the swarm's
-        last gain, made at the scale of its first updates, may be out of its reach.
+        swarm that goes on as the walker starts these counts afresh: the swarm's last gain,
+        made at the scale of its first updates, may be out of its reach.
         """
-        now, spent = self.cost(new.best_loss), int(new.num_evals - s.swarm.num_evals)
         entry_best, was_valley = float(s.entry_best), bool(s.valley)
+        before = s.walker if was_valley else s.swarm
+        now, spent = self.cost(new.best_loss), int(new.num_evals - before.num_evals)
         first, progress, stalled, gain = (float(s.first), float(s.progress),
                                           int(s.stalled) + spent, float(s.gain))
         behind = progress > entry_best
         valley = was_valley or (bool(s.swarm_learns) and int(new.step) % self.chemotaxis_steps == 0
                                 and metric.condition(new.metric) > VALLEY_CONDITION)
-        if valley and not was_valley:  # the lone bacterium's own descent starts here
+        if valley and isinstance(new, AdaptiveBFOState):  # the walker's own descent starts here
             new, first, progress, stalled, gain = self.narrowed(new), now, now, 0, 0.0
         if not math.isfinite(progress):  # its first finite loss is progress
             if now < progress:
@@ -364,7 +378,9 @@ class _Search:
         spent_all, best_before = int(new.num_evals), float(s.converged_best)
         found_after = spent_all if now < best_before else int(s.found_after)
         s = _with(s, valley=valley)
-        s = _with(s, swarm=self.kept(s, new), converged_best=min(best_before, now),
+        held = {"swarm": self.kept(s, new)} if isinstance(new, AdaptiveBFOState) else {
+            "walker": new}
+        s = _with(s, **held, converged_best=min(best_before, now),
                   found_after=found_after, first=first, progress=progress, stalled=stalled,
                   gain=gain)
         patience = self.per_round * (1 if behind else HOLDING_PATIENCE)
@@ -379,19 +395,28 @@ class _Search:
         failed = int(s.failed) + 1 if now >= entry_best else 0
         return self.restarted(_with(s, failed=failed), place, restarts + 1)
 
-    def narrowed(self, w: AdaptiveBFOState) -> AdaptiveBFOState:
-        """A swarm in a valley as its best bacterium alone, with its step and metric.
+    def narrowed(self, w: AdaptiveBFOState) -> walker.Walker:
+        """A swarm in a valley as the walker: at its best bacterium, with its step and metric.
 
-        A lone bacterium's successes add up into an evolution path, which learns a valley's
-        axis in about n successes where a swarm's take about n^2 (``_metric.py``). It does
-        not swim: its swim, wasted after four tumbles in five, would halve its speed.
+        The walker's mean moves add up into an evolution path, which learns a valley's axis
+        in about n rounds where a swarm's scattered successes take about n^2 (``_walker.py``).
         """
         i = int((self.sign * w.losses).nan_to_num(math.inf).argmin())
-        return _undispersed(self.lone.init(w.best_params, key=w.key)._replace(
-            population=w.population[i:i + 1].clone(),
-            losses=w.losses[i:i + 1].clone(), best_params=w.best_params,
-            best_loss=w.best_loss, step=w.step, num_evals=w.num_evals,
-            step_sizes=w.step_sizes[i:i + 1].clone(), stall=w.stall, metric=w.metric))
+        return walker.start(w.population[i].to(torch.float64), w.step_sizes[i], w.metric,
+                            w.best_loss, random.fold_in(w.key, WALKER_STREAM), w.num_evals)
+
+    def walked(self, s: BlackBoxState, costs: Tensor,
+               drawn: tuple[Tensor, Tensor]) -> BlackBoxState:
+        """After the walker's round ``drawn``: the best point, its rule, the restart rule."""
+        (draws, rows), hp = drawn, s.swarm.hyperparams
+        new = walker.told(s.walker, draws, costs.to(torch.float64), self.sign, self.metric_rate,
+                          (float(hp.step_size_min), float(hp.step_size_max)),
+                          s.explorer.box, self.boundary)
+        i = int(costs.argmin())
+        found = optree.tree_map(lambda x: x[0], copied_params(rows[i:i + 1], s.start))
+        s = _with(self.better(s, found, self.sign * costs[i]), step=int(s.step) + 1,
+                  num_evals=int(s.num_evals) + len(costs))
+        return self.converged(s, new)
 
     def face_moves(self, s: BlackBoxState) -> moves.FaceScan:
         """The polish's face moves: the best point's coordinates moved onto the box's faces."""
@@ -434,16 +459,17 @@ class _Search:
 
         Its losses are known. Steps go from ``jitter`` down over ``POLISH_DECADES``, so
         that some bacteria start at the scale the best point needs, with no dispersal. It
-        goes on from the converging swarm if that holds the best, keeping its metric (a lone
-        bacterium's in a new full swarm), else from a new one.
+        goes on from the converging swarm if that holds the best, keeping its metric (the
+        walker's in a new swarm), else from a new one.
         """
         key = random.fold_in(s.key, POLISHER_STREAM)
-        held = self.cost(s.swarm.best_loss) <= self.cost(s.best_loss)
+        held = self.cost((s.walker if bool(s.valley) else s.swarm).best_loss) <= self.cost(
+            s.best_loss)
         state, learns = (s.swarm, bool(s.swarm_learns)) if held else (
             self.plain.init(s.best_params, key=key)._replace(metric=s.swarm.metric), False)
-        if held and bool(s.valley):  # a lone bacterium's metric
+        if held and bool(s.valley):  # the walker's metric
             state = self.learner.init(s.best_params, key=key)._replace(
-                metric=state.metric._replace(path=torch.zeros_like(state.metric.path)))
+                metric=s.walker.metric._replace(path=torch.zeros_like(s.walker.metric.path)))
         steps = self.kick * torch.logspace(0, -POLISH_DECADES, self.population_size,
                                            dtype=torch.float64)
         return _undispersed(state._replace(
@@ -572,41 +598,36 @@ def _learns(swarm: AdaptiveBFOState) -> bool:
     return swarm.metric.width.numel() > 0
 
 
-def _lone(state: BlackBoxState) -> bool:
-    """Whether the next round is a lone bacterium's: a converging swarm in a valley."""
+def _walks(state: BlackBoxState) -> bool:
+    """Whether the next round is the walker's: a converging swarm in a valley."""
     return state.phase == "converge" and bool(state.valley)
 
 
 def _undispersed(swarm: AdaptiveBFOState) -> AdaptiveBFOState:
-    """``swarm`` with elimination-dispersal off: a lone bacterium's, or polishing."""
+    """``swarm`` with elimination-dispersal off, for the polish."""
     return with_hyperparams(swarm, elimination_prob=0.0, elimination_prob_max=0.0)
 
 
 def _swarm(state: BlackBoxState) -> AdaptiveBFOState:
     """The swarm whose round is next, as its optimizer takes it.
 
-    A lone bacterium is one row, an isotropic swarm has an empty metric; in the faces and
-    done phases it is the converging swarm.
+    An isotropic swarm has an empty metric; in the faces and done phases, and the walker's
+    rounds, it is the converging swarm.
     """
     if state.phase == "explore":
         return state.explorer
     w = state.swarm
-    if not bool(state.swarm_learns):
-        return w._replace(metric=state.explorer.metric)
-    if not bool(state.valley):
-        return w
-    return w._replace(population=w.population[:1], losses=w.losses[:1], health=w.health[:1],
-                      step_sizes=w.step_sizes[:1])
+    return w if bool(state.swarm_learns) else w._replace(metric=state.explorer.metric)
 
 
 def _tag(state: BlackBoxState) -> Tensor:
     """The round ``state`` is in: rounds told, evaluations, key, and a digest.
 
-    The digest mixes the phase, the best loss and the round's swarm's losses, so that an
-    ``Ask`` of another history with the same counters is refused.
+    The digest mixes the phase, the best loss, the round's swarm's losses and the walker's
+    step, so that an ``Ask`` of another history with the same counters is refused.
     """
-    best = int(state.best_loss.cpu().view(torch.int64))
-    digest = int(round_tag(_swarm(state))[4]) * 31 + best * 7 + int(state.stage)
+    best, sigma = (int(x.cpu().view(torch.int64)) for x in (state.best_loss, state.walker.sigma))
+    digest = int(round_tag(_swarm(state))[4]) * 31 + best * 7 + sigma * 11 + int(state.stage)
     return torch.tensor([int(state.step), int(state.num_evals), int(state.key[0]),
                          int(state.key[1]), (digest + 2**63) % 2**64 - 2**63])
 

@@ -184,25 +184,27 @@ def test_the_loss_offset_or_scale_changes_nothing_in_a_valley(change):
     op, value = change
     plain, best = valley_rounds()
     other, other_best = valley_rounds(op, value)
-    assert sum(valley for *_, valley, _ in plain) > 100  # most of the run in a valley
+    spent = [int(e) - int(before) for (e, *_), (before, *_) in zip(plain, [(0,)] + plain)]
+    assert sum(n for n, (*_, valley, _) in zip(spent, plain) if valley) > 500  # of 6000
     assert other == plain and (other_best - value if op == "+" else other_best / value) == best
 
 
 @pytest.mark.xdist_group("valley_rounds")
 def test_ask_tell_runs_a_valley_as_update_does():
-    """A lone bacterium's round asks for one row (it does not swim); told its loss, the
-    pair goes through the valley as ``update`` does."""
+    """The walker's round asks for a whole swarm's rows, inside the box; told their losses,
+    the pair goes through the valley as ``update`` does."""
     opt = fb.black_box_search((-1.0, 1.0), max_evals=6000, restart_after=8)
     state, seen, rows = opt.init(start(4), key=fb.random.key(3)), [], set()
     while state.phase != "done":
         asked = opt.ask(state)
-        if state.valley and state.phase == "converge":  # a lone bacterium's round
+        if state.valley and state.phase == "converge":  # the walker's round
             rows.add(len(asked.mask))
+            assert asked.params["x"].abs().max() <= 1.0
         losses = [integer_valued_valley({"x": x}) for x in asked.params["x"]]
         state = opt.tell(state, asked, torch.stack(losses))
         seen.append((state.num_evals, state.restarts, state.phase, state.valley,
                      state.best_params["x"].tolist()))
-    assert rows == {1} and seen == valley_rounds()[0]
+    assert rows == {16} and seen == valley_rounds()[0]
 
 
 def test_float32_params_are_searched_and_scored_in_float64():
@@ -350,11 +352,10 @@ def test_the_learned_metric_follows_a_rotated_valley():
     assert max(final_losses()) < 1e-7 and min(final_losses(metric_rate=0.0)) > 1e-4
 
 
-def test_a_swarm_in_a_valley_goes_on_as_its_best_bacterium_alone_and_descends_it():
+def test_a_swarm_in_a_valley_goes_on_as_a_walker_from_its_best_bacterium_and_descends_it():
     """A rotated 4-D ellipsoid of condition 1e6 plus 100: once its metric finds the valley
-    the swarm goes on as its best bacterium alone, with the metric, at one evaluation a
-    round (it does not swim) and no dispersal, and reaches the bottom before its first
-    restart."""
+    the swarm goes on as a walker from its best bacterium, with the metric, a whole swarm's
+    evaluations a round, and reaches the bottom before its first restart."""
     q = torch.linalg.qr(torch.randn(4, 4, generator=torch.Generator().manual_seed(0),
                                     dtype=torch.float64))[0]
     scales = 10.0 ** (2 * torch.arange(4, dtype=torch.float64))
@@ -367,38 +368,36 @@ def test_a_swarm_in_a_valley_goes_on_as_its_best_bacterium_alone_and_descends_it
     state = opt.init(start(4), key=fb.random.key(0))
     while not state.valley:
         before, state = state, opt.update(state, valley)
-    swarm, lone = before.swarm, state.swarm
-    assert not before.valley and state.restarts == 0 and len(set(swarm.losses.tolist())) > 1
-    assert bool((lone.population == lone.population[0]).all())  # kept in every row
-    assert condition(lone.metric) > 30
-    assert torch.equal(lone.metric.path, torch.zeros(4, dtype=torch.float64))
-    assert float(lone.hyperparams.elimination_prob_max) == 0.0
-    assert float(lone.losses[0]) == float(lone.best_loss) == float(state.best_loss)
-    assert torch.equal(population(lone)["x"][0], lone.best_params["x"])
+    walker = state.walker
+    assert not before.valley and state.restarts == 0 and len(set(before.swarm.losses.tolist())) > 1
+    # At the swarm's best bacterium (the one swarm so far holds the best), with its metric.
+    assert float(walker.best_loss) == float(state.best_loss)
+    assert math.isclose(float(valley({"x": walker.mean})), float(walker.best_loss), rel_tol=1e-12)
+    assert condition(walker.metric) > 20 and walker.num_evals == state.num_evals
+    assert not walker.metric.path.any() and not walker.sigma_path.any() and walker.step == 0
     # Its progress is measured from its own start: the swarm's descent, its stall count
     # and its last gain (on the scale of the swarm's first updates) are not inherited.
-    assert state.first == state.progress == float(lone.best_loss) and state.stalled == 0
+    assert state.first == state.progress == float(walker.best_loss) and state.stalled == 0
     assert state.gain == 0.0 and before.gain > 0.0
     while state.restarts == 0:
         before, state = state, opt.update(state, valley)
-        assert state.num_evals - before.num_evals == 1 or state.restarts == 1
+        assert state.num_evals - before.num_evals == 16 or state.restarts == 1
     assert float(state.best_loss) - 100.0 < 1e-8
-    assert float(state.best_loss) == float(before.swarm.best_loss)  # the lone bacterium's
-    # Never restarted, the lone bacterium holds the best when the polish starts: the
-    # polishing swarm of 8 goes on with its metric.
+    assert float(state.best_loss) == float(before.walker.best_loss)
+    # Never restarted, the walker holds the best when the polish starts: the polishing
+    # swarm of 8 goes on with its metric.
     kept = fb.black_box_search((-5.0, 5.0), max_evals=2000, restart_after=None)
     state = kept.init(start(4), key=fb.random.key(0))
     while state.phase != "polish":
-        was_lone, lone, state = bool(state.valley), state.swarm, kept.update(state, valley)
-    assert was_lone and not state.valley and len(set(state.swarm.step_sizes.tolist())) == 8
-    assert torch.equal(state.swarm.metric.cov, lone.metric.cov)
-    # With a varying population in the swarms, the lone bacterium is still one.
+        was_walking, walker, state = bool(state.valley), state.walker, kept.update(state, valley)
+    assert was_walking and not state.valley and len(set(state.swarm.step_sizes.tolist())) == 8
+    assert torch.equal(state.swarm.metric.cov, walker.metric.cov)
+    # With a varying population in the swarms, the walker's round is still a whole swarm's.
     varying = fb.black_box_search((-5.0, 5.0), max_evals=8000, min_population_size=4)
     state = varying.init(start(4), key=fb.random.key(0))
     while not state.valley:
         state = varying.update(state, valley)
-    assert int(state.swarm.active_size) == 1
-    assert varying.update(state, valley).num_evals == state.num_evals + 1
+    assert varying.update(state, valley).num_evals == state.num_evals + 16
 
 
 def test_after_failed_restarts_the_exploring_swarm_takes_every_update():
@@ -739,12 +738,12 @@ def rotated_valley(x):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device"))])
-@pytest.mark.parametrize("run", ["restarts, explorer, faces, polish", "lone bacterium"])
+@pytest.mark.parametrize("run", ["restarts, explorer, faces, polish", "walker"])
 def test_a_state_saved_in_every_kind_of_round_loads_into_a_fresh_init_and_ends_the_same(
         tmp_path, run, device):
     """fb.save between ask and tell at the first round of every phase and swarm kind, fb.load
     into a new search's init: the run ends bitwise where the one never saved ends."""
-    if run == "lone bacterium":
+    if run == "walker":
         bounds, settings = (-5.0, 5.0), dict(max_evals=2000, restart_after=None)
         params = {"x": torch.zeros(4, device=device)}  # float32: the given dtypes are kept too
 
@@ -773,7 +772,7 @@ def test_a_state_saved_in_every_kind_of_round_loads_into_a_fresh_init_and_ends_t
 
     (saved, kinds), (never, _) = finish(True), finish(False)
     assert {k[0] for k in kinds} >= {"converge", "faces", "polish"}
-    assert (("converge", True, True) in kinds if run == "lone bacterium" else
+    assert (("converge", True, True) in kinds if run == "walker" else
             {("converge", False, False), ("explore", False, False)} <= kinds)
     assert to_dict(saved)["digest"] == to_dict(never)["digest"]
     assert saved.best_loss.device.type == saved.swarm.population.device.type == device

@@ -1,0 +1,172 @@
+"""A swarm in a valley goes on as one walker: a whole round of tumbles around one mean.
+
+Once a converging swarm's metric finds a narrow valley (``_black_box.py``), its bacteria
+stand in different places and their steps do not add up. The walker goes on from the best
+of them with the swarm's metric. Each round it tumbles ``lam`` times around its mean,
+``x_i = m + sigma (A z_i) width`` with ``z_i`` standard normal, and moves the mean to the
+weighted mean of the best half, as the (mu/mu_w, lambda)-CMA-ES does (N. Hansen, "The CMA
+Evolution Strategy: A Tutorial", 2016, https://arxiv.org/abs/1604.00772): an evolution path
+of the mean's moves learns a valley's axis (rank one), the best half's steps its
+cross-section (rank mu), and the path of the whitened moves sets ``sigma`` (cumulative
+step-size adaptation). Recombining the best half keeps the progress per evaluation of a
+(1+1) walker while a round asks ``lam`` points at once, so a caller who evaluates a round
+in parallel has a whole swarm's worth of points in every round. Ranks only, in float64 and
+units of ``width``, tensor-only (no host sync).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from . import random
+from ._base import Key
+from ._bounds import LeafBounds, project
+from ._metric import TumbleMetric
+
+
+class Walker(NamedTuple):
+    """A walker's state: its mean, step size and metric, and the paths that adapt them."""
+
+    mean: Tensor  # (n,) float64: the centre of its tumbles, unbounded, never evaluated
+    sigma: Tensor  # () float64: the step size, in units of width per N(0, I) coordinate
+    metric: TumbleMetric  # C (trace n), its factor A, width; path is CMA-ES's p_c
+    sigma_path: Tensor  # (n,) float64: CMA-ES's p_sigma
+    best_loss: Tensor  # () float64: the best loss it evaluated (its start's before any)
+    key: Key
+    step: Tensor  # () int64: rounds told
+    num_evals: Tensor  # () int64: the evaluations of its swarm and its own
+
+
+class Rates(NamedTuple):
+    """CMA-ES's weights and learning rates for ``lam`` points in ``n`` dimensions."""
+
+    weights: tuple[float, ...]  # by rank: the best half's sum to 1, the rest's below 0
+    mu_eff: float
+    c_sigma: float
+    d_sigma: float
+    c_c: float
+    c_1: float
+    c_mu: float
+    chi_n: float  # E ||N(0, I)||
+
+
+def rates(lam: int, n: int, rate: float) -> Rates:
+    """The tutorial's defaults (Hansen 2016, Table 1), the metric's learning ``rate`` times.
+
+    The worse half's weights are negative (active CMA-ES): steps that led uphill are
+    unlearned, which learns an ill-conditioned valley about as fast per evaluation as a
+    (1+1) walker's path does (``docs/variants.md``).
+    """
+    mu = max(lam // 2, 1)
+    raw = [math.log((lam + 1) / 2) - math.log(i) for i in range(1, lam + 1)]
+    weights = tuple(w / sum(raw[:mu]) for w in raw[:mu]) if lam > 1 else (1.0,)
+    neg = raw[mu:]
+    mu_eff = 1 / sum(w * w for w in weights)
+    c_sigma = (mu_eff + 2) / (n + mu_eff + 5)
+    d_sigma = 1 + 2 * max(0.0, math.sqrt((mu_eff - 1) / (n + 1)) - 1) + c_sigma
+    c_1 = 2 / ((n + 1.3) ** 2 + mu_eff)
+    c_mu = min(1 - c_1, 2 * (mu_eff - 2 + 1 / mu_eff) / ((n + 2) ** 2 + mu_eff))
+    c_1 = min(rate * c_1, 0.5)
+    c_mu = min(1 - c_1, rate * c_mu)
+    if c_mu > 0 and sum(neg) < 0:
+        mu_neg = sum(neg) ** 2 / sum(w * w for w in neg)
+        alpha = min(1 + c_1 / c_mu, 1 + 2 * mu_neg / (mu_eff + 2),
+                    (1 - c_1 - c_mu) / (n * c_mu))
+        weights += tuple(alpha * w / -sum(neg) for w in neg)
+    return Rates(weights, mu_eff, c_sigma, d_sigma, (4 + mu_eff / n) / (n + 4 + 2 * mu_eff / n),
+                 c_1, c_mu, math.sqrt(n) * (1 - 1 / (4 * n) + 1 / (21 * n * n)))
+
+
+def start(mean: Tensor, step: Tensor, metric: TumbleMetric, best_loss: Tensor, key: Key,
+          num_evals: Tensor) -> Walker:
+    """A walker at ``mean`` whose tumbles are as long as a swarm's of step size ``step``.
+
+    A swarm tumbles ``step * A u`` with ``u`` a unit vector, the walker ``sigma * A z`` with
+    ``|z|`` about ``sqrt(n)``. Its paths start at 0.
+    """
+    return Walker(mean, step.to(torch.float64) / math.sqrt(len(mean)),
+                  metric._replace(path=torch.zeros_like(metric.path)), torch.zeros_like(mean),
+                  best_loss.to(torch.float64), key,
+                  torch.zeros((), dtype=torch.int64, device=mean.device), num_evals)
+
+
+def draw(w: Walker, lam: int, box: LeafBounds | None, boundary: str) -> tuple[Tensor, Tensor]:
+    """The round's standard normal draws ``z`` and its points, ``(lam, n)`` (float64).
+
+    The points are projected into the box. The walker learns from its draws as drawn, on
+    the loss of the projected point (for ``reflect`` a landscape mirrored at the faces):
+    steps read back from points the box moved make the whitened steps along a valley's
+    thin axes huge and the step size run away.
+    """
+    n, m = len(w.mean), w.metric
+    z = random.normal(random.fold_in(w.key, w.step), (lam * n,), torch.float64).reshape(lam, n)
+    return z, project(w.mean + w.sigma * (z @ m.factor.T) * m.width, box, boundary)
+
+
+def told(w: Walker, z: Tensor, costs: Tensor, sign: float, rate: float,
+         sigma_range: tuple[float, float], box: LeafBounds | None, boundary: str) -> Walker:
+    """The walker after the round of draws ``z`` cost ``costs``, its mean back in the box.
+
+    ``costs`` are ``sign`` times the losses, float64, inf where not finite.
+    """
+    (lam, n), m = z.shape, w.metric
+    r = rates(lam, n, rate)
+    y = z @ m.factor.T
+    order = torch.sort(costs, stable=True).indices
+    weights = torch.tensor(r.weights, dtype=torch.float64, device=costs.device)
+    y_ranked, z_ranked = y.index_select(0, order), z.index_select(0, order)
+    positive = weights.clamp_min(0)
+    y_w, z_w = positive @ y_ranked, positive @ z_ranked
+    # A negative weight's step counts at Mahalanobis length sqrt(n), so C stays positive.
+    weights = torch.where(weights >= 0, weights,
+                          weights * n / z_ranked.square().sum(1).clamp_min(1e-300))
+    sigma_path = ((1 - r.c_sigma) * w.sigma_path
+                  + math.sqrt(r.c_sigma * (2 - r.c_sigma) * r.mu_eff) * z_w)
+    length = sigma_path.norm()
+    # Stalls the rank-one update while p_sigma is long (a step size still growing).
+    fade = 1 - (1 - r.c_sigma) ** (2 * (w.step.to(torch.float64) + 1))
+    h_sigma = (length / fade.sqrt() < (1.4 + 2 / (n + 1)) * r.chi_n).to(torch.float64)
+    path = (1 - r.c_c) * m.path + h_sigma * math.sqrt(r.c_c * (2 - r.c_c) * r.mu_eff) * y_w
+    cov = ((1 - r.c_1 - r.c_mu * sum(r.weights)) * m.cov
+           + r.c_1 * (torch.outer(path, path) + (1 - h_sigma) * r.c_c * (2 - r.c_c) * m.cov)
+           + r.c_mu * (y_ranked.T * weights) @ y_ranked)
+    sigma = w.sigma * torch.exp(r.c_sigma / r.d_sigma * (length / r.chi_n - 1))
+    # C keeps trace n as every metric does; sigma and p_c take its scale.
+    scale = torch.trace(cov) / n
+    cov, sigma, path = 0.5 * (cov + cov.T) / scale, sigma * scale.sqrt(), path / scale.sqrt()
+    factor, info = torch.linalg.cholesky_ex(cov)
+    # The metric stays where rounding left C indefinite, or where the best half's costs tie
+    # (a plateau, or the loss's last digit): their order says nothing about the valley.
+    mu = sum(weight > 0 for weight in r.weights)
+    keep = (info != 0) | (costs[order[0]] == costs[order[mu - 1]])
+    low, high = sigma_range
+    return _into_box(Walker(
+        mean=w.mean + y_w * w.sigma * m.width,
+        sigma=sigma.clamp(low / math.sqrt(n), high / math.sqrt(n)),
+        metric=TumbleMetric(torch.where(keep, m.cov, cov), torch.where(keep, m.factor, factor),
+                            m.width, path),
+        sigma_path=sigma_path, best_loss=torch.where(
+            costs[order[0]] < sign * w.best_loss, sign * costs[order[0]], w.best_loss),
+        key=w.key, step=w.step + 1, num_evals=w.num_evals + lam), box, boundary)
+
+
+def _into_box(w: Walker, box: LeafBounds | None, boundary: str) -> Walker:
+    """``w`` with its mean projected into the box; reflected, with its metric and paths.
+
+    A reflected point has the same loss on either side of the face, so a walker mirrored
+    at it, its metric and paths too, goes on as it would have outside, in the box's own
+    coordinates (where the polish takes its metric over).
+    """
+    mean = project(w.mean, box, boundary)
+    if box is None or boundary != "reflect":
+        return w._replace(mean=mean)
+    odd = torch.remainder(w.mean - box.low, box.reflect_period) > box.width  # open: NaN
+    flip = torch.where(odd, -1.0, 1.0).to(mean)
+    m = w.metric
+    return w._replace(mean=mean, sigma_path=flip * w.sigma_path, metric=m._replace(
+        cov=flip[:, None] * m.cov * flip, factor=flip[:, None] * m.factor * flip,
+        path=flip * m.path))
