@@ -16,6 +16,7 @@ units of ``width``, tensor-only (no host sync).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -54,6 +55,7 @@ class Rates(NamedTuple):
     chi_n: float  # E ||N(0, I)||
 
 
+@functools.cache
 def rates(lam: int, n: int, rate: float) -> Rates:
     """The tutorial's defaults (Hansen 2016, Table 1), the metric's learning ``rate`` times.
 
@@ -116,7 +118,7 @@ def told(w: Walker, z: Tensor, costs: Tensor, sign: float, rate: float,
     (lam, n), m = z.shape, w.metric
     r = rates(lam, n, rate)
     y = z @ m.factor.T
-    order = torch.sort(costs, stable=True).indices
+    ranked, order = torch.sort(costs, stable=True)
     weights = torch.tensor(r.weights, dtype=torch.float64, device=costs.device)
     y_ranked, z_ranked = y.index_select(0, order), z.index_select(0, order)
     positive = weights.clamp_min(0)
@@ -142,7 +144,7 @@ def told(w: Walker, z: Tensor, costs: Tensor, sign: float, rate: float,
     # The metric stays where rounding left C indefinite, or where the best half's costs tie
     # (a plateau, or the loss's last digit): their order says nothing about the valley.
     mu = sum(weight > 0 for weight in r.weights)
-    keep = (info != 0) | (costs[order[0]] == costs[order[mu - 1]])
+    keep = (info != 0) | (ranked[0] == ranked[mu - 1])
     low, high = sigma_range
     return _into_box(Walker(
         mean=w.mean + y_w * w.sigma * m.width,
@@ -150,7 +152,7 @@ def told(w: Walker, z: Tensor, costs: Tensor, sign: float, rate: float,
         metric=TumbleMetric(torch.where(keep, m.cov, cov), torch.where(keep, m.factor, factor),
                             m.width, path),
         sigma_path=sigma_path, best_loss=torch.where(
-            costs[order[0]] < sign * w.best_loss, sign * costs[order[0]], w.best_loss),
+            ranked[0] < sign * w.best_loss, sign * ranked[0], w.best_loss),
         key=w.key, step=w.step + 1, num_evals=w.num_evals + lam), box, boundary)
 
 
