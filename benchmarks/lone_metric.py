@@ -111,7 +111,8 @@ def main() -> None:
                        "runs": runs}
     result = {"quick": args.quick, "machine": machine("cpu"), "dim": dim, "seeds": seeds,
               "budgets": budgets, "rows": rows}
-    md = [f"Rotated ellipsoid of condition 1e6 + 1000, D = {dim}, box [-5, 5], metric_rate=2, "
+    md = [f"# A learned metric down a rotated valley ({'quick' if args.quick else 'full'})", "",
+          f"Rotated ellipsoid of condition 1e6 + 1000, D = {dim}, box [-5, 5], metric_rate=2, "
           f"no dispersal; median error over {seeds} seeds after each budget, the metric's "
           f"misfit cond(H^1/2 C H^1/2) after {budgets[MISFIT_AT]} (isotropic: 1e6), and the eager "
           "update's wall time per evaluation (the loss itself costs microseconds).", "",

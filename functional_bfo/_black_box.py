@@ -402,7 +402,7 @@ class _Search:
         in about n rounds where a swarm's scattered successes take about n^2 (``_walker.py``).
         """
         i = int((self.sign * w.losses).nan_to_num(math.inf).argmin())
-        return walker.start(w.population[i].to(torch.float64), w.step_sizes[i], w.metric,
+        return walker.start(w.population[i].to(torch.float64, copy=True), w.step_sizes[i], w.metric,
                             w.best_loss, random.fold_in(w.key, WALKER_STREAM), w.num_evals)
 
     def walked(self, s: BlackBoxState, costs: Tensor,
