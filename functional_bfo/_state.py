@@ -295,10 +295,10 @@ def _check_box(state: Any, like: Any, where: str = "state") -> None:
 
 
 # The states a black-box search's state holds, checked as states of their own.
-HELD_STATES = ("swarm", "explorer", "faces")
+HELD_STATES = ("swarm", "explorer", "faces", "walker")
 # Fields whose every value is finite in any state that init and update make.
 FINITE_FIELDS = ("population", "best_params", "health", "step_sizes", "grads",
-                 "reference_diversity", "start")
+                 "reference_diversity", "start", "mean", "sigma_path")
 COUNTERS = ("step", "num_evals", "stall", "active_size", "grad_nonfinite", "grad_vanishing",
             "grad_exploding", "restarts", "failed", "found_after", "stalled",
             "explorer_updates", "room")

@@ -41,6 +41,8 @@ class Walker(NamedTuple):
     step: Tensor  # () int64: rounds told
     num_evals: Tensor  # () int64: the evaluations of its swarm and its own
 
+    RANGES = {"sigma": (0.0, math.inf, False)}  # type: ignore[misc]  # a class constant
+
 
 class Rates(NamedTuple):
     """CMA-ES's weights and learning rates for ``lam`` points in ``n`` dimensions."""
@@ -90,7 +92,7 @@ def start(mean: Tensor, step: Tensor, metric: TumbleMetric, best_loss: Tensor, k
     A swarm tumbles ``step * A u`` with ``u`` a unit vector, the walker ``sigma * A z`` with
     ``|z|`` about ``sqrt(n)``. Its paths start at 0.
     """
-    return Walker(mean, step.to(torch.float64) / math.sqrt(len(mean)),
+    return Walker(mean, step.to(torch.float64) / math.sqrt(len(mean)),  # type: ignore[call-arg]
                   metric._replace(path=torch.zeros_like(metric.path)), torch.zeros_like(mean),
                   best_loss.to(torch.float64), key,
                   torch.zeros((), dtype=torch.int64, device=mean.device), num_evals)
@@ -146,7 +148,7 @@ def told(w: Walker, z: Tensor, costs: Tensor, sign: float, rate: float,
     mu = sum(weight > 0 for weight in r.weights)
     keep = (info != 0) | (ranked[0] == ranked[mu - 1])
     low, high = sigma_range
-    return _into_box(Walker(
+    return _into_box(Walker(  # type: ignore[call-arg]  # RANGES is a class constant
         mean=w.mean + y_w * w.sigma * m.width,
         sigma=sigma.clamp(low / math.sqrt(n), high / math.sqrt(n)),
         metric=TumbleMetric(torch.where(keep, m.cov, cov), torch.where(keep, m.factor, factor),

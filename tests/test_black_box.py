@@ -825,7 +825,14 @@ def test_run_drives_a_search_to_its_budget_and_checkpoints_it(tmp_path, device):
      r"state\.explorer\.hyperparams\.step_size is -1\.0"),
     (lambda s: s._replace(faces=s.faces._replace(stage=torch.tensor(4))),
      r"state\.faces\.stage is 4, outside \[0, 3\]"),
-], ids=["phase", "counter", "swarm", "explorer's hyperparameter", "face scan"])
+    (lambda s: s._replace(walker=s.walker._replace(mean=s.walker.mean * torch.inf)),
+     r"state\.walker\.mean holds NaN or infinite"),
+    (lambda s: s._replace(walker=s.walker._replace(sigma=-s.walker.sigma)),
+     r"state\.walker\.sigma is -0\.07.*outside \[0\.0, inf\)"),
+    (lambda s: s._replace(walker=s.walker._replace(num_evals=torch.tensor(-16))),
+     r"state\.walker\.num_evals is negative"),
+], ids=["phase", "counter", "swarm", "explorer's hyperparameter", "face scan", "walker's mean",
+        "walker's step", "walker's counter"])
 def test_a_black_box_checkpoint_no_search_makes_is_refused_by_its_values(tmp_path, edit, match):
     opt = fb.black_box_search((-1.0, 1.0), max_evals=1000)
     state = opt.init(start(2), key=fb.random.key(0))
