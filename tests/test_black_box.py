@@ -190,6 +190,20 @@ def test_the_loss_offset_or_scale_changes_nothing_in_a_valley(change):
 
 
 @pytest.mark.xdist_group("valley_rounds")
+def test_maximizing_minus_f_is_minimizing_f_in_a_valley_too():
+    """Every rule reads costs (sign times the losses), the walker's included: maximizing -f
+    takes the same rounds as minimizing f, its best loss the negated one."""
+    plain, best = valley_rounds()
+    opt = fb.black_box_search((-1.0, 1.0), max_evals=6000, restart_after=8, maximize=True)
+    state, seen = opt.init(start(4), key=fb.random.key(3)), []
+    while state.phase != "done":
+        state = opt.update(state, lambda p: -integer_valued_valley(p))
+        seen.append((state.num_evals, state.restarts, state.phase, state.valley,
+                     state.best_params["x"].tolist()))
+    assert seen == plain and -float(state.best_loss) == best
+
+
+@pytest.mark.xdist_group("valley_rounds")
 def test_ask_tell_runs_a_valley_as_update_does():
     """The walker's round asks for a whole swarm's rows, inside the box; told their losses,
     the pair goes through the valley as ``update`` does."""
