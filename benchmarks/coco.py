@@ -20,8 +20,9 @@ COCO's 51 targets 10^[-8..2] on f - f_opt.
 
 ``--jobs`` processes (default: one per core) each run a function at a time, observed into a
 folder of its own; the folders' files are then moved into one data set, the files one
-process writes (tested). On a 2-core machine, two processes took 59 minutes for
-fb.black_box (``results/coco.md``; in one process it took about 2 hours), cocopp 20 s per D.
+process writes (tested). On a 2-core machine, two processes took 9 minutes for
+fb.black_box (``results/coco.md``; 59 while a valley's rounds were a lone bacterium's, one
+evaluation each), cocopp 20 s per D.
 """
 
 from __future__ import annotations
