@@ -505,15 +505,16 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
         max_evals: the budget, at least one update (``population_size * (swim_length + 1)``).
         key: the random key; the same key gives the same result.
         progress: a ``tqdm`` bar (lines without tqdm) and a summary at the end.
-        **settings: ``population_size`` (8) and ``swim_length`` (1) of each swarm (a
-            lone bacterium does not swim), whose round goes to the evaluator in
+        **settings: ``population_size`` (8) and ``swim_length`` (1) of each swarm (the
+            walker's rounds are as large), whose round goes to the evaluator in
             ``swim_batch`` (``swim_length + 1``: one) calls; ``step_size_min`` (1e-12 box widths);
             ``restart_after`` (30; None: never) updates without a gain of
             ``restart_rtol`` (0.01) of the way still to the best of the swarms before (of
             its own descent, or in a valley its metric found of its last gain, for 3x as
             long, while it holds the best) end a converging swarm, as do 2x the
             evaluations the best's swarm took, for a swarm behind it;
-            ``metric_rate`` (2.0; 0: isotropic tumbles, needed beyond 2000 parameters);
+            ``metric_rate`` (2.0, of the swarms' metric and the walker's CMA-ES rates;
+            0: isotropic tumbles, needed beyond 2000 parameters);
             ``explore_after`` (2; None: never) failed swarms in a row start the explorer,
             kicked by ``jitter`` (0.01) box widths; the last ``polish`` (0.1) of the budget
             polishes; any :func:`functional_bfo.adaptive_bfo` setting (``maximize``, ...).

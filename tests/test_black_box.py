@@ -55,9 +55,8 @@ def test_never_exceeds_the_budget_and_counts_what_it_spent(budget, population, s
     assert out.num_evals <= budget < out.num_evals + per_update  # stops when no update fits
     evals = [0] + [e for e, _ in out.history]
     spent = [b - a for a, b in zip(evals, evals[1:])]
-    # One entry per round: updates (of a lone bacterium's in a valley), and at most two
-    # rounds of face moves.
-    assert sum(n not in (per_update, swims + 1) for n in spent) <= 2 and all(n > 0 for n in spent)
+    # One entry per round: a swarm's or the walker's, and at most two rounds of face moves.
+    assert sum(n != per_update for n in spent) <= 2 and all(n > 0 for n in spent)
     losses = [loss for _, loss in out.history]
     assert losses == sorted(losses, reverse=True)  # the best never gets worse
     assert float(out.loss) == losses[-1] == float(shifted_sphere(out.params))
@@ -589,8 +588,8 @@ def test_an_optimum_on_the_boundary_is_found_exactly(boundary):
 
 def test_the_face_moves_are_evaluated_once_within_the_budget():
     """At most two rounds when polishing starts (the single-coordinate face moves, their
-    union), counted in num_evals, a history entry each; before them a swarm's rounds (16
-    evaluations) or a lone bacterium's (1), after them the polishing swarm's."""
+    union), counted in num_evals, a history entry each; before them a swarm's or the
+    walker's rounds (16 evaluations), after them the polishing swarm's."""
     loss, seen = recording(corner_slope)
     budget = 16 * 50 + 7
     out = fb.black_box(loss, start(4), (-1.0, 1.0), max_evals=budget, key=fb.random.key(0),
@@ -601,7 +600,7 @@ def test_the_face_moves_are_evaluated_once_within_the_budget():
     polish = budget - 16 * int(0.1 * budget / 16)
     k = next(j for j, e in enumerate(evals) if e + 16 > polish)  # when polishing starts
     moves = list(itertools.takewhile(lambda j: spent[j] != 16, range(k, len(spent))))
-    assert set(spent[:k]) <= {16, 1} and set(spent[k + len(moves):]) == {16}
+    assert set(spent[:k]) == {16} and set(spent[k + len(moves):]) == {16}
     assert 1 <= len(moves) <= 2 and sum(spent[j] for j in moves) <= 2 * 4 + 1
     moved = torch.stack(seen[evals[k]:evals[moves[-1] + 1]])
     # Every candidate puts at least one coordinate exactly on a face.
@@ -743,7 +742,7 @@ def test_the_state_keeps_its_own_copy_of_the_params():
 
 
 def rotated_valley(x):
-    """A rotated 4-D ellipsoid of condition 1e6 plus 100, on rows of ``x``: a lone bacterium's."""
+    """A rotated 4-D ellipsoid of condition 1e6 plus 100, on rows of ``x``: the walker's."""
     q = torch.linalg.qr(torch.randn(4, 4, generator=torch.Generator().manual_seed(0),
                                     dtype=torch.float64))[0]
     y = (torch.as_tensor(x, dtype=torch.float64) - 1.0) @ q.T
