@@ -289,6 +289,10 @@ class _Search:
         like = layout(optree.tree_map(lambda x, d: x.to(d.dtype), s.start, s.dtypes))
         return lambda p, *args: loss_fn(as_given(p, like, s.given_box), *args)
 
+    def walks(self, s: BlackBoxState) -> bool:
+        """Whether the next round is the walker's: a converging swarm in a valley."""
+        return s.phase == "converge" and bool(s.valley) and self.per_round >= walker.MIN_ROUND
+
     def round_rows(self, s: BlackBoxState) -> Tensor:
         """The points of a round of face moves or of the walker, rows (float64)."""
         if s.phase == "faces":
@@ -309,7 +313,7 @@ class _Search:
                              f"of {self.budget} evaluations; no round fits): the best point "
                              "is state.best_params, its loss state.best_loss.")
         check_state(state.swarm, self.population_size, AdaptiveBFOState, "black_box_search")
-        return None if state.phase == "faces" or _walks(state) else _swarm(state)
+        return None if state.phase == "faces" or self.walks(state) else _swarm(state)
 
     def told(self, state: BlackBoxState, swarm: AdaptiveBFOState,
              new: AdaptiveBFOState) -> BlackBoxState:
@@ -357,18 +361,22 @@ class _Search:
         stops after ``BEHIND_BUDGET`` x the evaluations the best's swarm took to find it,
         progressing or not: a slow descent would spend the budget the next swarms need. A
         swarm that goes on as the walker starts these counts afresh: the swarm's last gain,
-        made at the scale of its first updates, may be out of its reach.
+        made at the scale of its first updates, may be out of its reach. A swarm whose
+        rounds are too small for a walker (``walker.MIN_ROUND``) goes on as it is.
         """
         entry_best, was_valley = float(s.entry_best), bool(s.valley)
-        before = s.walker if was_valley else s.swarm
+        before = s.walker if isinstance(new, walker.Walker) else s.swarm
         now, spent = self.cost(new.best_loss), int(new.num_evals - before.num_evals)
         first, progress, stalled, gain = (float(s.first), float(s.progress),
                                           int(s.stalled) + spent, float(s.gain))
         behind = progress > entry_best
         valley = was_valley or (bool(s.swarm_learns) and int(new.step) % self.chemotaxis_steps == 0
                                 and metric.condition(new.metric) > VALLEY_CONDITION)
-        if valley and isinstance(new, AdaptiveBFOState):  # the walker's own descent starts here
-            new, first, progress, stalled, gain = self.narrowed(new), now, now, 0, 0.0
+        if valley and not was_valley:  # the valley's own descent starts here, a walker's
+            # where the rounds are large enough for one, else the swarm's as it is
+            first, progress, stalled, gain = now, now, 0, 0.0
+            if isinstance(new, AdaptiveBFOState) and self.per_round >= walker.MIN_ROUND:
+                new = self.narrowed(new)
         if not math.isfinite(progress):  # its first finite loss is progress
             if now < progress:
                 first, progress, stalled = now, now, 0
@@ -463,11 +471,11 @@ class _Search:
         walker's in a new swarm), else from a new one.
         """
         key = random.fold_in(s.key, POLISHER_STREAM)
-        held = self.cost((s.walker if bool(s.valley) else s.swarm).best_loss) <= self.cost(
-            s.best_loss)
+        walked = bool(s.valley) and self.per_round >= walker.MIN_ROUND  # the walker converged
+        held = self.cost((s.walker if walked else s.swarm).best_loss) <= self.cost(s.best_loss)
         state, learns = (s.swarm, bool(s.swarm_learns)) if held else (
             self.plain.init(s.best_params, key=key)._replace(metric=s.swarm.metric), False)
-        if held and bool(s.valley):  # the walker's metric
+        if held and walked:  # the walker's metric
             state = self.learner.init(s.best_params, key=key)._replace(
                 metric=s.walker.metric._replace(path=torch.zeros_like(s.walker.metric.path)))
         steps = self.kick * torch.logspace(0, -POLISH_DECADES, self.population_size,
@@ -597,11 +605,6 @@ def as_given(params: Params, like: Layout, box: LeafBounds | None) -> Params:
 def _learns(swarm: AdaptiveBFOState) -> bool:
     """Whether ``swarm`` learns a tumble metric (a plain swarm's has 0 coordinates)."""
     return swarm.metric.width.numel() > 0
-
-
-def _walks(state: BlackBoxState) -> bool:
-    """Whether the next round is the walker's: a converging swarm in a valley."""
-    return state.phase == "converge" and bool(state.valley)
 
 
 def _undispersed(swarm: AdaptiveBFOState) -> AdaptiveBFOState:

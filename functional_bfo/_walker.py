@@ -27,6 +27,11 @@ from . import random
 from ._base import Key
 from ._bounds import LeafBounds, project
 from ._metric import TumbleMetric
+from ._tree import where
+
+# The fewest points a round needs: with fewer the best half is one point (mu_eff 1), whose
+# steps teach C nothing (c_mu 0), and a round of one moves the mean whatever it costs.
+MIN_ROUND = 4
 
 
 class Walker(NamedTuple):
@@ -63,12 +68,13 @@ def rates(lam: int, n: int, rate: float) -> Rates:
 
     The worse half's weights are negative (active CMA-ES): steps that led uphill are
     unlearned, which learns an ill-conditioned valley about as fast per evaluation as a
-    (1+1) walker's path does (``docs/variants.md``).
+    (1+1) walker's path does (``docs/variants.md``). ``lam`` is at least ``MIN_ROUND``.
     """
-    mu = max(lam // 2, 1)
+    if lam < MIN_ROUND:
+        raise ValueError(f"A walker's round needs at least {MIN_ROUND} points, got {lam}.")
+    mu = lam // 2
     raw = [math.log((lam + 1) / 2) - math.log(i) for i in range(1, lam + 1)]
-    weights = tuple(w / sum(raw[:mu]) for w in raw[:mu]) if lam > 1 else (1.0,)
-    neg = raw[mu:]
+    weights, neg = tuple(w / sum(raw[:mu]) for w in raw[:mu]), raw[mu:]
     mu_eff = 1 / sum(w * w for w in weights)
     c_sigma = (mu_eff + 2) / (n + mu_eff + 5)
     d_sigma = 1 + 2 * max(0.0, math.sqrt((mu_eff - 1) / (n + 1)) - 1) + c_sigma
@@ -76,11 +82,9 @@ def rates(lam: int, n: int, rate: float) -> Rates:
     c_mu = min(1 - c_1, 2 * (mu_eff - 2 + 1 / mu_eff) / ((n + 2) ** 2 + mu_eff))
     c_1 = min(rate * c_1, 0.5)
     c_mu = min(1 - c_1, rate * c_mu)
-    if c_mu > 0 and sum(neg) < 0:
-        mu_neg = sum(neg) ** 2 / sum(w * w for w in neg)
-        alpha = min(1 + c_1 / c_mu, 1 + 2 * mu_neg / (mu_eff + 2),
-                    (1 - c_1 - c_mu) / (n * c_mu))
-        weights += tuple(alpha * w / -sum(neg) for w in neg)
+    mu_neg = sum(neg) ** 2 / sum(w * w for w in neg)
+    alpha = min(1 + c_1 / c_mu, 1 + 2 * mu_neg / (mu_eff + 2), (1 - c_1 - c_mu) / (n * c_mu))
+    weights += tuple(alpha * w / -sum(neg) for w in neg)
     return Rates(weights, mu_eff, c_sigma, d_sigma, (4 + mu_eff / n) / (n + 4 + 2 * mu_eff / n),
                  c_1, c_mu, math.sqrt(n) * (1 - 1 / (4 * n) + 1 / (21 * n * n)))
 
@@ -115,7 +119,9 @@ def told(w: Walker, z: Tensor, costs: Tensor, sign: float, rate: float,
          sigma_range: tuple[float, float], box: LeafBounds | None, boundary: str) -> Walker:
     """The walker after the round of draws ``z`` cost ``costs``, its mean back in the box.
 
-    ``costs`` are ``sign`` times the losses, float64, inf where not finite.
+    ``costs`` are ``sign`` times the losses, float64, inf where not finite. A round with
+    no finite cost has no order to learn from: the walker stays as it was but for its
+    round count, so that its next round draws afresh.
     """
     (lam, n), m = z.shape, w.metric
     r = rates(lam, n, rate)
@@ -141,21 +147,23 @@ def told(w: Walker, z: Tensor, costs: Tensor, sign: float, rate: float,
     sigma = w.sigma * torch.exp(r.c_sigma / r.d_sigma * (length / r.chi_n - 1))
     # C keeps trace n as every metric does; sigma and p_c take its scale.
     scale = torch.trace(cov) / n
-    cov, sigma, path = 0.5 * (cov + cov.T) / scale, sigma * scale.sqrt(), path / scale.sqrt()
+    cov = 0.5 * (cov + cov.T) / scale
     factor, info = torch.linalg.cholesky_ex(cov)
     # The metric stays where rounding left C indefinite, or where the best half's costs tie
     # (a plateau, or the loss's last digit): their order says nothing about the valley.
-    mu = sum(weight > 0 for weight in r.weights)
-    keep = (info != 0) | (ranked[0] == ranked[mu - 1])
+    mu, seen = sum(weight > 0 for weight in r.weights), torch.isfinite(ranked[0])
+    keep = (info != 0) | (ranked[0] == ranked[mu - 1]) | ~seen
+    scale = torch.where(keep, 1.0, scale).sqrt()
     low, high = sigma_range
-    return _into_box(Walker(  # type: ignore[call-arg]  # RANGES is a class constant
+    moved = _into_box(w._replace(
         mean=w.mean + y_w * w.sigma * m.width,
-        sigma=sigma.clamp(low / math.sqrt(n), high / math.sqrt(n)),
+        sigma=(sigma * scale).clamp(low / math.sqrt(n), high / math.sqrt(n)),
         metric=TumbleMetric(torch.where(keep, m.cov, cov), torch.where(keep, m.factor, factor),
-                            m.width, path),
+                            m.width, path / scale),
         sigma_path=sigma_path, best_loss=torch.where(
-            ranked[0] < sign * w.best_loss, sign * ranked[0], w.best_loss),
-        key=w.key, step=w.step + 1, num_evals=w.num_evals + lam), box, boundary)
+            ranked[0] < sign * w.best_loss, sign * ranked[0], w.best_loss)), box, boundary)
+    kept = w._replace(step=w.step + 1, num_evals=w.num_evals + lam)
+    return where(seen, moved._replace(step=kept.step, num_evals=kept.num_evals), kept)
 
 
 def _into_box(w: Walker, box: LeafBounds | None, boundary: str) -> Walker:

@@ -413,6 +413,32 @@ def test_a_swarm_in_a_valley_goes_on_as_a_walker_from_its_best_bacterium_and_des
     assert varying.update(state, valley).num_evals == state.num_evals + 16
 
 
+@pytest.mark.parametrize("population, swims", [(1, 0), (1, 1), (2, 0), (3, 0)])
+def test_a_swarm_whose_rounds_are_too_small_for_a_walker_goes_on_as_it_is(population, swims):
+    """A walker recombines the best half of at least 4 points (a round of 1 would move it
+    whatever it costs, rounds of 2 or 3 teach its metric nothing): a smaller swarm in a
+    valley goes on as itself, a single bacterium following its evolution path."""
+    q = torch.linalg.qr(torch.randn(4, 4, generator=torch.Generator().manual_seed(0),
+                                    dtype=torch.float64))[0]
+    scales = 10.0 ** (2 * torch.arange(4, dtype=torch.float64))
+
+    def valley(p):
+        y = q @ (p["x"] - 1.0)
+        return (scales * y * y).sum() + 100.0
+
+    per_round = population * (swims + 1)
+    opt = fb.black_box_search((-5.0, 5.0), max_evals=3000, population_size=population,
+                              swim_length=swims)
+    state, in_valley = opt.init(start(4), key=fb.random.key(0)), 0
+    while state.phase != "done":
+        before, state = state, opt.update(state, valley)
+        if before.valley and before.phase == "converge":
+            in_valley += 1
+            assert state.num_evals - before.num_evals == per_round and state.walker.step == 0
+    if population == 1:  # as the lone bacterium the black box ran before its walker
+        assert in_valley > 100 and float(state.best_loss) - 100.0 < 1e-8
+
+
 def test_after_failed_restarts_the_exploring_swarm_takes_every_update():
     """On a flat loss no swarm beats the best: two failures in a row hand the budget over."""
     flat, seen = recording(flat_loss)

@@ -3,6 +3,7 @@
 import math
 
 import optree
+import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -136,4 +137,33 @@ def test_the_weights_are_cma_es_defaults_with_an_active_worse_half():
     assert math.isclose(r.c_1, 2 / (11.3**2 + r.mu_eff))
     doubled = walker.rates(16, 10, 2.0)
     assert math.isclose(doubled.c_1, 2 * r.c_1) and doubled.c_1 + doubled.c_mu <= 1
-    assert walker.rates(1, 3, 2.0).weights == (1.0,)
+    with pytest.raises(ValueError, match="at least 4 points"):
+        walker.rates(3, 10, 2.0)
+
+
+def test_a_round_with_no_finite_loss_leaves_the_walker_where_it_was():
+    """Nothing to rank: the mean, step, paths and metric stay; the round is counted, so
+    the next one draws afresh."""
+    w = fresh(4)
+    z, _ = walker.draw(w, LAM, None, "reflect")
+    w = walker.told(w, z, torch.randn(LAM, dtype=torch.float64), 1.0, RATE, SIGMAS, None,
+                    "reflect")  # paths that are not 0
+    z, _ = walker.draw(w, LAM, None, "reflect")
+    failed = walker.told(w, z, torch.full((LAM,), math.inf, dtype=torch.float64), 1.0, RATE,
+                         SIGMAS, None, "reflect")
+    assert all(torch.equal(a, b) for a, b in zip(optree.tree_leaves(failed._replace(
+        step=w.step, num_evals=w.num_evals)), optree.tree_leaves(w)))
+    assert failed.step == w.step + 1 and failed.num_evals == w.num_evals + LAM
+    assert not torch.equal(walker.draw(failed, LAM, None, "reflect")[0], z)
+
+
+def test_a_kept_metric_keeps_its_scale():
+    """Tied costs teach the metric nothing: C stays, and the step size moves by its path
+    alone, not by the scale of the C it did not take."""
+    w = fresh(4)
+    z, _ = walker.draw(w, LAM, None, "reflect")
+    tied = walker.told(w, z, torch.ones(LAM, dtype=torch.float64), 1.0, RATE, SIGMAS, None,
+                       "reflect")
+    r = walker.rates(LAM, 4, RATE)
+    by_path = w.sigma * torch.exp(r.c_sigma / r.d_sigma * (tied.sigma_path.norm() / r.chi_n - 1))
+    assert torch.equal(tied.metric.cov, w.metric.cov) and torch.equal(tied.sigma, by_path)
