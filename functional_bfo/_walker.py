@@ -27,7 +27,6 @@ from . import random
 from ._base import Key
 from ._bounds import LeafBounds, project
 from ._metric import TumbleMetric
-from ._tree import where
 
 # The fewest points a round needs: with fewer the best half is one point (mu_eff 1), whose
 # steps teach C nothing (c_mu 0), and a round of one moves the mean whatever it costs.
@@ -162,8 +161,15 @@ def told(w: Walker, z: Tensor, costs: Tensor, sign: float, rate: float,
                             m.width, path / scale),
         sigma_path=sigma_path, best_loss=torch.where(
             ranked[0] < sign * w.best_loss, sign * ranked[0], w.best_loss)), box, boundary)
-    kept = w._replace(step=w.step + 1, num_evals=w.num_evals + lam)
-    return where(seen, moved._replace(step=kept.step, num_evals=kept.num_evals), kept)
+    def held(new: Tensor, old: Tensor) -> Tensor:
+        return torch.where(seen, new, old)
+
+    mm = moved.metric
+    return moved._replace(
+        mean=held(moved.mean, w.mean), sigma=held(moved.sigma, w.sigma),
+        sigma_path=held(moved.sigma_path, w.sigma_path), step=w.step + 1,
+        num_evals=w.num_evals + lam, metric=mm._replace(
+            cov=held(mm.cov, m.cov), factor=held(mm.factor, m.factor), path=held(mm.path, m.path)))
 
 
 def _into_box(w: Walker, box: LeafBounds | None, boundary: str) -> Walker:
