@@ -7,9 +7,10 @@ of them with the swarm's metric. Each round it tumbles ``lam`` times around its 
 weighted mean of the best half, as the (mu/mu_w, lambda)-CMA-ES does (N. Hansen, "The CMA
 Evolution Strategy: A Tutorial", 2016, https://arxiv.org/abs/1604.00772): an evolution path
 of the mean's moves learns a valley's axis (rank one), the best half's steps its
-cross-section (rank mu), and the path of the whitened moves sets ``sigma`` (cumulative
-step-size adaptation). Recombining the best half keeps the progress per evaluation of a
-(1+1) walker while a round asks ``lam`` points at once, so a caller who evaluates a round
+cross-section and the worse half's, weighted below 0, unlearn what led uphill (rank mu,
+active), and the path of the whitened moves sets ``sigma`` (cumulative step-size
+adaptation). That keeps the progress per evaluation of a (1+1) walker following its
+evolution path while a round asks ``lam`` points at once, so a caller who evaluates a round
 in parallel has a whole swarm's worth of points in every round. Ranks only, in float64 and
 units of ``width``, tensor-only (no host sync).
 """
@@ -161,7 +162,8 @@ def told(w: Walker, z: Tensor, costs: Tensor, sign: float, rate: float,
                             m.width, path / scale),
         sigma_path=sigma_path, best_loss=torch.where(
             ranked[0] < sign * w.best_loss, sign * ranked[0], w.best_loss)), box, boundary)
-    def held(new: Tensor, old: Tensor) -> Tensor:
+
+    def held(new: Tensor, old: Tensor) -> Tensor:  # what a round with no finite cost keeps
         return torch.where(seen, new, old)
 
     mm = moved.metric
