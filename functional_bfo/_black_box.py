@@ -289,9 +289,9 @@ class _Search:
         like = layout(optree.tree_map(lambda x, d: x.to(d.dtype), s.start, s.dtypes))
         return lambda p, *args: loss_fn(as_given(p, like, s.given_box), *args)
 
-    def walks(self, s: BlackBoxState) -> bool:
-        """Whether the next round is the walker's: a converging swarm in a valley."""
-        return s.phase == "converge" and bool(s.valley) and self.per_round >= walker.MIN_ROUND
+    def walking(self, s: BlackBoxState) -> bool:
+        """Whether the converging search is the walker: a swarm in a valley, large enough."""
+        return bool(s.valley) and self.per_round >= walker.MIN_ROUND
 
     def round_rows(self, s: BlackBoxState) -> Tensor:
         """The points of a round of face moves or of the walker, rows (float64)."""
@@ -313,7 +313,8 @@ class _Search:
                              f"of {self.budget} evaluations; no round fits): the best point "
                              "is state.best_params, its loss state.best_loss.")
         check_state(state.swarm, self.population_size, AdaptiveBFOState, "black_box_search")
-        return None if state.phase == "faces" or self.walks(state) else _swarm(state)
+        walks = state.phase == "converge" and self.walking(state)
+        return None if state.phase == "faces" or walks else _swarm(state)
 
     def told(self, state: BlackBoxState, swarm: AdaptiveBFOState,
              new: AdaptiveBFOState) -> BlackBoxState:
@@ -420,11 +421,7 @@ class _Search:
         new = walker.told(s.walker, draws, costs.to(torch.float64), self.sign, self.metric_rate,
                           (float(hp.step_size_min), float(hp.step_size_max)),
                           s.explorer.box, self.boundary)
-        i = int(costs.argmin())
-        found = optree.tree_map(lambda x: x[0], copied_params(rows[i:i + 1], s.start))
-        s = _with(self.better(s, found, self.sign * costs[i]), step=int(s.step) + 1,
-                  num_evals=int(s.num_evals) + len(costs))
-        return self.converged(s, new)
+        return self.converged(self.counted(s, rows[int(costs.argmin())], costs), new)
 
     def face_moves(self, s: BlackBoxState) -> moves.FaceScan:
         """The polish's face moves: the best point's coordinates moved onto the box's faces."""
@@ -438,10 +435,17 @@ class _Search:
     def told_faces(self, s: BlackBoxState, costs: Tensor) -> BlackBoxState:
         """After a round of face moves: the best of them, and the next round."""
         faces, row = moves.face_scan_told(s.faces, costs, *self.sides(s))
-        found = optree.tree_map(lambda x: x[0], copied_params(row[None], s.start))
-        s = self.better(s, found, self.sign * costs.min())
-        return _with(s, num_evals=int(s.num_evals) + len(costs), step=int(s.step) + 1,
-                     faces=faces)
+        return self.counted(s, row, costs, faces=faces)
+
+    def counted(self, s: BlackBoxState, best_row: Tensor, costs: Tensor,
+                **fields: Any) -> BlackBoxState:
+        """``s`` after a round of rows that cost ``costs``: counted, its best row the best point.
+
+        ``best_row`` becomes the best point if it beats it; ``fields`` are replaced too.
+        """
+        found = optree.tree_map(lambda x: x[0], copied_params(best_row[None], s.start))
+        return _with(self.better(s, found, self.sign * costs.min()),
+                     num_evals=int(s.num_evals) + len(costs), step=int(s.step) + 1, **fields)
 
     def after(self, s: BlackBoxState) -> BlackBoxState:
         """``s`` with the phase of the next round, and the swarm or moves it needs."""
@@ -471,7 +475,7 @@ class _Search:
         walker's in a new swarm), else from a new one.
         """
         key = random.fold_in(s.key, POLISHER_STREAM)
-        walked = bool(s.valley) and self.per_round >= walker.MIN_ROUND  # the walker converged
+        walked = self.walking(s)
         held = self.cost((s.walker if walked else s.swarm).best_loss) <= self.cost(s.best_loss)
         state, learns = (s.swarm, bool(s.swarm_learns)) if held else (
             self.plain.init(s.best_params, key=key)._replace(metric=s.swarm.metric), False)
