@@ -243,14 +243,32 @@ def adaptive_bfo(
                                     else torch.zeros(0, dtype=torch.float64, device=device)),
         ))
 
+    return _optimizer(static, init_fn, evaluator)
+
+
+def _optimizer(static: AdaptiveStatic, init: Any, evaluator: Evaluator) -> Optimizer:
+    """The optimizer of ``static``'s settings, starting from ``init``."""
+
     def finish(state: AdaptiveBFOState, plan: Plan, result: SwimResult) -> AdaptiveBFOState:
         return adaptive_state(state, static, adaptive_fields(state, static, plan, result))
 
-    opt = swim_optimizer("adaptive_bfo", AdaptiveBFOState, size, sign, init_fn,
+    opt = swim_optimizer("adaptive_bfo", AdaptiveBFOState, static.size, static.sign, init,
                          lambda state: adaptive_plan(state, static), finish, evaluator,
-                         swim_batch)
+                         static.swim_batch)
     opt.update.static = static  # type: ignore[attr-defined]  # read by adaptive_static
     return opt
+
+
+def between_cycles(opt: Optimizer, evaluator: Evaluator) -> Optimizer:
+    """``opt`` (an :func:`adaptive_bfo`) for updates that end no cycle, its events left out.
+
+    An update is one program whatever its step, so it computes reproduction and dispersal
+    masked in every update (58 of the 195 ops of a learning black-box swarm's, its loss's
+    among them) although they fire one in ``chemotaxis_steps``. A driver that knows the
+    step on the host (the black box) calls this one where no cycle ends: the same update
+    there, bit for bit.
+    """
+    return _optimizer(adaptive_static(opt)._replace(cycles=False), opt.init, evaluator)
 
 
 class AdaptiveStatic(NamedTuple):
@@ -269,6 +287,7 @@ class AdaptiveStatic(NamedTuple):
     swim_batch: int = 1  # swim points per evaluator call
     metric_rate: float = 0.0  # learning rate of the tumble metric (0: none)
     closed: bool = False  # every side of the box is finite (is_closed)
+    cycles: bool = True  # False: no cycle ends in these updates (between_cycles)
 
 
 def adaptive_static(opt: Optimizer) -> AdaptiveStatic:
@@ -362,9 +381,14 @@ def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None
 
     # Reproduction, then dispersal under pressure, every chemotaxis_steps updates.
     slots = torch.arange(size, device=state.step.device)
-    population, losses, step_sizes, health, count, source, dispersed = cycle_event(
-        cycle_ends(state.step, static.chemotaxis_steps), state, slots, noise.coin,
-        noise.place, best, box, static, dtype)
+    if static.cycles:
+        population, losses, step_sizes, health, count, source, dispersed = cycle_event(
+            cycle_ends(state.step, static.chemotaxis_steps), state, slots, noise.coin,
+            noise.place, best, box, static, dtype)
+    else:  # the driver knows that no cycle ends here (between_cycles)
+        population, losses, step_sizes, health, count, source, dispersed = (
+            state.population, state.losses, state.step_sizes, state.health,
+            state.active_size, slots, torch.zeros_like(slots, dtype=torch.bool))
     # Within the current bounds, the ceiling winning: a lowered step_size_max caps every step.
     step_sizes = step_sizes.clamp(hp.step_size_min, hp.step_size_max)
     cost = sign * losses  # NaN where never evaluated

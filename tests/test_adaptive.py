@@ -5,9 +5,10 @@ import statistics
 
 import pytest
 import torch
-from helpers import population
+from helpers import assert_trees_equal, population
 
 import functional_bfo as fb
+from functional_bfo._adaptive import between_cycles
 
 
 def sq(p):
@@ -295,3 +296,26 @@ def test_the_metric_is_in_the_state_only_when_learned_and_limited_in_size():
         fb.adaptive_bfo(4, metric_rate=1.0).init({"x": torch.zeros(2001)}, key=fb.random.key(0))
     with pytest.raises(TypeError, match="hybrid_bfo got metric_rate="):
         fb.hybrid_bfo(4, metric_rate=1.0)
+
+
+@pytest.mark.parametrize("settings", [
+    dict(metric_rate=2.0, bounds=(-1.0, 1.0), relative_steps=True),
+    dict(min_population_size=3, stagnation_steps=2, tumble="levy"),
+    dict(population_size=1, metric_rate=2.0),
+])
+def test_between_cycles_is_the_update_wherever_no_cycle_ends(settings):
+    """A driver that knows the step leaves out the masked cycle events: the same states."""
+    opt = fb.adaptive_bfo(**{"population_size": 8, "chemotaxis_steps": 3,
+                             "elimination_prob": 0.5, **settings})
+    between = between_cycles(opt, fb.evaluate.vmap())
+    state = opt.init({"x": torch.zeros(4)}, key=fb.random.key(3))
+    for step in range(14):
+        new = opt.update(state, sq)
+        if step == 0 or step % 3:
+            assert_trees_equal(between.update(state, sq), new)
+            asked = between.ask(state)
+            losses = torch.func.vmap(sq)(asked.params)
+            assert_trees_equal(between.tell(state, asked, losses), opt.tell(state, asked, losses))
+        else:  # a cycle ends: left out, health would not restart
+            assert not torch.equal(between.update(state, sq).health, new.health)
+        state = new

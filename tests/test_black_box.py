@@ -1,5 +1,6 @@
 """fb.black_box: the black-box setup with restarts, driven to an evaluation budget."""
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -7,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import population
+from helpers import assert_trees_equal, population
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -73,6 +74,22 @@ def test_without_restarts_it_is_fb_run_of_the_black_box_adaptive_bfo():
     assert out.restarts == 0 and out.num_evals == int(state.num_evals)
     assert torch.equal(out.loss, state.best_loss)
     assert torch.equal(out.params["x"], state.best_params["x"])
+
+
+def test_swarm_rounds_between_cycles_leave_the_events_out_with_the_same_states():
+    """Where a swarm's step ends no cycle, its round skips the masked reproduction and
+    dispersal (``between_cycles``): every phase's states are those of the whole update."""
+    search = fb.black_box_search((-2.0, 2.0), max_evals=2400, restart_after=3,
+                                 explore_after=1).update.__self__
+    full = dataclasses.replace(search, swarm_optimizers=(search.plain,) * 2 + (
+        search.learner,) * 2)
+    state, phases = search.init(start(), key=fb.random.key(4)), set()
+    while state.phase != "done":
+        phases.add(state.phase)
+        new = search.update(state, shifted_sphere)
+        assert_trees_equal(new, full.update(state, shifted_sphere))
+        state = new
+    assert phases == {"converge", "explore", "faces", "polish"}
 
 
 def test_a_stalled_swarm_restarts_from_a_new_place_in_the_box():
