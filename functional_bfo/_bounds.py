@@ -192,12 +192,12 @@ def project(x: Tensor, bounds: LeafBounds | None, mode: str) -> Tensor:
     """``x`` (any dtype) moved into the box; coordinates with an infinite side are clipped."""
     if bounds is None:
         return x
-    low, high, width = bounds.low, bounds.high, bounds.width
+    low, high = bounds.low, bounds.high
     if mode != "clip":
         period = bounds.reflect_period if mode == "reflect" else bounds.wrap_period
         y = torch.remainder(x - low, period)
-        if mode == "reflect":
-            y = torch.where(y > width, period - y, y)
+        if mode == "reflect":  # past the far face, folded back: where(y > width, ...) bitwise
+            y = torch.minimum(y, period - y)
         y = low + y
         x = y if bounds.open is None else torch.where(bounds.open, x, y)
     # The final clamp also catches rounding at the faces, so no position ever leaves the box.

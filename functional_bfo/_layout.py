@@ -64,8 +64,10 @@ def unravel(shape: Layout, rows: Tensor) -> Params:
     batch = rows.shape[:-1]
     blocks = rows.split(shape.sizes, dim=-1) if len(shape.sizes) > 1 else (rows,)
     cast = rows.is_floating_point()
-    leaves = [b.reshape(batch + s).to(dt) if cast else b.reshape(batch + s)
-              for b, s, dt in zip(blocks, shape.shapes, shape.dtypes)]
+    # No reshape or cast that changes nothing: each is an op under vmap (a loss's rows).
+    leaves = [b if b.shape == batch + s else b.reshape(batch + s)
+              for b, s in zip(blocks, shape.shapes)]
+    leaves = [x.to(dt) if cast and x.dtype != dt else x for x, dt in zip(leaves, shape.dtypes)]
     return shape.spec.unflatten(leaves)
 
 

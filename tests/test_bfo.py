@@ -9,6 +9,8 @@ import optree
 import pytest
 import torch
 from helpers import assert_trees_equal, population
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import functional_bfo as fb
@@ -43,6 +45,23 @@ def test_projection_modes_by_hand():
     assert torch.equal(project(x, box, "wrap"), torch.tensor([0.75, 0.5, 0.25, 0.5, 0.25]))
     half_open = leaf_bounds(torch.tensor(0.0), torch.tensor(torch.inf))
     assert torch.equal(project(x, half_open, "reflect"), torch.tensor([0.0, 0.5, 1.25, 2.5, 0.0]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(low=st.floats(-1e6, 1e6), width=st.floats(1e-6, 1e6), seed=st.integers(0, 2**31),
+       dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_reflection_folds_back_as_the_textbook_formula_bit_for_bit(low, width, seed, dtype):
+    """The fold is ``minimum(y, period - y)``: the points of ``where(y > width, period - y,
+    y)``, the textbook's, in every bit (one full-size ``where`` fewer on an eager ray)."""
+    box = leaf_bounds(torch.tensor(low, dtype=dtype), torch.tensor(low + width, dtype=dtype))
+    scale = torch.tensor([1e-3, 1.0, 10.0, 1e4], dtype=dtype).repeat_interleave(64)
+    x = box.low + (torch.randn(256, generator=torch.Generator().manual_seed(seed),
+                               dtype=dtype) * scale * box.width)
+    y = torch.remainder(x - box.low, box.reflect_period)
+    textbook = (box.low + torch.where(y > box.width, box.reflect_period - y, y)).clamp(
+        box.low, box.high)
+    torch.testing.assert_close(project(x, box, "reflect"), textbook, rtol=0, atol=0,
+                               equal_nan=True)  # a box rounded to width 0: NaN in both
 
 
 @pytest.mark.parametrize("mode", ["clip", "reflect", "wrap"])
