@@ -1,12 +1,4 @@
-"""Demo: ``python -m functional_bfo`` minimizes a shifted 10-D Rastrigin and trains a small MLP.
-
-Rastrigin is a black box (a function of a box and nothing else), so it is run first by
-:func:`functional_bfo.black_box`, the setup to use on such problems, then by canonical
-:func:`functional_bfo.bfo` at the same budget: Passino's algorithm, the reference that the
-variants build on. The MLP is trained by canonical BFO through :func:`functional_bfo.run`.
-Everything shows progress (a bar with tqdm installed, lines otherwise) and finishes in
-well under a minute on a laptop CPU.
-"""
+"""Demo: ``python -m functional_bfo`` (10-D Rastrigin by black_box and bfo, then a small MLP)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Adaptive Bacterial Foraging Optimization: per-bacterium step sizes and pressure-driven dispersal.
+"""Adaptive BFO: per-bacterium step sizes (the 1/5th rule) and pressure-driven dispersal.
 
-Step sizes follow Rechenberg's 1/5th success rule, per bacterium (as the self-adaptive BFO
-of Chen, Zhu & Hu, "Adaptive Bacterial Foraging Optimization", Abstract and Applied
-Analysis 2011, https://doi.org/10.1155/2011/108269, lets each bacterium tune its own run
-length); elimination–dispersal gets likelier as the swarm stagnates or collapses.
+After Chen, Zhu & Hu, "Adaptive Bacterial Foraging Optimization", 2011.
 """
 
 from __future__ import annotations
@@ -30,10 +27,8 @@ from ._bounds import (
 from ._checks import check_bool, check_choice, check_float, check_int
 from ._chemotaxis import TUMBLES, Plan, SwimResult, tumble_directions, walk
 from ._cycle import cycle_ends
-from ._dispersal import dispersal_mask, initial_population, per_run
 from ._layout import layout, ravel, unravel
-from ._noise import bacterium_noise
-from ._reproduction import reproduction_index
+from ._population import bacterium_noise, initial_population, per_run, reproduction_index
 from ._tree import diversity, first_min, where
 from .evaluate import Evaluator, check_evaluator
 
@@ -250,7 +245,14 @@ def _optimizer(static: AdaptiveStatic, init: Any, evaluator: Evaluator) -> Optim
     """The optimizer of ``static``'s settings, starting from ``init``."""
 
     def finish(state: AdaptiveBFOState, plan: Plan, result: SwimResult) -> AdaptiveBFOState:
-        return adaptive_state(state, static, adaptive_fields(state, static, plan, result))
+        """The new fields, and the metric learned from the tumbles that moved a known bacterium."""
+        step, learned = adaptive_fields(state, static, plan, result), state.metric
+        if static.metric_rate > 0:  # in float64, each side cast first, as the metric sees it
+            steps = (step.fields["population"].to(torch.float64)
+                     - state.population.index_select(0, step.source).to(torch.float64))
+            learned = metric.learn(state.metric, steps, step.known & (steps != 0).any(dim=1),
+                                   static.metric_rate, step.known)
+        return AdaptiveBFOState(**step.fields, metric=learned)
 
     opt = swim_optimizer("adaptive_bfo", AdaptiveBFOState, static.size, static.sign, init,
                          lambda state: adaptive_plan(state, static), finish, evaluator,
@@ -260,13 +262,10 @@ def _optimizer(static: AdaptiveStatic, init: Any, evaluator: Evaluator) -> Optim
 
 
 def between_cycles(opt: Optimizer, evaluator: Evaluator) -> Optimizer:
-    """``opt`` (an :func:`adaptive_bfo`) for updates that end no cycle, its events left out.
+    """``opt`` without its masked cycle events: bitwise its update where no cycle ends.
 
-    An update is one program whatever its step, so it computes reproduction and dispersal
-    masked in every update (58 of the 195 ops of a learning black-box swarm's, its loss's
-    among them) although they fire one in ``chemotaxis_steps``. A driver that knows the
-    step on the host (the black box) calls this one where no cycle ends: the same update
-    there, bit for bit.
+    For a driver that knows the step on the host (the black box): the events are 58 of a
+    learning black-box swarm's 195 ops, and fire one update in ``chemotaxis_steps``.
     """
     return _optimizer(adaptive_static(opt)._replace(cycles=False), opt.init, evaluator)
 
@@ -291,12 +290,7 @@ class AdaptiveStatic(NamedTuple):
 
 
 def adaptive_static(opt: Optimizer) -> AdaptiveStatic:
-    """The structural settings of an optimizer made by :func:`adaptive_bfo`.
-
-    For variants that drive :func:`adaptive_plan` and :func:`adaptive_fields` themselves
-    (``hybrid_bfo``): they build an ``adaptive_bfo`` with their settings, which validates
-    and completes them with its defaults, and read the result here.
-    """
+    """The structural settings of an :func:`adaptive_bfo` optimizer, for variants built on it."""
     return opt.update.static  # type: ignore[attr-defined]
 
 
@@ -314,11 +308,7 @@ def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: 
                 dtype: torch.dtype) -> tuple:
     """Reproduction, then dispersal under pressure, where ``flag`` (0-d bool) holds.
 
-    ``slots`` is ``arange(population_size)``, ``best`` the best params as a row.
-
-    Returns the new ``(population, losses, step_sizes, health, active_size)``, the
-    reproduction ``source`` of each slot (the identity where ``flag`` fails) and which
-    slots were ``dispersed``.
+    Returns ``(population, losses, step_sizes, health, active_size, source, dispersed)``.
     """
     hp, stall, count = state.hyperparams, state.stall, state.active_size
     reference_diversity = state.reference_diversity
@@ -346,7 +336,7 @@ def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: 
     # A fixed population has every slot active: no masks (bitwise the same, fewer ops).
     unknown = torch.isnan(cost) if not varying else torch.isnan(cost) | (slots >= count)
     leader = first_min(torch.where(unknown, torch.inf, cost))[1]
-    dispersed = dispersal_mask(coins, p_ed, flag) & (slots != leader)
+    dispersed = flag & (coins < p_ed) & (slots != leader)
     if varying:
         dispersed = (dispersed & (slots < count)) | woken
     fresh = sample_domain(best, places, box, hp.init_scale)
@@ -367,11 +357,10 @@ class AdaptiveKeep(NamedTuple):
 
 
 def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None) -> Plan:
-    """Reproduce, disperse under pressure and tumble: the update's greedy swim, before any loss.
+    """Reproduce, disperse and tumble: the update's greedy swim, before any loss.
 
-    ``steer(direction, source, known) -> direction`` lets a variant bend the tumble (the
-    hybrid mixes in gradients); ``start_aux(source, known)`` gives the auxiliary value where
-    each bacterium stands, kept when the greedy swim stays.
+    ``steer(direction, source, known)`` bends the tumble (the hybrid's gradients);
+    ``start_aux(source, known)`` is the aux kept where a bacterium stays.
     """
     size, sign = static.size, static.sign
     hp, dtype, shape = state.hyperparams, state.losses.dtype, layout(state.best_params)
@@ -442,23 +431,6 @@ def adaptive_fields(state: Any, static: AdaptiveStatic, plan: Plan,
         hyperparams=hp,
     )
     return AdaptiveStep(fields, keep.source, keep.known, result.aux)
-
-
-def adaptive_state(state: AdaptiveBFOState, static: AdaptiveStatic,
-                   step: AdaptiveStep) -> AdaptiveBFOState:
-    """The state after ``step``: its fields, and the tumble metric learned from it.
-
-    With ``metric_rate > 0`` the metric moves toward the tumbles that moved a bacterium that
-    knew where it stood.
-    """
-    learned = state.metric
-    if static.metric_rate > 0:
-        wide = torch.float64  # the metric's dtype: each side cast first, as the metric sees it
-        steps = (step.fields["population"].to(wide)
-                 - state.population.index_select(0, step.source).to(wide))
-        learned = metric.learn(state.metric, steps, step.known & (steps != 0).any(dim=1),
-                               static.metric_rate, step.known)
-    return AdaptiveBFOState(**step.fields, metric=learned)
 
 
 def _on_active(active: Tensor | None, x: Tensor, other: Tensor | float) -> Tensor:

@@ -1,10 +1,6 @@
-"""Ask/tell: one update as a round the caller evaluates, for losses that live outside torch.
+"""Ask/tell: one update as a round of all ``(N_s + 1) P`` candidates, evaluated by the caller.
 
-Every point of an update's swim is evaluated whatever the losses (the swim only decides where
-each bacterium ends), so the candidates are known before any loss: one update is one round,
-``ask`` proposes all ``(N_s + 1) P`` of them and ``tell`` takes their losses. Both recompute
-the update's plan from the state, which neither changes, so a checkpoint between them is
-the state alone.
+Both halves recompute the plan from the state, which neither changes (docs/design.md).
 """
 
 from __future__ import annotations
@@ -23,10 +19,6 @@ from ._checks import check_state
 from ._chemotaxis import Plan, SwimResult, costs_by, rank_costs
 from ._layout import strided, unravel
 from .evaluate import Evaluator
-
-# The integer type whose bits a float of each width is read as, for a state's digest.
-BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-MASK_WEIGHT = 1_000_003  # a prime, so that a changed mask moves the digest
 
 
 class Ask(NamedTuple):
@@ -56,32 +48,23 @@ class Ask(NamedTuple):
 
 
 def round_tag(state: Any) -> Tensor:
-    """The ``tag`` of the round ``state`` is in (no host sync: compiles and vmaps).
-
-    Its digest covers what a round's candidates depend on beyond the counters and the key
-    and what the public API can change between ``ask`` and ``tell``: the losses, the
-    hyperparameters (a schedule, or another optimizer's state) and a hybrid's gradient mask.
-    """
+    """The tag of ``state``'s round: counters, key, digest of losses, hyperparams, grad mask."""
     losses = state.losses
     values = torch.cat([losses, torch.stack(tuple(state.hyperparams))])  # one dtype
-    bits = values.view(BITS[losses.element_size()]).to(torch.int64)
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[losses.element_size()]  # its bits
+    bits = values.view(ints).to(torch.int64)
     digest = (bits * torch.arange(1, values.shape[-1] + 1, device=losses.device)).sum()
     mask = getattr(state, "grad_mask", None)
     if mask is not None:
         place = torch.arange(1, mask.shape[-1] + 1, device=mask.device)
-        digest = digest + MASK_WEIGHT * (mask.to(torch.int64) * place).sum()
+        digest = digest + 1_000_003 * (mask.to(torch.int64) * place).sum()  # a prime
     return torch.stack([state.step, state.num_evals, state.key[0], state.key[1], digest])
 
 
 def swim_optimizer(name: str, state_type: type, size: int, sign: float, init: Any,
                    plan: Callable[[Any], Plan], finish: Callable[[Any, Plan, SwimResult], Any],
                    evaluator: Evaluator, swim_batch: int) -> Optimizer:
-    """A variant's optimizer from the two halves of its update.
-
-    ``plan(state)`` makes the round's candidates before any loss, ``finish(state, plan,
-    result)`` the state after them. ``update`` swims with the evaluator's losses; ``ask``
-    and ``tell`` split it at the round.
-    """
+    """A variant's optimizer from ``plan(state)`` and ``finish(state, plan, result)``."""
 
     def update(state: Any, loss_fn: LossFn, *args: Any) -> Any:
         check_state(state, size, state_type, name)
@@ -113,16 +96,7 @@ def ask_round(state: Any, plan: Plan) -> Ask:
 
 def told_costs(state: Any, asked: Any, losses: Any, sign: float, variant: str,
                check: bool = True) -> Tensor:
-    """``losses`` answering ``asked`` as the update's costs, after checking both.
-
-    ``check`` reads the tags on the host (a sync): compiled or under ``vmap`` they are not
-    there, and the caller, passing ``check=False``, vouches that ``asked`` is this state's.
-    It also warns when no loss the round needs is finite, as :func:`functional_bfo.run` does.
-
-    Raises:
-        TypeError: ``asked`` is not an :class:`Ask`, or ``losses`` not real numbers.
-        ValueError: ``losses`` of another shape, or ``asked`` from another state or round.
-    """
+    """``losses`` answering ``asked`` as costs; ``check`` reads the tags and warns on the host."""
     if not isinstance(asked, Ask):
         raise TypeError(f"{variant}.tell takes the Ask that {variant}.ask(state) returned, "
                         f"got {type(asked).__name__}.")
@@ -180,10 +154,7 @@ def told_grads(asked: Ask, grads: Any, variant: str) -> Params:
 
 
 def check_tag(expected: Tensor, tag: Tensor, variant: str, check: bool) -> None:
-    """Refuse a tag other than ``expected``, the round's (its values read if ``check``).
-
-    Both start with the number of rounds told, so a stale answer is named as one.
-    """
+    """Refuse a tag other than ``expected`` (values read only if ``check``)."""
     if tuple(tag.shape) != tuple(expected.shape):
         raise ValueError(f"asked.tag has shape {tuple(tag.shape)}, not {tuple(expected.shape)}: "
                          f"pass the Ask that {variant}.ask(state) returned for this state.")

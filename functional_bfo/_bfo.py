@@ -1,8 +1,4 @@
-"""Canonical Bacterial Foraging Optimization (Passino 2002) as two pure functions over pytrees.
-
-K. M. Passino, "Biomimicry of bacterial foraging for distributed optimization and control",
-IEEE Control Systems Magazine 22(3), 2002 (https://doi.org/10.1109/MCS.2002.1004010).
-"""
+"""Canonical Bacterial Foraging Optimization (Passino 2002) as two pure functions over pytrees."""
 
 from __future__ import annotations
 
@@ -18,11 +14,8 @@ from ._bounds import BOUNDARY_MODES, LeafBounds, check_bounds, is_closed, update
 from ._checks import check_bool, check_choice, check_float, check_int
 from ._chemotaxis import TUMBLES, Plan, SwimResult, tumble_directions, walk
 from ._cycle import cycle_ends
-from ._dispersal import disperse, initial_population, per_run
 from ._layout import layout, ravel, unravel
-from ._noise import bacterium_noise
-from ._reproduction import reproduce
-from ._swarming import SwarmingWeights, cell_to_cell
+from ._population import bacterium_noise, disperse, initial_population, per_run, reproduce
 from .evaluate import Evaluator, check_evaluator
 
 
@@ -227,11 +220,10 @@ def bfo(
         swarm_cost = None
         if swarming:
             swarm_sq = population.to(dtype).square().sum(1)
-            weights = SwarmingWeights(hp.d_attract, hp.w_attract, hp.h_repel, hp.w_repel)
 
             def swarm_cost(positions: Tensor) -> Tensor:
                 """J_cc against the population as it stands at the start of the step."""
-                return cell_to_cell(positions, population, swarm_sq, weights, dtype)
+                return cell_to_cell(positions, population, swarm_sq, hp, dtype)
 
             cost = cost + swarm_cost(population)
 
@@ -260,3 +252,16 @@ def bfo(
 
     return swim_optimizer("bfo", BFOState, size, sign, init_fn, plan, assemble, evaluator,
                           swim_batch)
+
+
+def cell_to_cell(positions: Tensor, swarm: Tensor, swarm_sq: Tensor, hp: BFOHyperparams,
+                 dtype: torch.dtype) -> Tensor:
+    """Passino's J_cc (eq. 2) of each row of ``positions`` against ``swarm``, shape (P,).
+
+    Squared distances as ``|a|^2 + |b|^2 - 2 a.b``: a (P, P) matrix, never (P, P, D).
+    """
+    a = positions.to(dtype)
+    cross = torch.einsum("pd,qd->pq", a, swarm.to(dtype))
+    d2 = (a.square().sum(1).unsqueeze(1) + swarm_sq.unsqueeze(0) - 2 * cross).clamp_min(0)
+    return (-hp.d_attract * torch.exp(-hp.w_attract * d2)
+            + hp.h_repel * torch.exp(-hp.w_repel * d2)).sum(dim=1)

@@ -1,18 +1,9 @@
 """The black-box setup: AdaptiveBFO swarms stepping in box widths, restarted, as ask/tell.
 
-A search is a sequence of phases over one :class:`BlackBoxState`, a round each:
-
-- converge: small swarms, each restarted from a uniform place once it stops progressing.
-  Every other one tumbles along a metric learned from its successes (``_metric.py``) and,
-  once the metric finds a valley, goes on from its best bacterium as a walker that
-  recombines a whole round of tumbles (``_walker.py``);
-- explore: after ``explore_after`` failed swarms in a row, one swarm kicked every
-  ``JITTER_PERIOD`` updates (``_moves.kicked``) takes every round until the polish;
-- faces, then polish: the last ``polish`` of the budget moves the best point onto the box's
-  faces, then refines it with one swarm gathered there.
-
-Every decision compares losses with each other, in float64, so ``f``, ``f + c`` and
-``a * f`` get the same run.
+Phases, a round each (docs/variants.md): converge (small swarms, restarted once they stop
+progressing; a learning one in a valley goes on as ``_walker``), explore (after
+``explore_after`` failed swarms, one kicked swarm), then faces and polish. Every decision
+compares losses with each other in float64, so ``f``, ``f + c`` and ``a * f`` run alike.
 """
 
 from __future__ import annotations
@@ -39,30 +30,17 @@ from ._bounds import LeafBounds, check_bounds, flat_box, project, sample_domain
 from ._checks import check_float, check_int, check_losses, check_params, check_state
 from ._chemotaxis import rank_costs
 from ._layout import Layout, layout, ravel, unravel
-from ._run import _reporter
+from ._run import _info, _reporter
 from ._state import with_hyperparams
 from .evaluate import check_evaluator
 
-# The tuned constants and what chose each: offsets on, 5 seeds; "sum" is the summed log10
-# error over the 32 cells at D = 2 / 10 / 30. docs/variants.md has the alternatives.
-# A swarm holding the best waits 3x as long to restart (at 1x: f10-10 1e-8 -> 701).
-HOLDING_PATIENCE = 3
-# A metric of this condition (checked once per dispersal cycle) marks a valley. Sum: no
-# valley -180.3 / -20.0 / 17.8, 30 -203.7 / -30.8 / 17.8, 20 -205.6 / -45.0 / 17.8; 10 lost
-# Rastrigin-10 (19.9 -> 35.8); a lone bacterium from the start lost Rastrigin-2.
-VALLEY_CONDITION = 20.0
-# The explorer is kicked every JITTER_PERIOD updates (5 or 20: Rastrigin-10 and f21-10 lost).
-JITTER_PERIOD = 10
-# Face moves spend at most FACE_SHARE of the polish, on at most FACE_SCAN_SIZE coordinates
-# (BBOB f05, D = 2 / 10 / 30: 6e-6 / 0.017 / 29.7 -> exactly 0).
-FACE_SHARE = 0.1
-FACE_SCAN_SIZE = 2000
-# The polish's steps spread over POLISH_DECADES below jitter (sum at D = 2 / 10: 2 -172 /
-# -19.4, 4 -180 / -20.0, 6 -178 / -19.3, 8 -174 / -18.8; all at jitter -167 / -17.6).
-POLISH_DECADES = 4
-# A swarm behind the best restarts once it has spent BEHIND_BUDGET x the evaluations the
-# best's swarm took to find it (the eight's ellipsoid-10: 5.96 -> 1e-8; 1x lost a seed of it).
-BEHIND_BUDGET = 2
+# Tuned constants; docs/variants.md ("Every default") has the numbers that chose each.
+HOLDING_PATIENCE = 3  # a swarm holding the best waits this many times as long to restart
+VALLEY_CONDITION = 20.0  # a metric of this condition (checked once a cycle) marks a valley
+JITTER_PERIOD = 10  # the explorer is kicked every JITTER_PERIOD updates
+FACE_SHARE, FACE_SCAN_SIZE = 0.1, 2000  # face moves: most of the polish, most coordinates
+POLISH_DECADES = 4  # the polish's steps spread over this many decades below jitter
+BEHIND_BUDGET = 2  # a swarm behind stops at this many times the best's swarm's evaluations
 # fold_in data; restarts use 0, 1, ..
 EXPLORER_STREAM, POLISHER_STREAM, WALKER_STREAM = 2**31 - 1, 2**31 - 2, 2**31 - 3
 PHASES = ("converge", "explore", "faces", "polish", "done")
@@ -179,7 +157,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
     main_budget = budget - per_round * int(polish_share * budget / per_round)
 
     search = _Search(budget, main_budget, per_round, stall_limit, rtol, hand_over, kick, rate,
-                     population_size, swim_length, chemotaxis_steps, sign, bounds,
+                     population_size, chemotaxis_steps, sign, bounds,
                      adaptive_static(plain).boundary, evaluator, plain, learner,
                      tuple(opt for full in (plain, learner)
                            for opt in (between_cycles(full, evaluator), full)))
@@ -199,7 +177,6 @@ class _Search:
     kick: float
     metric_rate: float
     population_size: int
-    swim_length: int
     chemotaxis_steps: int
     sign: float
     bounds: Any
@@ -218,11 +195,7 @@ class _Search:
         return box.low.expand(size), box.high.expand(size)
 
     def optimizer(self, s: BlackBoxState) -> Optimizer:
-        """The optimizer of the swarm whose round is next, without cycle events if none ends.
-
-        The swarm's step is known here, so its updates between cycles leave the masked
-        reproduction and dispersal out (``between_cycles``): the same rounds, 0.8x the time.
-        """
+        """The optimizer of the next round's swarm, without cycle events where none ends."""
         learns = s.phase != "explore" and bool(s.swarm_learns)
         step = int(_swarm(s).step)
         ends = step > 0 and step % self.chemotaxis_steps == 0
@@ -347,14 +320,10 @@ class _Search:
         return new if bool(s.swarm_learns) else new._replace(metric=s.swarm.metric)
 
     def restarted(self, s: BlackBoxState, start: Params, restarts: int) -> BlackBoxState:
-        """``s`` with a new converging swarm at ``start``.
-
-        Even swarms learn a metric, odd ones tumble isotropically: a learned metric makes a
-        swarm less likely to find Ackley's funnel.
-        """
+        """``s`` with a new swarm at ``start``; even ones learn a metric, odd ones find funnels."""
         swarm = (self.learner if restarts % 2 == 0 else self.plain).init(
             start, key=random.fold_in(s.key, 2 * restarts))
-        learns = _learns(swarm)
+        learns = swarm.metric.width.numel() > 0  # a plain swarm's metric has 0 coordinates
         if not learns and s.swarm is not None:  # a learner's metric, unused
             swarm = swarm._replace(metric=s.swarm.metric)
         return _with(s, swarm=swarm, swarm_learns=learns, restarts=restarts,
@@ -363,17 +332,10 @@ class _Search:
 
     def converged(self, s: BlackBoxState, new: AdaptiveBFOState | walker.Walker
                   ) -> BlackBoxState:
-        """After a converging round: a restart, once the swarm stopped progressing.
+        """After a converging round: a restart once the swarm stopped progressing.
 
-        Progress is a gain of more than ``rtol`` of the way still to the best of the swarms
-        before or, while the swarm holds the best, of its own descent so far or, in a valley,
-        of its last gain, within ``restart_after`` updates' worth of a full swarm's
-        evaluations (``HOLDING_PATIENCE`` x as long while holding the best). A swarm behind
-        stops after ``BEHIND_BUDGET`` x the evaluations the best's swarm took to find it,
-        progressing or not: a slow descent would spend the budget the next swarms need. A
-        swarm that goes on as the walker starts these counts afresh: the swarm's last gain,
-        made at the scale of its first updates, may be out of its reach. A swarm whose
-        rounds are too small for a walker (``walker.MIN_ROUND``) goes on as it is.
+        The rule (gains of ``rtol``, ``HOLDING_PATIENCE``, ``BEHIND_BUDGET``) is docs/variants.md's
+        "Restarts"; the walker starts the counts afresh.
         """
         entry_best, was_valley = float(s.entry_best), bool(s.valley)
         before = s.walker if isinstance(new, walker.Walker) else s.swarm
@@ -415,11 +377,7 @@ class _Search:
         return self.restarted(_with(s, failed=failed), place, restarts + 1)
 
     def narrowed(self, w: AdaptiveBFOState) -> walker.Walker:
-        """A swarm in a valley as the walker: at its best bacterium, with its step and metric.
-
-        The walker's mean moves add up into an evolution path, which learns a valley's axis
-        in about n rounds where a swarm's scattered successes take about n^2 (``_walker.py``).
-        """
+        """A swarm in a valley as the walker, at its best bacterium with its step and metric."""
         i = int((self.sign * w.losses).nan_to_num(math.inf).argmin())
         return walker.start(w.population[i].to(torch.float64, copy=True), w.step_sizes[i], w.metric,
                             w.best_loss, random.fold_in(w.key, WALKER_STREAM), w.num_evals)
@@ -449,10 +407,7 @@ class _Search:
 
     def counted(self, s: BlackBoxState, best_row: Tensor, costs: Tensor,
                 **fields: Any) -> BlackBoxState:
-        """``s`` after a round of rows that cost ``costs``: counted, its best row the best point.
-
-        ``best_row`` becomes the best point if it beats it; ``fields`` are replaced too.
-        """
+        """``s`` after a round of rows that cost ``costs``: counted, ``fields`` replaced."""
         found = optree.tree_map(lambda x: x[0], copied_params(best_row[None], s.start))
         return _with(self.better(s, found, self.sign * costs.min()),
                      num_evals=int(s.num_evals) + len(costs), step=int(s.step) + 1, **fields)
@@ -477,12 +432,10 @@ class _Search:
         return _with(s, stage=PHASES.index("explore" if exploring else "converge"))
 
     def polisher(self, s: BlackBoxState) -> tuple[AdaptiveBFOState, bool]:
-        """The polishing swarm, every bacterium at the best point, and whether it learns.
+        """The polishing swarm gathered at the best point (losses known, no dispersal).
 
-        Its losses are known. Steps go from ``jitter`` down over ``POLISH_DECADES``, so
-        that some bacteria start at the scale the best point needs, with no dispersal. It
-        goes on from the converging swarm if that holds the best, keeping its metric (the
-        walker's in a new swarm), else from a new one.
+        Steps from ``jitter`` down over ``POLISH_DECADES``; it goes on from the converging swarm
+        (or the walker's metric) where that holds the best, else from a new one.
         """
         key = random.fold_in(s.key, POLISHER_STREAM)
         walked = self.walking(s)
@@ -494,11 +447,12 @@ class _Search:
                 metric=s.walker.metric._replace(path=torch.zeros_like(s.walker.metric.path)))
         steps = self.kick * torch.logspace(0, -POLISH_DECADES, self.population_size,
                                            dtype=torch.float64)
-        return _undispersed(state._replace(
+        return with_hyperparams(state._replace(
             population=ravel(layout(s.best_params), s.best_params).expand(
                 self.population_size, -1).clone(),
             losses=torch.full_like(state.losses, float(s.best_loss)),
-            step_sizes=steps.to(state.step_sizes))), learns
+            step_sizes=steps.to(state.step_sizes)), elimination_prob=0.0,
+            elimination_prob_max=0.0), learns
 
     def better(self, s: BlackBoxState, params: Params, loss: Tensor) -> BlackBoxState:
         """``s`` with ``params`` as its best point if their ``loss`` beats its best."""
@@ -573,10 +527,8 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
                               int(state.restarts), int(state.explorer_updates), history)
 
     def info(**stopped: str) -> dict:
-        return {"step": int(state.step), "updates": int(state.step),
-                "num_evals": int(state.num_evals),
-                "best_loss": float(state.best_loss), "mean_loss": math.nan,
-                "seconds": time.perf_counter() - started, **stopped}
+        return {**_info(state, int(state.step), int(state.num_evals), float(state.best_loss),
+                        math.nan, started), **stopped}
 
     try:
         while state.phase != "done":
@@ -601,37 +553,17 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
 
 
 def copied_params(rows: Tensor, template: Params) -> Params:
-    """Rows of flat coordinates as a population like ``template``, copied.
-
-    Copies: an Ask edited in place must not edit the rows the state keeps.
-    """
+    """Rows as a population like ``template``, copied (an edited Ask must not edit the state)."""
     return optree.tree_map(torch.clone, unravel(layout(template), rows))
 
 
 def as_given(params: Params, like: Layout, box: LeafBounds | None) -> Params:
-    """Float64 ``params`` in the dtypes of the layout ``like``, inside its float64 ``box``.
-
-    ``flat_box`` rounds each leaf's box inward to the leaf's dtype, so the cast stays inside.
-    """
+    """Float64 ``params`` in the layout ``like``'s dtypes, clipped into its inward-rounded box."""
     return unravel(like, project(ravel(layout(params), params), box, "clip"))
 
 
-def _learns(swarm: AdaptiveBFOState) -> bool:
-    """Whether ``swarm`` learns a tumble metric (a plain swarm's has 0 coordinates)."""
-    return swarm.metric.width.numel() > 0
-
-
-def _undispersed(swarm: AdaptiveBFOState) -> AdaptiveBFOState:
-    """``swarm`` with elimination-dispersal off, for the polish."""
-    return with_hyperparams(swarm, elimination_prob=0.0, elimination_prob_max=0.0)
-
-
 def _swarm(state: BlackBoxState) -> AdaptiveBFOState:
-    """The swarm whose round is next, as its optimizer takes it.
-
-    An isotropic swarm has an empty metric; in the faces and done phases, and the walker's
-    rounds, it is the converging swarm.
-    """
+    """The swarm whose round is next, as its optimizer takes it."""
     if state.phase == "explore":
         return state.explorer
     w = state.swarm
@@ -639,11 +571,7 @@ def _swarm(state: BlackBoxState) -> AdaptiveBFOState:
 
 
 def _tag(state: BlackBoxState) -> Tensor:
-    """The round ``state`` is in: rounds told, evaluations, key, and a digest.
-
-    The digest mixes the phase, the best loss, the round's swarm's losses and the walker's
-    step, so that an ``Ask`` of another history with the same counters is refused.
-    """
+    """The round ``state`` is in: counters, key, and a digest of the phase, losses and walker."""
     best, sigma = (int(x.cpu().view(torch.int64)) for x in (state.best_loss, state.walker.sigma))
     digest = int(round_tag(_swarm(state))[4]) * 31 + best * 7 + sigma * 11 + int(state.stage)
     return torch.tensor([int(state.step), int(state.num_evals), int(state.key[0]),
@@ -651,10 +579,7 @@ def _tag(state: BlackBoxState) -> Tensor:
 
 
 def _with(state: BlackBoxState, **fields: Any) -> BlackBoxState:
-    """``state`` with ``fields`` replaced, a Python number as a tensor of the field's dtype.
-
-    A number equal to the field's value keeps its tensor: a round changes few counters.
-    """
+    """``state`` with ``fields`` replaced, numbers as tensors (an equal value keeps its tensor)."""
     for name, value in fields.items():
         if not isinstance(value, (Tensor, tuple)):
             old = getattr(state, name)

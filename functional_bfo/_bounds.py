@@ -32,12 +32,7 @@ class LeafBounds(NamedTuple):
 
 
 def leaf_bounds(low: Tensor, high: Tensor, closed: bool = False) -> LeafBounds:
-    """The box ``[low, high]`` (tensors of one dtype, broadcastable to the leaf).
-
-    ``closed``: the bounds are finite Python numbers, so projections need not mask open
-    coordinates (one ``where`` fewer per projection). The periods are kept so
-    that a projection need not rebuild them.
-    """
+    """The box ``[low, high]`` with its periods; ``closed`` (finite numbers) drops the open mask."""
     width = high - low
     finite = torch.isfinite(width)
     return LeafBounds(low, high, width, finite, torch.where(finite, 2 * width, 1.0),
@@ -60,11 +55,7 @@ def is_closed(bounds: Any) -> bool:
 
 
 def update_box(box: LeafBounds, bounds: Any, closed: bool) -> LeafBounds | None:
-    """The state's ``box`` as an update projects into it, from the factory's ``bounds``.
-
-    None without bounds; without the open mask where the host knows every side is finite
-    (``closed``, from :func:`is_closed`), so projections skip it.
-    """
+    """The state's ``box`` for an update: None without bounds, no open mask if closed."""
     return None if bounds is None else box._replace(open=None) if closed else box
 
 
@@ -118,12 +109,9 @@ def _round_inward(v: Tensor, dtype: torch.dtype, toward: float) -> Tensor:
 
 def flat_box(bounds: Any, shape: Layout, device: torch.device,
              dtype: torch.dtype | None = None) -> LeafBounds | None:
-    """The box of a row of ``shape``: one :class:`LeafBounds` over its ``D`` coordinates.
+    """The box of a row of ``shape`` over its ``D`` coordinates (None: unbounded).
 
-    Each leaf's box is rounded inward to the leaf's own dtype, so the point handed to the
-    loss is inside the bounds as given, and held in ``dtype`` (default: the rows'). Bounds
-    given as numbers cost a few ops whatever the number of leaves (one number for a box
-    shared by every coordinate); tensor bounds cost a few per leaf. None: unbounded.
+    Each leaf's box is rounded inward to the leaf's dtype, held in ``dtype`` (default the rows').
     """
     if bounds is None:
         return None
@@ -149,7 +137,13 @@ def flat_box(bounds: Any, shape: Layout, device: torch.device,
     closed = is_closed(bounds)
     if numbers:  # one value per leaf, rounded once per dtype, then spread over the coordinates
         ends = torch.tensor(pairs, dtype=torch.float64, device=device)  # (leaves, 2)
-        low, high = _round_to_leaves(ends[:, 0], ends[:, 1], shape, dtype)
+        first, *others = sorted(set(shape.dtypes), key=str)  # rounded inward to each dtype
+        low = _round_inward(ends[:, 0], first, torch.inf).to(dtype)
+        high = _round_inward(ends[:, 1], first, -torch.inf).to(dtype)
+        for dt in others:
+            mine = torch.tensor([d == dt for d in shape.dtypes], device=device)
+            low = torch.where(mine, _round_inward(ends[:, 0], dt, torch.inf).to(dtype), low)
+            high = torch.where(mine, _round_inward(ends[:, 1], dt, -torch.inf).to(dtype), high)
         if len(set(map(tuple, pairs))) == 1 and len(set(shape.dtypes)) == 1:
             return leaf_bounds(low[0], high[0], closed)
         repeats = torch.tensor(shape.sizes, device=device)
@@ -158,33 +152,13 @@ def flat_box(bounds: Any, shape: Layout, device: torch.device,
     lows, highs = [], []
     for leaf_shape, dt, pair in zip(shape.shapes, shape.dtypes, pairs):
         low, high = (torch.as_tensor(v, dtype=torch.float64, device=device) for v in pair)
-        lows.append(_round_inward(low, dt, torch.inf).to(dtype).expand(leaf_shape)
-                    .reshape(-1))
-        highs.append(_round_inward(high, dt, -torch.inf).to(dtype).expand(leaf_shape)
-                     .reshape(-1))
+        lows.append(_round_inward(low, dt, torch.inf).to(dtype).expand(leaf_shape).reshape(-1))
+        highs.append(_round_inward(high, dt, -torch.inf).to(dtype).expand(leaf_shape).reshape(-1))
     return leaf_bounds(torch.cat(lows), torch.cat(highs), closed)
 
 
-def _round_to_leaves(low: Tensor, high: Tensor, shape: Layout,
-                     dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Per-leaf ends (float64, one per leaf) rounded inward to each leaf's dtype, in ``dtype``."""
-    first, *others = sorted(set(shape.dtypes), key=str)
-    out_low = _round_inward(low, first, torch.inf).to(dtype)
-    out_high = _round_inward(high, first, -torch.inf).to(dtype)
-    for dt in others:
-        mine = torch.tensor([d == dt for d in shape.dtypes], device=low.device)
-        out_low = torch.where(mine, _round_inward(low, dt, torch.inf).to(dtype), out_low)
-        out_high = torch.where(mine, _round_inward(high, dt, -torch.inf).to(dtype),
-                               out_high)
-    return out_low, out_high
-
-
 def broadcasts(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
-    """Whether ``shape`` broadcasts to ``to``.
-
-    ``torch.broadcast_shapes`` runs a reference in Python, about 80 us a call, and an eager
-    update builds its box, two shapes per tensor-bounded leaf, every time.
-    """
+    """Whether ``shape`` broadcasts to ``to`` (``torch.broadcast_shapes`` costs ~80 us a call)."""
     return len(shape) <= len(to) and all(s in (1, t) for s, t in zip(shape[::-1], to[::-1]))
 
 
@@ -212,11 +186,7 @@ def box_relative(direction: Tensor, bounds: LeafBounds | None) -> Tensor:
 
 
 def sample_domain(anchor: Tensor, z: Tensor, bounds: LeafBounds | None, scale: Tensor) -> Tensor:
-    """New positions from standard normals ``z``.
-
-    Uniform in the box where it is finite (through the normal CDF, so one draw serves both
-    cases), else ``anchor + scale * z`` clipped to the side that is finite, if one is.
-    """
+    """New positions from normals ``z``: uniform in a finite box, else ``anchor + scale * z``."""
     around = anchor + scale * z
     if bounds is None:
         return around

@@ -1,8 +1,4 @@
-"""Eager validation of hyperparameters, params and loss outputs; errors name the fix.
-
-Everything here runs on shapes, dtypes and Python values only, so it costs no host sync and
-is safe to call inside ``torch.compile``d and vmapped code.
-"""
+"""Eager validation on shapes, dtypes and Python values (no host sync); errors name the fix."""
 
 from __future__ import annotations
 
@@ -70,13 +66,7 @@ def path_str(path: tuple, root: str = "params") -> str:
 
 
 def check_params(params: Any) -> tuple[list[Tensor], optree.PyTreeSpec]:
-    """The leaves and treespec of ``params``, after checking it is a usable BFO pytree.
-
-    Raises:
-        ValueError: the pytree is empty, a leaf holds NaN or infinite values, or the leaves
-            are on different devices.
-        TypeError: a leaf is not a floating tensor (or is None).
-    """
+    """The leaves and treespec of ``params``: non-empty, floating, finite, on one device."""
     paths, leaves, _ = optree.tree_flatten_with_path(params, none_is_leaf=True)
     if not leaves:
         raise ValueError(EMPTY_PARAMS_MSG)

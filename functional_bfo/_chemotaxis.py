@@ -1,14 +1,8 @@
 """Chemotaxis: tumble directions (Gaussian or Lévy–Mantegna) and the swim along them.
 
-A tumble picks a unit direction uniformly on the sphere (a normalized Gaussian; Passino
-draws each coordinate in [-1, 1], which favours the cube's diagonals). The swim walks the
-ray ``theta + k * C * phi`` for ``k = 1 .. N_s + 1`` and stops at the first step that does
-not improve on the previous one. Every point of the ray is evaluated, so no evaluation is
-repeated and the count per update is fixed; points past the stop still count towards the
-best ever seen. The points go to the evaluator ``per_call`` at a time (stacked as
-``per_call * P`` candidates): fewer calls cost less per-call overhead, more points per
-call hold more candidates (and the loss's activations) at once; the trajectory is the
-same. Variants reuse ``swim`` with their own directions, step lengths and evaluations.
+A tumble is uniform on the sphere; the swim walks ``theta + k C phi``, ``k = 1 .. N_s + 1``,
+every point evaluated (``per_call`` points per evaluator call), so the count is fixed and
+the trajectory does not depend on the batching (docs/design.md, "The algorithm").
 """
 
 from __future__ import annotations
@@ -30,42 +24,25 @@ from ._tree import first_min, where
 
 TUMBLES = ("gaussian", "levy")
 LEVY_MAX_LENGTH = 1e3  # Mantegna's ratio has no finite variance; cap it so f16 stays finite
-# A swim whose candidates hold this many elements per point builds each point when it is
-# evaluated, one after another (see ``after``). A smaller one builds every point at once
-# (2.6 MB at most) and takes its best row from them: fewer ops per eager update, and
-# inductor may fuse the points side by side.
-ORDER_POINTS_FROM = 1 << 16
-
-
-def mantegna_sigma(beta: Tensor) -> Tensor:
-    """Scale of Mantegna's numerator normal for stability index ``beta`` (Mantegna 1994)."""
-    log_ratio = torch.lgamma(1 + beta) - torch.lgamma((1 + beta) / 2)
-    rest = torch.sin(math.pi * beta / 2) / (beta * 2 ** ((beta - 1) / 2))
-    return (torch.exp(log_ratio) * rest) ** (1 / beta)
+ORDER_POINTS_FROM = 1 << 16  # elements per point from which points are built in order (after)
 
 
 def tumble_directions(z: Tensor, u: Tensor, v: Tensor, kind: str, levy_beta: Tensor):
-    """Unit directions and step-length multipliers of the whole population.
-
-    ``z`` is (P, D) standard normals: normalizing each bacterium's row gives a direction
-    uniform on the sphere. The multiplier is 1 for Gaussian tumbles, else Mantegna's
-    ``sigma |u| / |v|^(1/beta)`` from the normals ``u``, ``v`` (P,).
-    """
+    """Unit directions (rows of ``z`` normalized) and step multipliers (Lévy: Mantegna's)."""
     direction = z * torch.rsqrt(z.to(u.dtype).square().sum(1)).unsqueeze(1)
     if kind == "gaussian":
         return direction, torch.ones_like(u)
-    beta = levy_beta.to(u.dtype)
-    length = mantegna_sigma(beta) * u.abs() / v.abs() ** (1 / beta)
+    beta = levy_beta.to(u.dtype)  # sigma, the scale of Mantegna's numerator normal:
+    log_ratio = torch.lgamma(1 + beta) - torch.lgamma((1 + beta) / 2)
+    rest = torch.sin(math.pi * beta / 2) / (beta * 2 ** ((beta - 1) / 2))
+    sigma = (torch.exp(log_ratio) * rest) ** (1 / beta)
+    length = sigma * u.abs() / v.abs() ** (1 / beta)
     return direction, length.clamp(max=LEVY_MAX_LENGTH)
 
 
 def ray_point(population: Tensor, direction: Tensor, distance: Tensor,
               bounds: LeafBounds | None, mode: str) -> Tensor:
-    """``project(theta + distance * phi)`` per bacterium (rows ``(P, D)``).
-
-    ``distance`` of shape (P,) gives one point per bacterium; of shape (G, P), G points each,
-    stacked point-major as ``G * P`` rows (row ``g * P + i`` is bacterium i's point g).
-    """
+    """``project(theta + distance * phi)``: ``distance`` (P,) or (G, P), rows point-major."""
     point = project(population + distance.unsqueeze(-1) * direction, bounds, mode)
     if distance.dim() > 1:  # not -1: with D = 0 it would be undetermined
         point = point.reshape(distance.numel(), population.shape[-1])
@@ -97,12 +74,10 @@ def walk(
     greedy: bool = False,
     ties: bool = False,
 ) -> Ray:
-    """The ray ``theta + (start + k) C phi`` for ``k = 0 .. swims`` (``C = step_length``).
+    """The ray ``theta + (start + k) C phi``, ``k = 0 .. swims``, with its swim rule.
 
-    A bacterium reaches point ``k + 1`` while each point it reached improved on the one
-    before. Passino's bacterium ends at the last point it reached, improving or not;
-    ``greedy`` ends at the last point that improved, or stays. With ``ties`` a point as good
-    as the one before counts as improved, so a greedy swim drifts across a plateau.
+    Passino's bacterium ends at the last point reached (each one before improved); ``greedy``
+    at the last that improved, or stays; ``ties`` count as improving.
     """
     ks = torch.arange(swims + 1, dtype=step_length.dtype, device=step_length.device)
     distances = (start + ks.unsqueeze(1)) * step_length
@@ -115,9 +90,7 @@ def walk(
 class Plan(NamedTuple):
     """One update before any loss: the ray, the swim's start, and what the variant keeps.
 
-    ``active`` (P,) marks the bacteria in play (None: all); the others' points are padding,
-    scored +inf whatever they cost. ``keep`` is the variant's own (its ``assemble`` reads it).
-    ``shape`` is the layout of the rows, read once from the state's ``best_params``.
+    ``active`` (P,) marks the bacteria in play (None: all); the rest are padding scored +inf.
     """
 
     ray: Ray
@@ -135,22 +108,14 @@ class Plan(NamedTuple):
         return self.active.repeat(rows)
 
     def padded(self, costs: Tensor) -> Tensor:
-        """``costs`` of stacked points with the padding rows at +inf: they never win nor move.
-
-        Their aux (gradients) is kept: it only reaches slots out of play, which never lend
-        it to one in play (a slot woken up starts afresh).
-        """
+        """``costs`` of stacked points, the padding rows at +inf (their aux is never read)."""
         if self.active is None:
             return costs
         return torch.where(self.active, costs.reshape(-1, self.active.shape[0]),
                            torch.inf).reshape(-1)
 
     def swim(self, evaluate: Callable[[Params], tuple[Tensor, Any]], per_call: int) -> SwimResult:
-        """``update``'s swim: the points ``per_call`` at a time to ``evaluate``.
-
-        ``evaluate`` maps stacked candidates (``G * P`` rows) to ``(cost, aux)``; ``aux``
-        is kept at each final point without storing the whole ray.
-        """
+        """``update``'s swim: ``per_call`` points at a time to ``evaluate`` (rows -> cost, aux)."""
         ray, carry = self.ray, self.carry
         raw: Tensor | None = None
         aux: Any = None
@@ -165,11 +130,7 @@ class Plan(NamedTuple):
         return ray.finish(carry)
 
     def told(self, costs: Tensor, aux: Any) -> SwimResult:
-        """``tell``'s swim: every point's cost (and aux) at once.
-
-        The candidates are rebuilt from the ray (only J_cc reads them), not taken from the
-        caller, whose copy may have been edited.
-        """
+        """``tell``'s swim: every point's cost (and aux) at once, candidates rebuilt."""
         ray = self.ray
         candidates = ray.points(ray.distances) if ray.swarm_cost is not None else None
         return ray.finish(ray.take(self.carry, ray.distances, candidates, self.padded(costs),
@@ -191,11 +152,7 @@ class SwimCarry(NamedTuple):
 
 
 class Ray(NamedTuple):
-    """One update's swim: the ray every bacterium walks, known before any loss is.
-
-    Every point is evaluated whatever the losses, so the candidates are fixed up front;
-    the losses, taken a batch of points at a time, only decide where each bacterium ends.
-    """
+    """One update's swim, fixed before any loss: losses only decide where each bacterium ends."""
 
     population: Tensor  # (P, D)
     direction: Tensor  # (P, D)
@@ -210,13 +167,9 @@ class Ray(NamedTuple):
     def begin(self, last: Tensor, stay: tuple[Tensor, Any] | None, best_params: Params,
               best_cost: Tensor) -> SwimCarry:
         """Before the first point: Passino's bacterium arrives there whatever its cost."""
-        running = torch.ones_like(last, dtype=torch.bool)
-        if stay is None:
-            inf = torch.full_like(last, torch.inf)
-            return SwimCarry(running, last, torch.full_like(last, torch.nan), inf, inf, None,
-                             best_params, best_cost)
-        return SwimCarry(running, last, torch.full_like(last, torch.nan), stay[0], stay[0],
-                         stay[1], best_params, best_cost)
+        raw, aux = (torch.full_like(last, torch.inf), None) if stay is None else stay
+        return SwimCarry(torch.ones_like(last, dtype=torch.bool), last,
+                         torch.full_like(last, torch.nan), raw, raw, aux, best_params, best_cost)
 
     def points(self, along: Tensor, first: int = 0) -> Tensor:
         """The candidates at ``along`` (G, P), points ``first`` on: G P rows, point-major."""
@@ -250,12 +203,7 @@ class Ray(NamedTuple):
                          carry.seen + (raw,))
 
     def finish(self, carry: SwimCarry) -> SwimResult:
-        """Where each bacterium ends (the greedy ones that never improved stay), and the best.
-
-        The best point of the whole ray is found once, over every point's cost: the first
-        of equal costs in point-major order, as batch after batch would keep it. Its row is
-        taken from the ray built at once, else rebuilt, as the final positions are.
-        """
+        """Where each bacterium ends, and the best: the first of equal costs, point-major."""
         final = ray_point(self.population, self.direction, carry.distance, self.bounds,
                           self.boundary)
         moved = ~torch.isnan(carry.distance)
@@ -277,14 +225,10 @@ class Ray(NamedTuple):
 
 
 def after(x: Tensor, *events: Tensor) -> Tensor:
-    """``x``, computed from each of ``events``: a data dependence that leaves the values alone.
+    """``x``, made to depend on ``events`` without changing it: orders a large swim's points.
 
-    Compiled, a swim's points do not depend on each other, so inductor may fuse their
-    pointwise work side by side, or run every point's forward pass before any backward,
-    which keeps every point's activations alive at once (on the MLP benchmark five 8 MB
-    buffers, paged in afresh every update: 0.75x the time when ordered). Computing a
-    point's distances from the previous point's outcome orders them. One element of each
-    event suffices: inductor computes a buffer whole (an empty event has none to give).
+    Compiled, independent points fuse and keep every point's activations alive at once
+    (docs/design.md, "Large swims evaluate their points in order").
     """
     for event in events:
         if event.numel():
@@ -297,21 +241,19 @@ def point_rows(stacked: Any, g: int, size: int) -> Any:
     return optree.tree_map(lambda x: x[g * size:(g + 1) * size], stacked)
 
 
-def costs_by(evaluator, loss_fn, args: tuple, dtype: torch.dtype, sign: float,
-             shape: Layout | None = None):
-    """``evaluate(candidates) -> (cost, None)``: sign-adjusted losses, non-finite as +inf.
+def costs_by(evaluator, loss_fn, args: tuple, dtype: torch.dtype, sign: float, shape: Layout):
+    """``evaluate(rows) -> (cost, None)``: sign-adjusted losses, non-finite as +inf.
 
-    ``candidates`` may stack several swim points of every bacterium: one loss per row.
-    With ``shape`` they are rows of that layout, handed to the evaluator as params (or as
-    rows, with a loss of a row, to an evaluator that takes any structure).
+    The rows (of ``shape``) go to the evaluator as params, or as rows with a loss of a row
+    to an evaluator that takes any structure.
     """
 
-    def evaluate(candidates: Params) -> tuple[Tensor, None]:
-        count = optree.tree_leaves(candidates)[0].shape[0]
+    def evaluate(candidates: Tensor) -> tuple[Tensor, None]:
+        count = candidates.shape[0]
         loss = loss_fn
-        if shape is not None and getattr(evaluator, "any_structure", False):
+        if getattr(evaluator, "any_structure", False):
             loss = functools.partial(loss_of_row, loss_fn, shape)  # rows batched as one tensor
-        elif shape is not None:
+        else:
             candidates = unravel(shape, candidates)
         with torch.no_grad():
             losses = check_losses(evaluator(loss, candidates, *args), count).to(dtype)
@@ -327,9 +269,6 @@ def loss_of_row(loss_fn: Callable[..., Tensor], shape: Layout, row: Tensor,
 
 
 def rank_costs(losses: Tensor, sign: float) -> Tensor:
-    """Losses as costs to minimize; non-finite ones rank last and can never become best.
-
-    One ``nan_to_num`` rather than ``where(isfinite(...))``, which is five eager ops.
-    """
+    """Losses as costs to minimize; non-finite ones +inf (one ``nan_to_num``: fewer eager ops)."""
     costs = losses if sign == 1 else -losses
     return costs.nan_to_num(nan=torch.inf, posinf=torch.inf, neginf=torch.inf)

@@ -1,9 +1,4 @@
-"""When a cycle ends: reproduction every ``N_c`` updates, elimination–dispersal every ``N_c N_re``.
-
-An event happens on a few updates only, but an update is one tensor program in every mode
-(eager, compiled, vmapped, on any device): each event runs on every update, masked by its
-0-d bool flag, so no value is read on the host and no mode needs a branch of its own.
-"""
+"""When a cycle ends; every event runs on every update, masked by this flag (docs/design.md)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Hybrid BFO: gradient-informed chemotaxis on the leaves that take gradients.
-
-On top of :func:`functional_bfo.adaptive_bfo`, the tumble of each bacterium is bent toward
-its negative gradient on the leaves marked in ``grad_mask``; other leaves move by pure BFO.
-Gradients come from ``torch.func.grad_and_value`` under ``vmap``, in the same pass as the
-loss, so each evaluation yields both and is counted once.
-"""
+"""Hybrid BFO: adaptive BFO whose tumbles bend toward the negative gradient."""
 
 from __future__ import annotations
 
@@ -36,8 +30,8 @@ from ._checks import (
     check_state,
 )
 from ._chemotaxis import Plan, SwimResult, loss_of_row, rank_costs
-from ._dispersal import per_run
 from ._layout import Layout, layout, ravel, strided, unravel
+from ._population import per_run
 from .evaluate import batched, check_evaluator
 
 NOT_DIFFERENTIABLE_MSG = (
@@ -59,9 +53,6 @@ EVALUATOR_GRADS_MSG = (
     "grads): functional_bfo.evaluate's evaluators return losses only, and "
     "fb.distributed.sharded needs grads=True."
 )
-
-GradEvaluator = Callable[..., tuple[Tensor, Params]]
-"""``evaluator(loss_fn, population, *args) -> (losses, grads)``: see :func:`hybrid_bfo`."""
 
 
 class HybridBFOHyperparams(NamedTuple):
@@ -118,7 +109,7 @@ def hybrid_bfo(
     vanishing_threshold: float = 1e-8,
     exploding_threshold: float = 1e3,
     chunk_size: int | None = None,
-    evaluator: GradEvaluator | None = None,
+    evaluator: Callable[..., tuple[Tensor, Params]] | None = None,
     **adaptive_kwargs: Any,
 ) -> Optimizer:
     r"""Hybrid BFO: the tumble mixes the normalized negative gradient with a random direction.
@@ -240,21 +231,18 @@ def hybrid_bfo(
         hp, dtype, mask = state.hyperparams, state.losses.dtype, state.grad_mask
         step = adaptive_fields(state, static, plan, result)
         fields: dict[str, Any] = dict(step.fields, hyperparams=hp)
-        if grad is not None:
-            given = ravel(layout(state.best_params), grad).expand_as(state.grads)
-            stats = _grad_stats(given, mask, dtype, vanishing_threshold, exploding_threshold)
-            return HybridBFOState(**fields, grads=state.grads, grad_known=state.grad_known,
-                                  grad_mask=mask, **stats)
-        new = step.aux  # gradients at the final positions (sign: of the loss as given)
-        finite = torch.isfinite(new).all(dim=1)
-        new = torch.nan_to_num(new, 0.0, 0.0, 0.0)
-        old = state.grads.index_select(0, step.source)
-        averaged = hp.momentum * old + (1 - hp.momentum) * new
-        known = state.grad_known.index_select(0, step.source) & step.known
-        averaged = torch.where(known[:, None], averaged, new)
-        stats = _grad_stats(step.aux, mask, dtype, vanishing_threshold, exploding_threshold)
-        return HybridBFOState(**fields, grads=averaged, grad_known=finite, grad_mask=mask,
-                              **stats)
+        if grad is not None:  # the caller's gradient: the state's are kept
+            seen, grads, finite = ravel(layout(state.best_params), grad).expand_as(
+                state.grads), state.grads, state.grad_known
+        else:  # gradients at the final positions (sign: of the loss as given)
+            seen, new = step.aux, torch.nan_to_num(step.aux, 0.0, 0.0, 0.0)
+            finite = torch.isfinite(step.aux).all(dim=1)
+            averaged = hp.momentum * state.grads.index_select(0, step.source) + (
+                1 - hp.momentum) * new
+            known = state.grad_known.index_select(0, step.source) & step.known
+            grads = torch.where(known[:, None], averaged, new)
+        stats = _grad_stats(seen, mask, dtype, vanishing_threshold, exploding_threshold)
+        return HybridBFOState(**fields, grads=grads, grad_known=finite, grad_mask=mask, **stats)
 
     def update_fn(state: HybridBFOState, loss_fn: LossFn, *args: Any,
                   grad: Params | None = None) -> HybridBFOState:
@@ -288,11 +276,7 @@ def hybrid_bfo(
 def _costs_and_grads(loss_fn: LossFn, args: tuple, mask: Tensor, shape: Layout,
                      grad: Params | None, evaluator: Any, chunk_size: int | None, sign: float,
                      dtype: torch.dtype, rows: Tensor) -> tuple[Tensor, Tensor | None]:
-    """Costs of ``rows`` and their gradients as rows (None where ``grad`` serves everyone).
-
-    The gradients go through the coordinates that ``mask`` marks; the ``evaluator`` (None:
-    ``vmap``) returns ``(losses, grads)``.
-    """
+    """Costs of ``rows`` and their gradient rows through ``mask`` (None where ``grad`` serves)."""
     if evaluator is not None:
         by_rows = getattr(evaluator, "any_structure", False)  # takes rows
         if grad is not None:
@@ -332,10 +316,7 @@ def with_grad_mask(state: HybridBFOState, grad_mask: Any) -> HybridBFOState:
 
 
 def _mask_row(params: Params, grad_mask: Any) -> Tensor:
-    """The mask as a (D,) bool row: each leaf's flag on its coordinates (requires_grad if None).
-
-    ``params`` only lends its structure, sizes and device, so ``best_params`` serves too.
-    """
+    """The mask as a (D,) bool row (each leaf's ``requires_grad`` if None)."""
     leaves, spec = optree.tree_flatten(params)
     if grad_mask is None:
         flags: list[Any] = [bool(x.requires_grad) for x in leaves]
@@ -368,11 +349,7 @@ def _differentiable_rows(loss_fn: LossFn, mask: Tensor, shape: Layout,
 
 
 def _differentiable(loss_fn: LossFn, masks: Params, by_evaluator: bool = False) -> LossFn:
-    """``loss_fn`` of params, differentiated through the marked coordinates only.
-
-    For an evaluator, which hands it params (``masks``: a bool mask like params); the
-    evaluator may be one that does not differentiate, which the error then says.
-    """
+    """``loss_fn`` of params, differentiated through the ``masks``ed leaves only."""
     leaf_masks, spec = optree.tree_flatten(masks)
 
     def loss(params: Params, *args: Any) -> Tensor:
@@ -384,10 +361,7 @@ def _differentiable(loss_fn: LossFn, masks: Params, by_evaluator: bool = False) 
 
 
 def _checked(out: Any, by_evaluator: bool = False) -> Tensor:
-    """The loss ``out`` if it is one floating scalar carrying a gradient from the params.
-
-    Checked here, where torch's own errors would be unclear.
-    """
+    """``out`` if it is one floating scalar carrying a gradient, else a clear error."""
     if not isinstance(out, Tensor):
         raise TypeError(LOSS_TYPE_MSG.format(what=f"{type(out).__name__} {out!r:.60}"))
     if out.dim() != 0:

@@ -1,26 +1,19 @@
-"""The population as one matrix: a params pytree is a row of ``D`` numbers, its structure static.
+"""The population as one ``(P, D)`` matrix; the params' structure is static (docs/design.md).
 
-A state keeps the population as one ``(P, D)`` matrix in one floating dtype, ``D`` the
-params' total size, so an update costs the same ops for 1 leaf or 100 (as evosax ravels a
-solution pytree, and EvoX holds a ``(pop_size, dim)`` tensor). The params' structure
-(treespec, leaf shapes and dtypes) is static, read from ``state.best_params``, and meets the
-user only at the edges: the rows handed to the loss, ``ask``'s candidates, ``best_params``.
-
-The dtype rule: rows are float64 if any leaf is, else float32 (the loss and step dtype). A
-leaf of another dtype (bfloat16, float16, float32 beside a float64 leaf) sees its
-coordinates rounded to its own dtype when a row is handed to the loss; positions keep the
-row's precision, and ``best_params`` is the rounded point that was evaluated.
+Rows are float64 if any leaf is, else float32; a narrower leaf is rounded to its dtype when
+a row is handed to the loss, so ``best_params`` is the point evaluated.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import optree
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from ._base import Params
+from ._base import LossFn, Params
 from ._checks import compute_dtype
 
 
@@ -55,12 +48,7 @@ def ravel(shape: Layout, params: Params) -> Tensor:
 
 
 def unravel(shape: Layout, rows: Tensor) -> Params:
-    """Rows ``(..., D)`` as params: leaves ``(..., *shape)``, views where their dtype is the rows'.
-
-    The leaves are views of ``rows`` (a column block split by ``reshape``), so handing a
-    population to the loss copies nothing; a leaf of another dtype is rounded to it. Rows
-    of bools (a mask) stay bools.
-    """
+    """Rows ``(..., D)`` as params: views of ``rows`` where dtypes match (bool rows stay bool)."""
     batch = rows.shape[:-1]
     blocks = rows.split(shape.sizes, dim=-1) if len(shape.sizes) > 1 else (rows,)
     cast = rows.is_floating_point()
@@ -72,12 +60,7 @@ def unravel(shape: Layout, rows: Tensor) -> Params:
 
 
 def strided(x: Tensor) -> Tensor:
-    """``x`` as an ordinary tensor: a sparse gradient (``nn.Embedding(sparse=True)``) densified.
-
-    A population's rows are dense whatever the layout of a gradient handed in. The layout
-    is read in Python, not by ``to_dense``, which dispatches an op even on a dense tensor
-    and has no batching rule under ``vmap``.
-    """
+    """``x`` densified if sparse; the layout read in Python (``to_dense`` has no vmap rule)."""
     return x if x.layout == torch.strided else x.to_dense()
 
 
@@ -105,3 +88,34 @@ def as_params(state: Any, rows: Tensor) -> Params:
         raise ValueError(f"as_params takes rows of the state's {shape.size} coordinates, "
                          f"shape (..., {shape.size}), e.g. state.population; got {found}.")
     return unravel(shape, rows)
+
+
+def module_loss(
+    module: nn.Module, criterion: Callable[[Tensor, Tensor], Tensor]
+) -> tuple[dict[str, Tensor], LossFn]:
+    """The module's parameters as a dict, and ``loss_fn(params, inputs, targets)``.
+
+    ``loss_fn`` runs the module with ``torch.func.functional_call`` on the given params (its
+    buffers as they are), so it vmaps over a population of parameter sets. The params are
+    detached copies: optimizing them never touches the module until you load the result
+    back with ``module.load_state_dict(best_params, strict=False)``. Being detached, none
+    requires grad, so :func:`functional_bfo.hybrid_bfo` needs its ``grad_mask``: ``True``,
+    or ``{n: p.requires_grad for n, p in module.named_parameters()}`` to keep frozen
+    layers gradient-free.
+
+    Examples:
+        >>> import torch, functional_bfo as fb
+        >>> params, loss_fn = fb.module_loss(torch.nn.Linear(3, 1), torch.nn.functional.mse_loss)
+        >>> sorted(params)
+        ['bias', 'weight']
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"Expected an nn.Module, got {type(module).__name__}.")
+    params = {name: p.detach().clone() for name, p in module.named_parameters()}
+    buffers = dict(module.named_buffers())
+
+    def loss_fn(params: dict[str, Tensor], inputs: Tensor, targets: Tensor) -> Tensor:
+        outputs = torch.func.functional_call(module, (params, buffers), (inputs,))
+        return criterion(outputs, targets)
+
+    return params, loss_fn

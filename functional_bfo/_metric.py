@@ -1,19 +1,8 @@
-"""A tumble metric a swarm learns from its own successful tumbles.
+"""A tumble metric a swarm learns from its own successful tumbles (docs/variants.md).
 
-Isotropic tumbles crawl along a narrow valley: on a rotated ellipsoid of condition 1e6 most
-directions lead uphill, and the 1/5th rule shrinks every step to the valley's width. The
-tumbles that do succeed point along the valley, so their spread estimates the metric to
-tumble in (as the rank-mu update of CMA-ES estimates it from its best samples). The swarm
-draws ``phi = A u`` (``u`` uniform on the sphere, ``A A^T = cov``) and, after each update,
-moves ``cov`` toward the outer products of its successful tumbles, each normalized to the
-Mahalanobis length it was drawn at, so that without selection ``cov`` does not drift.
-A lone bacterium (a swarm of one) moves ``cov`` toward its evolution path instead, its
-successful tumbles summed with decay, as the (1+1)-CMA-ES does (Igel, Suttorp & Hansen,
-GECCO 2006): successive steps along a valley add up, so the valley's axis is learned in
-about ``n`` successes rather than ``n^2`` (docs/variants.md has the numbers). In a
-swarm the bacteria stand in different places and their steps do not add up.
-Everything is in float64 and in units of ``width`` (box widths with relative steps), and
-tensor-only (no host sync), so that an update learning a metric compiles and vmaps.
+Tumbles are ``phi = A u`` (``u`` uniform on the sphere, ``A A^T = cov``); after each update
+``cov`` moves toward the successful tumbles (rank-mu, as CMA-ES), or for a lone bacterium
+toward its evolution path (the (1+1)-CMA-ES). Float64, in units of ``width``, no host sync.
 """
 
 from __future__ import annotations
@@ -44,10 +33,7 @@ def isotropic(width: Tensor) -> TumbleMetric:
 
 
 def widths(box: LeafBounds | None, size: int, device: torch.device) -> Tensor:
-    """Each of ``size`` coordinates' box width (1 where the box is open), float64, shape (n,).
-
-    ``box`` is a row's (float64), None where there is none.
-    """
+    """Each coordinate's box width (1 where open), float64, shape (n,)."""
     return box_relative(torch.ones(size, dtype=torch.float64, device=device), box)
 
 
@@ -58,27 +44,19 @@ def shape_directions(metric: TumbleMetric, direction: Tensor) -> Tensor:
 
 
 def condition(metric: TumbleMetric) -> float:
-    """The metric's condition number: 1 isotropic, large along a narrow valley.
-
-    A smallest eigenvalue rounded to 0 or below reads as an infinite condition, not a
-    negative one.
-    """
+    """The metric's condition number (inf where rounding left it indefinite)."""
     low, high = torch.linalg.eigvalsh(metric.cov)[[0, -1]]
     return float(high / low) if low > 0 else float("inf")
 
 
 def learn(metric: TumbleMetric, moves: Tensor, success: Tensor, rate: float,
           known: Tensor) -> TumbleMetric:
-    """``metric`` moved toward the successful tumbles: the rows of ``moves`` where ``success``.
+    """``metric`` moved toward the rows of ``moves`` (m, n) where ``success``.
 
-    ``moves`` is (m, n); ``success`` and ``known`` (m,) bool, ``known`` where the bacterium
-    stood where it stood before (a dispersed lone bacterium starts a new path). Each move is
-    rescaled to Mahalanobis length ``sqrt(n)``, the expected length of a standard normal
-    draw, so an unselected tumble leaves ``cov`` unchanged on average; a lone bacterium's
-    path keeps that length, with the (1+1)-CMA-ES's cumulation ``2 / (n + 2)``. The
-    learning rate ``rate * successes / (n^2 + 12)`` (at most 1/2) follows CMA-ES's
-    ``1 / n^2`` scaling, because ``cov`` has ``n^2 / 2`` entries to estimate. No success,
-    or a ``cov`` that rounding left indefinite, keeps ``cov``.
+    Each move is rescaled to Mahalanobis length ``sqrt(n)`` (unselected tumbles leave ``cov``
+    unchanged on average); the rate ``rate * successes / (n^2 + 12)`` follows CMA-ES's
+    ``1/n^2``. ``known`` resets a lone bacterium's path. No success, or an indefinite ``cov``,
+    keeps ``cov``.
     """
     n = moves.shape[1]
     count = success.sum().to(torch.float64)

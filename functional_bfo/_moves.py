@@ -1,10 +1,4 @@
-"""Moves of points in a box that the black box makes beside its swarms' own tumbles.
-
-The exploring swarm's kicks (population basin hopping) and the polish's face scan (an
-optimum on the boundary found exactly, in two rounds of candidates). Pure functions; a point
-is a flat float64 row of ``n`` coordinates in optree's flatten order, ``low`` and ``high``
-its box (infinite where open).
-"""
+"""Moves the black box makes beside its swarms' tumbles: kicks and the face scan."""
 
 from __future__ import annotations
 
@@ -21,14 +15,11 @@ from ._bounds import LeafBounds, box_relative, project, sample_domain
 
 def kicked(state: AdaptiveBFOState, box: LeafBounds | None, jitter: float,
            key: Key) -> AdaptiveBFOState:
-    """Every bacterium moved and kept there: by a Gaussian kick, or one coordinate redrawn.
+    """Every bacterium kicked and kept: even rows by ``N(0, jitter)``, odd ones redrawn.
 
-    Even rows move by ``N(0, jitter)`` box widths per coordinate: a hop to a neighbouring
-    basin of a rotated landscape (Rastrigin, Ackley). Odd rows get one random coordinate
-    redrawn uniformly in the box: another basin of a separable function without disturbing
-    the rest (Styblinski-Tang, Schwefel); a coordinate with an open side is kicked instead.
-    Forgotten losses make each bacterium's next tumble be kept whatever it costs (so the
-    kick is not undone), and steps below three kicks grow back.
+    Even rows hop to a neighbouring basin of a rotated landscape; odd rows get one coordinate
+    redrawn in the box, another basin of a separable one. Losses are forgotten (the next
+    tumble is kept), and steps below three kicks grow back.
     """
     x = state.population  # (P, n), ``box`` its rows' box
     dtype, (size, n) = state.losses.dtype, x.shape
@@ -88,10 +79,7 @@ def face_count(scan: FaceScan, low: Tensor, high: Tensor) -> int:
 
 def face_scan_told(scan: FaceScan, costs: Tensor, low: Tensor,
                    high: Tensor) -> tuple[FaceScan, Tensor]:
-    """The scan after its round's ``costs`` (one per row), and the round's least costly row.
-
-    The single moves' union follows them if they were all made.
-    """
+    """The scan after its round's ``costs``, and the round's least costly row."""
     best, room = int(costs.argmin()), int(scan.room) - len(costs)
     if int(scan.stage) == UNION:
         found = face_union(scan.base, low, high, scan.single_costs, scan.base_cost)[best]
@@ -107,10 +95,7 @@ def face_scan_told(scan: FaceScan, costs: Tensor, low: Tensor,
 
 
 def face_moves(x: Tensor, low: Tensor, high: Tensor) -> Tensor:
-    """The single moves of ``x`` onto a face, (m, 2) rows of (face, coordinate).
-
-    Face 0 is the low one, 1 the high one; moves that would not change ``x`` are left out.
-    """
+    """The single moves of ``x`` onto a face that change it, (m, 2) rows of (face, coordinate)."""
     return (torch.isfinite(high - low) & (torch.stack([low, high]) != x)).nonzero()
 
 
@@ -124,10 +109,7 @@ def moved(x: Tensor, low: Tensor, high: Tensor, which: Tensor) -> Tensor:
 
 def face_union(x: Tensor, low: Tensor, high: Tensor, single_costs: Tensor,
                cost: Tensor) -> Tensor:
-    """``x`` with every single move that beat ``cost`` made at once, as one row.
-
-    Each coordinate goes to its better face; no row unless at least two moves helped.
-    """
+    """``x`` with every single move that beat ``cost`` made at once (no row unless two helped)."""
     better, side = single_costs.min(dim=0)
     helped = better < cost
     if int(helped.sum()) < 2:

@@ -1,12 +1,4 @@
-"""The driver: run ``update`` until a budget or a convergence test says stop.
-
-It lives outside ``update`` because stopping needs host-side decisions: it reads the
-state's counters and best loss once per update (one small device-to-host copy), never
-inside the compiled step, and hands them to the stopping rules every driver shares
-(``_stopping.Stopping``). Finished updates are never lost: an exception (a loss that
-raises, Ctrl-C) carries the last good state to the caller, and ``checkpoint=`` saves it
-atomically as the run goes.
-"""
+"""The driver: run ``update`` until a budget or a rule says stop, deciding on the host."""
 
 from __future__ import annotations
 
@@ -21,7 +13,7 @@ from typing import Any
 import torch
 
 from ._base import LossFn, Optimizer
-from ._checks import check_int
+from ._checks import check_bool, check_int
 from ._state import save
 from ._stopping import Stopping
 from .telemetry import materialize, metrics
@@ -104,8 +96,7 @@ def run(
     if max_evals is None and max_steps is None and not search:
         raise ValueError("run needs a budget: pass max_evals=... or max_steps=... "
                          "(target_loss and patience alone may never fire).")
-    if not isinstance(compile, bool):
-        raise ValueError(f"Invalid compile: {compile!r}; expected True or False.")
+    check_bool("compile", compile)
     check_int("log_every", log_every, 1)
     check_int("checkpoint_every", checkpoint_every, 1)
     if checkpoint is not None:

@@ -1,8 +1,4 @@
-"""State utilities: checkpoints, hyperparameter changes and a scored start.
-
-Checkpoints load with ``torch.load(weights_only=True)``; hyperparameter changes keep dtype and
-device, so a compiled update does not recompile.
-"""
+"""State utilities: checkpoints, hyperparameter changes and a scored start."""
 
 from __future__ import annotations
 
@@ -118,11 +114,7 @@ def save(state: Any, f: PathOrFile) -> None:
 
 
 def _remove_leftovers(folder: str, name: str, before: float) -> None:
-    """Remove the temporary files of writes of ``name`` killed before ``before`` (a time).
-
-    A job preempted mid-save leaves one full-size file each time; a write that started
-    after this one (another process saving the same path) is left alone.
-    """
+    """Remove temporary files of killed writes of ``name`` (those begun after ``before`` stay)."""
     for entry in os.scandir(folder):  # .{name}.XXXXXXXX.tmp: mkstemp's 8 random characters
         if (entry.name.startswith(f".{name}.") and entry.name.endswith(".tmp")
                 and len(entry.name) == len(name) + 14 and entry.is_file(follow_symlinks=False)):
@@ -246,14 +238,7 @@ def load(f: PathOrFile, like: State, map_location: Any = None) -> State:
 
 
 def from_dict(data: Any, like: State) -> State:
-    """The state that :func:`to_dict` made ``data`` from, checked against ``like``.
-
-    Leaves move to the device of ``like``'s leaves.
-
-    Raises:
-        ValueError: ``data`` is not what :func:`to_dict` makes, was modified, or does not
-            match ``like``.
-    """
+    """The state :func:`to_dict` made ``data`` from, checked against ``like``."""
     fields = {"format": str, "type": str, "paths": list, "leaves": list, "digest": str}
     if not isinstance(data, dict) or data.get("format") != FORMAT or any(
             not isinstance(data.get(k), t) for k, t in fields.items()):
@@ -305,15 +290,10 @@ COUNTERS = ("step", "num_evals", "stall", "active_size", "grad_nonfinite", "grad
 
 
 def check_values(state: Any, where: str = "state") -> None:
-    """Refuse a state holding values that no ``init``, ``update`` or ``with_hyperparams`` makes.
+    """Refuse values that no ``init``, ``update`` or ``with_hyperparams`` makes.
 
-    That is hyperparameters (or a phase) out of range, non-finite positions, negative
-    counters, in the state and the states it holds (a black-box search's swarms). The
-    digest of a checkpoint catches corruption, not edits (whoever edits a file can
-    recompute it), so :func:`load` checks the values too; it reads them on the host.
-
-    Raises:
-        ValueError: naming the field and what it holds.
+    A checkpoint's digest catches corruption, not edits (an editor can recompute it), so
+    :func:`load` checks the values too, on the host.
     """
     hp = getattr(state, "hyperparams", None)
     for holder, at in ((state, where), (hp, f"{where}.hyperparams")):

@@ -1,8 +1,4 @@
-"""Budgets and convergence rules: when a driver stops, decided on the host after each update.
-
-One implementation serves every driver (:func:`functional_bfo.run` and the ``torch.optim``
-adapters' budgets), so a budget, a target or patience means the same thing everywhere.
-"""
+"""Budgets and convergence rules, shared by :func:`functional_bfo.run` and the adapters."""
 
 from __future__ import annotations
 
@@ -14,13 +10,9 @@ from ._checks import check_float, check_int
 
 @dataclasses.dataclass
 class Stopping:
-    """The stopping rules of a run and how far it has come; ``reason`` says why it stopped.
+    """The stopping rules of a run (as :func:`functional_bfo.run`'s arguments) and its progress.
 
-    ``budget`` (an evaluation count) stops before an update could take the evaluations past
-    it; ``max_steps`` after that many updates; ``target_loss`` once the best loss reaches it
-    (``<=``, or ``>=`` when maximizing); ``patience`` after that many updates without the
-    best improving by ``min_delta``. ``budget_name`` names the budget in ``reason`` and in
-    errors (``"max_evals"``, or the adapters' ``"max_fe"``).
+    ``budget_name`` names the budget in ``reason`` and errors (the adapters' ``"max_fe"``).
     """
 
     maximize: bool = False
@@ -54,13 +46,7 @@ class Stopping:
         return math.inf if math.isnan(loss) else (-loss if self.maximize else loss)
 
     def record(self, evals: int, best_loss: float, per_update: float) -> str | None:
-        """The reason to stop after an update (or None).
-
-        Args:
-            evals: evaluations so far (what ``budget`` counts).
-            best_loss: the best loss so far.
-            per_update: the most the next update can cost, in evaluations.
-        """
+        """The reason to stop after an update (or None)."""
         cost = self.cost(best_loss)
         self.steps += 1
         self.per_update = per_update
@@ -69,11 +55,7 @@ class Stopping:
         return self.check(evals, cost)
 
     def check(self, evals: int, cost: float | None = None) -> str | None:
-        """The reason to stop now (or None), from the counters alone.
-
-        After an update (``cost``: its best loss as a cost), or when a run resumes under other
-        rules (the best so far).
-        """
+        """The reason to stop now (or None): after an update, or when a run resumes."""
         cost, self.reason = self.best_cost if cost is None else cost, None
         if self.target_loss is not None and cost <= self.cost(self.target_loss):
             self.reason = "target_loss"

@@ -1,13 +1,7 @@
 """The CUDA kernels of :mod:`functional_bfo.random`'s ops: Threefry in one Triton program.
 
-The tensor reference runs the 20 rounds as about a hundred int64 kernels, each reading and
-writing every lane: at a population of 65,536 on a 30-D problem that is most of an update.
-Here each lane's rounds stay in registers (32-bit words, whose arithmetic wraps natively)
-and the words go out once, as the C kernel does on the CPU; the inverse normal CDF is
-torch's own ``erfinv``, so the numbers are the reference's bit for bit (tests/test_random.py
-checks every kernel against it). Key and counter are read on the device: no host sync, so
-the op runs inside CUDA graphs. Triton ships with torch's CUDA wheels; ``random`` registers
-these kernels only where it imports.
+Each lane's rounds stay in registers; ``erfinv`` is torch's, so the bits are the
+reference's (tests/test_random.py; docs/design.md, "Randomness").
 """
 
 from __future__ import annotations
@@ -86,11 +80,7 @@ def _unit(w):
 @triton.jit
 def _unit_rows_kernel(key, counter, out, lanes, h, cols, WIDE: tl.constexpr,
                       BLOCK: tl.constexpr):
-    """Row ``r`` of ``cols`` values from the words of counters ``(counter, r * h + k)``.
-
-    float32 (the C kernel's ``unit_rows``): value ``k < h`` from lane k's first word, value
-    ``h + k`` from its second. float64 (``WIDE``): value k takes 52 bits of lane k's words.
-    """
+    """Row ``r`` of ``cols`` values from counters ``(counter, r * h + k)``, as the C kernel."""
     lane = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = lane < lanes
     a = tl.load(key).to(tl.uint32)

@@ -1,18 +1,8 @@
-"""A swarm in a valley goes on as one walker: a whole round of tumbles around one mean.
+"""A swarm in a valley goes on as one walker: a round of ``lam`` tumbles around one mean.
 
-Once a converging swarm's metric finds a narrow valley (``_black_box.py``), its bacteria
-stand in different places and their steps do not add up. The walker goes on from the best
-of them with the swarm's metric. Each round it tumbles ``lam`` times around its mean,
-``x_i = m + sigma (A z_i) width`` with ``z_i`` standard normal, and moves the mean to the
-weighted mean of the best half, as the (mu/mu_w, lambda)-CMA-ES does (N. Hansen, "The CMA
-Evolution Strategy: A Tutorial", 2016, https://arxiv.org/abs/1604.00772): an evolution path
-of the mean's moves learns a valley's axis (rank one), the best half's steps its
-cross-section and the worse half's, weighted below 0, unlearn what led uphill (rank mu,
-active), and the path of the whitened moves sets ``sigma`` (cumulative step-size
-adaptation). That keeps the progress per evaluation of a (1+1) walker following its
-evolution path while a round asks ``lam`` points at once, so a caller who evaluates a round
-in parallel has a whole swarm's worth of points in every round. Ranks only, in float64 and
-units of ``width``, tensor-only (no host sync).
+Each round draws ``x_i = m + sigma (A z_i) width`` and moves the mean to the weighted best
+half, as the active (mu/mu_w, lambda)-CMA-ES (Hansen, "The CMA Evolution Strategy: A
+Tutorial", 2016); docs/variants.md says why. Ranks only, float64, no host sync.
 """
 
 from __future__ import annotations
@@ -29,9 +19,7 @@ from ._base import Key
 from ._bounds import LeafBounds, project
 from ._metric import TumbleMetric
 
-# The fewest points a round needs: with fewer the best half is one point (mu_eff 1), whose
-# steps teach C nothing (c_mu 0), and a round of one moves the mean whatever it costs.
-MIN_ROUND = 4
+MIN_ROUND = 4  # fewer: the best half is one point (mu_eff 1), and C learns nothing
 
 
 class Walker(NamedTuple):
@@ -64,11 +52,9 @@ class Rates(NamedTuple):
 
 @functools.cache
 def rates(lam: int, n: int, rate: float) -> Rates:
-    """The tutorial's defaults (Hansen 2016, Table 1), the metric's learning ``rate`` times.
+    """The tutorial's defaults (Hansen 2016, Table 1), the learning rates ``rate`` times.
 
-    The worse half's weights are negative (active CMA-ES): steps that led uphill are
-    unlearned, which learns an ill-conditioned valley about as fast per evaluation as a
-    (1+1) walker's path does (``docs/variants.md``). ``lam`` is at least ``MIN_ROUND``.
+    The worse half's weights are negative (active CMA-ES). ``lam`` >= ``MIN_ROUND``.
     """
     if lam < MIN_ROUND:
         raise ValueError(f"A walker's round needs at least {MIN_ROUND} points, got {lam}.")
@@ -91,11 +77,7 @@ def rates(lam: int, n: int, rate: float) -> Rates:
 
 def start(mean: Tensor, step: Tensor, metric: TumbleMetric, best_loss: Tensor, key: Key,
           num_evals: Tensor) -> Walker:
-    """A walker at ``mean`` whose tumbles are as long as a swarm's of step size ``step``.
-
-    A swarm tumbles ``step * A u`` with ``u`` a unit vector, the walker ``sigma * A z`` with
-    ``|z|`` about ``sqrt(n)``. Its paths start at 0.
-    """
+    """A walker at ``mean`` tumbling as far as a swarm of step size ``step`` (``|z| ~ sqrt(n)``)."""
     return Walker(mean, step.to(torch.float64) / math.sqrt(len(mean)),  # type: ignore[call-arg]
                   metric._replace(path=torch.zeros_like(metric.path)), torch.zeros_like(mean),
                   best_loss.to(torch.float64), key,
@@ -103,12 +85,9 @@ def start(mean: Tensor, step: Tensor, metric: TumbleMetric, best_loss: Tensor, k
 
 
 def draw(w: Walker, lam: int, box: LeafBounds | None, boundary: str) -> tuple[Tensor, Tensor]:
-    """The round's standard normal draws ``z`` and its points, ``(lam, n)`` (float64).
+    """The round's normal draws ``z`` and its points projected into the box, ``(lam, n)``.
 
-    The points are projected into the box. The walker learns from its draws as drawn, on
-    the loss of the projected point (for ``reflect`` a landscape mirrored at the faces):
-    steps read back from points the box moved make the whitened steps along a valley's
-    thin axes huge and the step size run away.
+    The walker learns from ``z`` as drawn: steps read back from projected points blow up.
     """
     n, m = len(w.mean), w.metric
     z = random.normal(random.fold_in(w.key, w.step), (lam * n,), torch.float64).reshape(lam, n)
@@ -117,11 +96,9 @@ def draw(w: Walker, lam: int, box: LeafBounds | None, boundary: str) -> tuple[Te
 
 def told(w: Walker, z: Tensor, costs: Tensor, sign: float, rate: float,
          sigma_range: tuple[float, float], box: LeafBounds | None, boundary: str) -> Walker:
-    """The walker after the round of draws ``z`` cost ``costs``, its mean back in the box.
+    """The walker after the round ``z`` cost ``costs`` (``sign`` times the losses, float64).
 
-    ``costs`` are ``sign`` times the losses, float64, inf where not finite. A round with
-    no finite cost has no order to learn from: the walker stays as it was but for its
-    round count, so that its next round draws afresh.
+    A round with no finite cost leaves it as it was but for its round count.
     """
     (lam, n), m = z.shape, w.metric
     r = rates(lam, n, rate)
@@ -175,12 +152,7 @@ def told(w: Walker, z: Tensor, costs: Tensor, sign: float, rate: float,
 
 
 def _into_box(w: Walker, box: LeafBounds | None, boundary: str) -> Walker:
-    """``w`` with its mean projected into the box; reflected, with its metric and paths.
-
-    A reflected point has the same loss on either side of the face, so a walker mirrored
-    at it, its metric and paths too, goes on as it would have outside, in the box's own
-    coordinates (where the polish takes its metric over).
-    """
+    """``w`` with its mean projected into the box; reflected, its metric and paths mirrored too."""
     mean = project(w.mean, box, boundary)
     if box is None or boundary != "reflect":
         return w._replace(mean=mean)

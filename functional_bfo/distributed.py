@@ -28,11 +28,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-if dist.is_available():
-    # Imported here, before any process group exists: its functions take the default group
-    # as a default argument when first imported, and torch.func's first gradient imports it.
-    # Imported after init_process_group, it would keep the group alive past
-    # destroy_process_group, and the group's gloo threads then race the interpreter's exit.
+if dist.is_available():  # before any group exists: imported after init_process_group (by
+    # torch.func's first gradient), it keeps the default group alive past its destruction,
+    # and the group's gloo threads then race the interpreter's exit.
     import torch.distributed.nn  # noqa: F401
 
 from ._base import LossFn, Params

@@ -1,28 +1,14 @@
 """Counter-based random numbers in pure tensor ops: Threefry-2x32 (20 rounds), as in JAX.
 
-Salmon, Moraes, Dror & Shaw, "Parallel random numbers: as easy as 1, 2, 3", SC 2011
-(https://www.thesalmons.org/john/random123/papers/random123sc11.pdf).
-
-A key is an ``int64`` tensor of shape ``(2,)`` holding two unsigned 32-bit words. Every
-function here is a pure function of its arguments: the global torch RNG is never read or
-advanced, keys, bits and uniforms are bitwise identical on every device, eager or under
-``torch.compile``; normals are bitwise the same eager and compiled on a device (``erfinv``
-runs as an opaque op in both; another device's ``erfinv`` may round one ulp differently),
-and every function works under
-``torch.func.vmap`` over keys. ``key``, ``split`` and ``fold_in`` follow JAX's original
-(non-partitionable) Threefry scheme, so ``split(key(0))`` equals
-``jax.random.split(jax.random.PRNGKey(0))`` with ``jax_threefry_partitionable=False``.
-
-The 32-bit words are carried in ``int64`` tensors with explicit masking: torch's ``uint32``
-supports too few ops, and signed 32-bit overflow is undefined behaviour in generated C++.
-The block function, and the noise rows an update draws, are ``torch.library`` ops: the same
-program in every mode (eager, compiled, vmapped, traced). Their reference kernels are
-tensor ops on any device. On the CPU they run a faster kernel with the same bits:
-a C loop, built into the package at install time where a C compiler is found (never at run
-time), else the same rounds in numpy's native ``uint32`` arithmetic (:data:`CPU_KERNEL`
-says which; the environment variable ``FUNCTIONAL_BFO_CPU_KERNEL=numpy``, read at import,
-selects numpy; ``benchmarks/update_overhead.py`` times them). The tests check each against
-the reference bit for bit.
+Salmon, Moraes, Dror & Shaw, "Parallel random numbers: as easy as 1, 2, 3", SC 2011. A key
+is an ``int64`` tensor of shape ``(2,)`` holding two unsigned 32-bit words. Every function
+is pure (the global torch RNG is never touched) and works under ``torch.func.vmap`` over
+keys; keys, bits and uniforms are bitwise identical on every device, eager or compiled, and
+normals eager and compiled on a device (another device's ``erfinv`` may differ by an ulp).
+``key``, ``split`` and ``fold_in`` equal JAX's with ``jax_threefry_partitionable=False``.
+The block function and an update's noise rows are ``torch.library`` ops: the same program
+in every mode, a tensor reference on any device and faster kernels with the same bits on
+the CPU (:data:`CPU_KERNEL`) and CUDA (docs/design.md, "Randomness").
 """
 
 from __future__ import annotations
@@ -83,9 +69,7 @@ def _threefry_rounds(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Te
     return x0, x1
 
 
-# The ops here are plain library ops: opaque to compilers and traces, with a fake (for
-# shapes) and a vmap rule each. torch.library.custom_op would add ~35 us of Python dispatch
-# per call, which a compiled CPU update pays on its critical path.
+# Plain library ops, opaque to compilers, a fake and a vmap rule each (custom_op: +35 us).
 _LIB = torch.library.Library("functional_bfo", "FRAGMENT")
 
 
@@ -100,10 +84,7 @@ def _define(schema: str, impl, fake, vmap):
 
 
 def _threefry_numpy(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
-    """The CPU kernel: ``_threefry_rounds`` in numpy ``uint32``, whose arithmetic wraps natively.
-
-    Everything is a 1-D array (never a numpy scalar, whose overflow would warn).
-    """
+    """The CPU kernel in numpy ``uint32``, whose arithmetic wraps (1-D arrays: no warnings)."""
     u32 = np.uint32
     shape = np.broadcast_shapes(k0.shape, k1.shape, x0.shape, x1.shape)  # torch's: ~200 us
     a0, a1, y0, y1 = (np.broadcast_to(t.numpy(), shape).astype(u32).reshape(-1)
@@ -140,9 +121,7 @@ def _threefry_vmap(info, in_dims, *args: Tensor):
     return (y0.expand(shape), y1.expand(shape)), (0, 0)
 
 
-# One opaque op for torch.compile: inlined, the 20 dependent rounds cost inductor minutes per
-# call site (its fusion heuristics re-walk the whole chain at every node), while as an op
-# they compile in no time and are bitwise equal to eager.
+# Opaque: inlined, the 20 dependent rounds cost inductor minutes per call site.
 _threefry_op = _define(
     "threefry2x32(Tensor k0, Tensor k1, Tensor x0, Tensor x1) -> (Tensor, Tensor)",
     _threefry_rounds, _threefry_fake, _threefry_vmap)
@@ -169,11 +148,7 @@ CPU_KERNEL = "c" if _c_module is not None else "numpy"
 
 def _lanes(device: torch.device, *words: Tensor) -> tuple[tuple[int, ...], list[Tensor],
                                                            list[int]]:
-    """The block function's inputs as a kernel reads them, and their broadcast shape.
-
-    Each input becomes int64 words on ``device``: a contiguous array of the shape (stride 1),
-    or, holding one word, read in place (stride 0).
-    """
+    """The block function's inputs as int64 words on ``device`` (stride 1, or 0 for one word)."""
     shape = tuple(np.broadcast_shapes(*(t.shape for t in words)))  # torch's: ~200 us
     inputs, strides = [], []
     for t in words:
@@ -272,10 +247,6 @@ def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
     return torch.stack([y0, y1], dim=-1)
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
-
-
 def _check_shape(shape: Any) -> tuple[int, ...]:
     """``shape`` as a tuple of ints >= 0, or a clear error (an int is not a shape)."""
     try:
@@ -291,11 +262,10 @@ def _check_shape(shape: Any) -> tuple[int, ...]:
 
 
 def _unit_interval(words: Tensor, dtype: torch.dtype, *, open_low: bool) -> Tensor:
-    """Floats in ``[0, 1)`` (or ``(0, 1)`` with ``open_low``) from 32-bit words (last axis).
+    """Floats in ``[0, 1)`` (``(0, 1)`` with ``open_low``) from 32-bit words (last axis).
 
-    float64 takes 53 bits from two words per value (the first half of the last axis gives the
-    high bits, the second half the low bits); every other dtype is computed from 24 bits in
-    float32, then rounded to ``dtype`` and kept below 1.
+    float64 takes 53 bits from two words (the halves of the last axis give the high and low
+    bits); other dtypes 24 bits in float32, then rounded to ``dtype`` and kept below 1.
     """
     # The open interval uses one bit less, so that m + 0.5 stays exact and below 1.
     bits = (53 if dtype == torch.float64 else 24) - int(open_low)
@@ -314,8 +284,7 @@ def _inverse_normal_cdf(u: Tensor, erfinv=torch.erfinv) -> Tensor:
     return _SQRT2 * erfinv(2.0 * u - 1.0)
 
 
-# torch.erfinv as an opaque op, so that a compiled graph runs eager's kernel (and its bits):
-# on the CPU inductor emits erfinv as a scalar loop of its own, which rounds differently.
+# Opaque, so compiled graphs run eager's erfinv (inductor's CPU loop rounds differently).
 _erfinv_op: Any = _define("erfinv(Tensor x) -> Tensor", torch.erfinv, torch.empty_like,
                      lambda info, in_dims, x: (_erfinv_op(x), in_dims[0]))
 
@@ -344,7 +313,7 @@ def uniform(
     if any(not -math.inf < v < math.inf for v in plain) or (len(plain) == 2 and low > high):
         raise ValueError(f"Invalid low, high: {low!r}, {high!r}; expected finite numbers (or "
                          "tensors) with low <= high.")
-    n = _numel(shape)
+    n = math.prod(shape)
     u = _unit_interval(bits(key, n * _words_per_value(dtype)), dtype, open_low=False)
     out = low + (high - low) * u.reshape(shape)
     # Rounding can reach ``high`` in low precision; fold those (rare) values onto ``low``.
@@ -357,7 +326,7 @@ def normal(key: Tensor, shape: tuple[int, ...] = (), dtype: torch.dtype = torch.
     Low-precision dtypes are drawn in float32 and rounded, so their tails match float32's.
     """
     shape = _check_shape(shape)
-    n = _numel(shape)
+    n = math.prod(shape)
     _words_per_value(dtype)  # rejects non-floating dtypes
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     u = _unit_interval(bits(key, n * _words_per_value(compute)), compute, open_low=True)
@@ -416,9 +385,7 @@ def _normal_rows_vmap(info, in_dims, key, counter, rows, cols, compute):
     return _normal_rows(key, counter, rows, cols, compute), 0
 
 
-# An update makes all its noise in this one op. Opaque, a compiled graph runs the same
-# kernels as eager (the same bits on every device), and on the CPU avoids the scalar loops
-# inductor makes of erfinv (~0.4 ms an update) and of the int64 words -> float conversion.
+# An update's noise in one opaque op: compiled runs eager's kernels, and their bits.
 _normal_rows_op = _define(
     "normal_rows(Tensor key, Tensor counter, int rows, int cols, ScalarType compute) -> Tensor",
     _normal_rows, _normal_rows_fake, _normal_rows_vmap)
@@ -442,11 +409,7 @@ if _c_module is not None:
 
 @functools.cache
 def _cuda_kernels(index: int):
-    """The Triton kernels (``_threefry_cuda``) for CUDA device ``index``, or None.
-
-    None without triton, or on a GPU older than Volta, which Triton does not compile for:
-    the tensor reference serves there. Imported at first use.
-    """
+    """The Triton kernels for CUDA device ``index``; None without triton or before Volta."""
     if torch.cuda.get_device_capability(index) < (7, 0):
         return None
     try:
@@ -472,8 +435,7 @@ def _normal_rows_cuda(key: Tensor, counter: Tensor, rows: int, cols: int,
     return kernels.normal_rows(key.contiguous(), counter.to(key.device), rows, cols, compute)
 
 
-# CUDA: one Triton program per call where triton imports (torch's CUDA wheels ship it),
-# instead of the reference's ~100 int64 kernels over every lane.
+# CUDA: one Triton program per call where triton imports (the reference: ~100 kernels).
 _LIB.impl("threefry2x32", _threefry_cuda, "CUDA")
 _LIB.impl("normal_rows", _normal_rows_cuda, "CUDA")
 
@@ -485,20 +447,10 @@ def tree_normal_like(key: Tensor, tree, dtype: torch.dtype | None = None):
     order; each keeps its dtype unless ``dtype`` is given (draws are made in float64 if any
     leaf is float64, else float32, then rounded).
     """
-    leaves = optree.tree_leaves(tree)
+    leaves, spec = optree.tree_flatten(tree)
     dtypes = [dtype or x.dtype for x in leaves]
     draw_dtype = torch.float64 if torch.float64 in dtypes else torch.float32
     flat = normal(key, (sum(x.numel() for x in leaves),), draw_dtype)
-    cast = lambda z, x: z.to(dtype=dtype or x.dtype, device=x.device)  # noqa: E731
-    return optree.tree_map(cast, _unflatten_like(flat, tree), tree)
-
-
-def _unflatten_like(flat: Tensor, template: Any) -> Any:
-    """Cut ``flat`` (P, n) into a population pytree shaped like ``template``.
-
-    ``n`` is the total size of ``template``; leaves take consecutive slices in optree's
-    flatten order and keep the leading P axis.
-    """
-    leaves, spec = optree.tree_flatten(template)
-    chunks = torch.split(flat, [x.numel() for x in leaves], dim=-1)
-    return spec.unflatten([c.reshape(flat.shape[:-1] + x.shape) for c, x in zip(chunks, leaves)])
+    chunks = torch.split(flat, [x.numel() for x in leaves])
+    return spec.unflatten([c.reshape(x.shape).to(dtype=dt, device=x.device)
+                           for c, x, dt in zip(chunks, leaves, dtypes)])

@@ -1,10 +1,4 @@
-"""Telemetry as tensors: ``metrics(state)`` stays on the device, ``materialize`` syncs once.
-
-``metrics`` builds a dict of 0-d tensors without any host sync, so it can run inside a
-compiled step or every update; ``materialize`` moves them all to Python floats in one
-device-to-host copy, for a logger. All metrics are O(P) except ``diversity``, which reads
-the whole population once (O(P * n_params)).
-"""
+"""Telemetry as tensors: ``metrics(state)`` stays on the device, ``materialize`` syncs once."""
 
 from __future__ import annotations
 
@@ -55,7 +49,6 @@ def metrics(state: Any) -> dict[str, Tensor]:
                    grad_exploding=state.grad_exploding)
     if hasattr(state, "active_size"):
         out["active_size"] = state.active_size
-    # The step lengths in use (named apart from the step_size* hyperparameters).
     steps = getattr(state, "step_sizes", None)
     if steps is None:
         steps = state.hyperparams.step_size

@@ -75,7 +75,7 @@ def test_the_variants_states_share_their_leading_fields():
     import torch
 
     import functional_bfo as fb
-    from functional_bfo._dispersal import initial_population
+    from functional_bfo._population import initial_population
 
     shared = fb.BFOState._fields[:-1]
     assert fb.AdaptiveBFOState._fields[:len(shared)] == shared

@@ -1,9 +1,4 @@
-"""Elimination–dispersal: each bacterium is moved to a random place with probability P_ed.
-
-Inside a finite box the new place is uniform in the box (Passino 2002); on coordinates with
-no finite box it is the anchor (the initial params, or the best params so far) plus
-``init_scale`` times a standard normal. The same sampler builds the initial population.
-"""
+"""The population between swims: its start, reproduction, elimination–dispersal, its noise."""
 
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ import torch
 from torch import Tensor
 
 from . import random
-from ._base import Params
+from ._base import Key, Params
 from ._bounds import LeafBounds, flat_box, open_box, project, sample_domain
 from ._checks import check_params
 from ._layout import layout, ravel, unravel
@@ -36,7 +31,7 @@ class Start(NamedTuple):
         Raises:
             ValueError: a hyperparameter does not fit the state's dtype (it would be inf).
         """
-        size, device = self.population_size, self.key.device
+        size, device = self.population.shape[0], self.key.device
         largest = torch.finfo(self.dtype).max
         for name, value in hyperparams.items():
             if abs(value) > largest:
@@ -58,20 +53,9 @@ class Start(NamedTuple):
             hyperparams=hyperparams_type(**{k: tensor(v) for k, v in hyperparams.items()}),
         )
 
-    @property
-    def population_size(self) -> int:
-        return self.population.shape[0]
-
 
 def per_run(state: Any) -> Any:
-    """``state`` with each field made from its key and params: the same values, batched.
-
-    Under ``vmap(init)`` a field made of constants alone (a counter, a hyperparameter, the
-    params when only keys are mapped) comes out expanded over the runs, with stride 0, and
-    ``compile(vmap(update))`` compiled once for those strides and again for the next
-    state's. Adding a zero drawn from the key and the population (a ``|`` for bools)
-    batches it whatever is mapped; eagerly it costs a few ops, in ``init`` only.
-    """
+    """``state`` plus a zero from its key and population: batched under ``vmap(init)``."""
     zero = state.key[..., 0] * 0 + (state.population.sum((-2, -1)) * 0).to(torch.int64)
 
     def batched(x: Tensor) -> Tensor:
@@ -86,14 +70,21 @@ def per_run(state: Any) -> Any:
 
 def initial_population(params: Params, key: Tensor, size: int, bounds: Any, init_scale: float
                        ) -> Start:
-    """Validate ``params`` and ``key`` and build the initial population around the params.
-
-    The population is one ``(P, D)`` matrix (see ``_layout``), bacterium 0 the params.
-    """
+    """Validate ``params`` and ``key``; the initial population, bacterium 0 the params."""
     leaves, _ = check_params(params)
     random.check_key(key)
     try:
-        return _initial_rows(params, key, size, bounds, init_scale)
+        shape = layout(params)
+        device, dtype = leaves[0].device, shape.dtype  # one, checked
+        init_key, run_key = random.split(key.to(device))
+        box = flat_box(bounds, shape, device)
+        first = project(ravel(shape, params).detach(), box, "clip").clone()
+        keys = random.fold_in(init_key, torch.arange(1, size, device=device))
+        z = torch.func.vmap(lambda k: random.normal(k, (shape.size,), dtype))(keys)
+        rest = sample_domain(first, z, box, torch.tensor(init_scale, dtype=dtype, device=device))
+        return Start(unravel(shape, first), torch.cat([first.unsqueeze(0), rest]), run_key,
+                     dtype, open_box(device, dtype) if box is None else box._replace(
+                         open=~box.finite))
     except RuntimeError as e:  # the allocator's own words, with the size that asked for it
         message = str(e)
         if "out of memory" in message or "allocate" in message:
@@ -104,39 +95,55 @@ def initial_population(params: Params, key: Tensor, size: int, bounds: Any, init
         raise
 
 
-def _initial_rows(params, key, size, bounds, init_scale) -> Start:
-    """``initial_population`` after validation."""
-    shape = layout(params)
-    device, dtype = optree.tree_leaves(params)[0].device, shape.dtype  # one, checked
-    init_key, run_key = random.split(key.to(device))
-    box = flat_box(bounds, shape, device)
-    first = project(ravel(shape, params).detach(), box, "clip").clone()
-    keys = random.fold_in(init_key, torch.arange(1, size, device=device))
-    z = torch.func.vmap(lambda k: random.normal(k, (shape.size,), dtype))(keys)
-    scale = torch.tensor(init_scale, dtype=dtype, device=device)
-    rest = sample_domain(first, z, box, scale)
-    return Start(unravel(shape, first), torch.cat([first.unsqueeze(0), rest]), run_key, dtype,
-                 open_box(device, dtype) if box is None else box._replace(open=~box.finite))
-
-
 def disperse(flag: Tensor, population: Tensor, known: Tensor, coins: Tensor, places: Tensor,
              elimination_prob: Tensor, init_scale: Tensor, anchor: Tensor,
              box: LeafBounds | None) -> tuple[Tensor, Tensor]:
-    """Elimination–dispersal: the new ``(population, known)``.
-
-    Where ``flag`` (0-d bool) holds, each bacterium whose coin falls below
-    ``elimination_prob`` moves to its place (``sample_domain`` of the normals ``places``
-    around ``anchor``, the best row) and no longer knows its loss.
-    """
-    dispersed = dispersal_mask(coins, elimination_prob, flag)
+    """Dispersal where ``flag`` holds: ``(population, known)`` after it."""
+    dispersed = flag & (coins < elimination_prob)
     fresh = sample_domain(anchor, places, box, init_scale)
     return where(dispersed, fresh, population), known & ~dispersed
 
 
-def dispersal_mask(coins: Tensor, elimination_prob: Tensor, disperse: Tensor) -> Tensor:
-    """Which bacteria are dispersed this step, shape (P,).
+def reproduce(flag: Tensor, population: Tensor, losses: Tensor, health: Tensor
+              ) -> tuple[Tensor, Tensor, Tensor]:
+    """Where ``flag`` (0-d bool) holds, the healthiest half splits and health restarts at zero."""
+    source = reproduction_index(health, flag)
+    return (population.index_select(0, source), losses.index_select(0, source),
+            torch.where(flag, 0.0, health))
 
-    Each whose uniform ``coin`` falls below ``elimination_prob``, and only when ``disperse``
-    (a 0-d bool from the step counter) holds.
+
+def reproduction_index(health: Tensor, reproduce: Tensor, active: Tensor | None = None) -> Tensor:
+    """Source bacterium of each slot after reproduction, (P,): the identity unless ``reproduce``.
+
+    With ``active`` (a 0-d count ``n``) only the first ``n`` slots take part.
     """
-    return disperse & (coins < elimination_prob)
+    size = health.shape[0]
+    slots = torch.arange(size, device=health.device)
+    if active is None:
+        order = torch.argsort(health, stable=True)
+        survivors = size - size // 2
+        split = torch.cat([order[:survivors], order[: size // 2]])
+        return torch.where(reproduce, split, slots)
+    inside = slots < active
+    order = torch.argsort(torch.where(inside, health, torch.inf), stable=True)
+    kept = active - active // 2
+    copy = (slots - kept).clamp_min(0)
+    split = torch.where(slots < kept, order, order[copy])
+    return torch.where(reproduce & inside, split, slots)
+
+
+class Noise(NamedTuple):
+    """The random numbers of one update, per bacterium."""
+
+    direction: Tensor  # (P, n) standard normals, for the tumble
+    place: Tensor  # (P, n) standard normals, for dispersal
+    levy_u: Tensor  # (P,) normals for Mantegna's step length
+    levy_v: Tensor  # (P,)
+    coin: Tensor  # (P,) uniforms for the dispersal decision
+
+
+def bacterium_noise(key: Key, step: Tensor, size: int, n: int, dtype) -> Noise:
+    """Every random number of one update: ``normal_rows(key, step, P, 2n + 3)``, cut."""
+    z = random.normal_rows(key, step, size, 2 * n + 3, dtype)
+    return Noise(z[:, :n], z[:, n:2 * n], z[:, 2 * n], z[:, 2 * n + 1],
+                 torch.special.ndtr(z[:, 2 * n + 2]))
