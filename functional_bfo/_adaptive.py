@@ -258,16 +258,23 @@ def _optimizer(static: AdaptiveStatic, init: Any, evaluator: Evaluator) -> Optim
                          lambda state: adaptive_plan(state, static), finish, evaluator,
                          static.swim_batch)
     opt.update.static = static  # type: ignore[attr-defined]  # read by adaptive_static
+    if static.cycles:  # read by at_step
+        opt.update.between = _optimizer(  # type: ignore[attr-defined]
+            static._replace(cycles=False), init, evaluator)
     return opt
 
 
-def between_cycles(opt: Optimizer, evaluator: Evaluator) -> Optimizer:
-    """``opt`` without its masked cycle events: bitwise its update where no cycle ends.
+def at_step(opt: Optimizer, step: int) -> Optimizer:
+    """``opt``, or where no cycle ends at ``step`` its twin without the masked cycle events.
 
-    For a driver that knows the step on the host (the black box): the events are 58 of a
-    learning black-box swarm's 195 ops, and fire one update in ``chemotaxis_steps``.
+    For a driver that knows the step on the host (``run``, the black box): bitwise the same
+    update, without the events that fire one update in ``chemotaxis_steps`` (58 of a
+    learning black-box swarm's 195 ops). Optimizers other than :func:`adaptive_bfo`'s: ``opt``.
     """
-    return _optimizer(adaptive_static(opt)._replace(cycles=False), opt.init, evaluator)
+    between = getattr(opt.update, "between", None)
+    if between is None or step > 0 and step % adaptive_static(opt).chemotaxis_steps == 0:
+        return opt
+    return between
 
 
 class AdaptiveStatic(NamedTuple):
@@ -286,7 +293,7 @@ class AdaptiveStatic(NamedTuple):
     swim_batch: int = 1  # swim points per evaluator call
     metric_rate: float = 0.0  # learning rate of the tumble metric (0: none)
     closed: bool = False  # every side of the box is finite (is_closed)
-    cycles: bool = True  # False: no cycle ends in these updates (between_cycles)
+    cycles: bool = True  # False: no cycle ends in these updates (at_step)
 
 
 def adaptive_static(opt: Optimizer) -> AdaptiveStatic:
@@ -374,7 +381,7 @@ def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None
         population, losses, step_sizes, health, count, source, dispersed = cycle_event(
             cycle_ends(state.step, static.chemotaxis_steps), state, slots, noise.coin,
             noise.place, best, box, static, dtype)
-    else:  # the driver knows that no cycle ends here (between_cycles)
+    else:  # the driver knows that no cycle ends here (at_step)
         population, losses, step_sizes, health, count, source, dispersed = (
             state.population, state.losses, state.step_sizes, state.health,
             state.active_size, slots, torch.zeros_like(slots, dtype=torch.bool))

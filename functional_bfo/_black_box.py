@@ -23,7 +23,7 @@ from . import _metric as metric
 from . import _moves as moves
 from . import _walker as walker
 from . import random
-from ._adaptive import AdaptiveBFOState, adaptive_bfo, adaptive_static, between_cycles
+from ._adaptive import AdaptiveBFOState, adaptive_bfo, adaptive_static, at_step
 from ._ask_tell import Ask, check_tag, round_tag, told_costs
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import LeafBounds, check_bounds, flat_box, project, sample_domain
@@ -158,9 +158,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
 
     search = _Search(budget, main_budget, per_round, stall_limit, rtol, hand_over, kick, rate,
                      population_size, chemotaxis_steps, sign, bounds,
-                     adaptive_static(plain).boundary, evaluator, plain, learner,
-                     tuple(opt for full in (plain, learner)
-                           for opt in (between_cycles(full, evaluator), full)))
+                     adaptive_static(plain).boundary, evaluator, plain, learner)
     return Optimizer(search.init, search.update, bool(plain.maximize), search.ask, search.tell)
 
 
@@ -184,7 +182,6 @@ class _Search:
     evaluator: Any
     plain: Optimizer  # isotropic tumbles
     learner: Optimizer  # a learned metric
-    swarm_optimizers: tuple[Optimizer, ...]  # each of the two between cycles, then itself
 
     def cost(self, loss: Tensor) -> float:
         return self.sign * float(loss)
@@ -197,9 +194,7 @@ class _Search:
     def optimizer(self, s: BlackBoxState) -> Optimizer:
         """The optimizer of the next round's swarm, without cycle events where none ends."""
         learns = s.phase != "explore" and bool(s.swarm_learns)
-        step = int(_swarm(s).step)
-        ends = step > 0 and step % self.chemotaxis_steps == 0
-        return self.swarm_optimizers[2 * learns + ends]
+        return at_step(self.learner if learns else self.plain, int(_swarm(s).step))
 
     def init(self, params: Params, *, key: Key) -> BlackBoxState:
         check_params(params)

@@ -8,7 +8,7 @@ import torch
 from helpers import assert_trees_equal, population
 
 import functional_bfo as fb
-from functional_bfo._adaptive import between_cycles
+from functional_bfo._adaptive import at_step
 
 
 def sq(p):
@@ -303,19 +303,32 @@ def test_the_metric_is_in_the_state_only_when_learned_and_limited_in_size():
     dict(min_population_size=3, stagnation_steps=2, tumble="levy"),
     dict(population_size=1, metric_rate=2.0),
 ])
-def test_between_cycles_is_the_update_wherever_no_cycle_ends(settings):
-    """A driver that knows the step leaves out the masked cycle events: the same states."""
+def test_at_step_leaves_out_the_cycle_events_only_where_none_ends(settings):
+    """A driver that knows the step leaves out the masked cycle events: the same states,
+    by update and by ask/tell; where a cycle ends it gets the whole update."""
     opt = fb.adaptive_bfo(**{"population_size": 8, "chemotaxis_steps": 3,
                              "elimination_prob": 0.5, **settings})
-    between = between_cycles(opt, fb.evaluate.vmap())
     state = opt.init({"x": torch.zeros(4)}, key=fb.random.key(3))
     for step in range(14):
-        new = opt.update(state, sq)
-        if step == 0 or step % 3:
-            assert_trees_equal(between.update(state, sq), new)
-            asked = between.ask(state)
-            losses = torch.func.vmap(sq)(asked.params)
-            assert_trees_equal(between.tell(state, asked, losses), opt.tell(state, asked, losses))
-        else:  # a cycle ends: left out, health would not restart
-            assert not torch.equal(between.update(state, sq).health, new.health)
+        new, picked = opt.update(state, sq), at_step(opt, step)
+        assert (picked is opt) == (step > 0 and step % 3 == 0)
+        assert_trees_equal(picked.update(state, sq), new)
+        asked = picked.ask(state)
+        losses = torch.func.vmap(sq)(asked.params)
+        assert_trees_equal(picked.tell(state, asked, losses), opt.tell(state, asked, losses))
+        if picked is opt:  # left out, the events would be missed: health would not restart
+            assert not torch.equal(opt.update.between.update(state, sq).health, new.health)
         state = new
+
+
+def test_run_eager_is_a_loop_of_updates_and_other_optimizers_are_their_own():
+    """run picks each update with at_step: bitwise a plain loop over several cycles."""
+    opt = fb.adaptive_bfo(8, chemotaxis_steps=3, min_population_size=4, metric_rate=2.0,
+                          bounds=(-1.0, 1.0))
+    state = opt.init({"x": torch.zeros(3)}, key=fb.random.key(5))
+    looped = state
+    for _ in range(11):
+        looped = opt.update(looped, sq)
+    assert_trees_equal(fb.run(opt, state, sq, max_steps=11), looped)
+    plain = fb.bfo(4)
+    assert at_step(plain, 1) is plain

@@ -27,7 +27,8 @@ QUICK = {"adapter_paths.py": "adapter_paths_quick",
          "quality.py --suite bbob": "quality_bbob_quick",
          "coco.py": "coco_quick",
          "black_box_speed.py": "black_box_speed_quick",
-         "lone_metric.py": "lone_metric_quick"}
+         "lone_metric.py": "lone_metric_quick",
+         "run_driver.py": "run_driver_quick"}
 
 
 @pytest.fixture(scope="module")
