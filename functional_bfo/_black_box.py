@@ -38,7 +38,7 @@ from .evaluate import check_evaluator
 HOLDING_PATIENCE = 3  # a swarm holding the best waits this many times as long to restart
 VALLEY_CONDITION = 20.0  # a metric of this condition (checked once a cycle) marks a valley
 JITTER_PERIOD = 10  # the explorer is kicked every JITTER_PERIOD updates
-FACE_SHARE, FACE_SCAN_SIZE = 0.1, 2000  # face moves: most of the polish, most coordinates
+FACE_SHARE, FACE_SCAN_SIZE = 0.1, 2000  # face moves' caps: share of the polish, coordinates
 POLISH_DECADES = 4  # the polish's steps spread over this many decades below jitter
 BEHIND_BUDGET = 2  # a swarm behind stops at this many times the best's swarm's evaluations
 # fold_in data; restarts use 0, 1, ..
