@@ -20,6 +20,10 @@ from ._chemotaxis import Plan, SwimResult, costs_by, rank_costs
 from ._layout import strided, unravel
 from .evaluate import Evaluator
 
+# The integer type whose bits a float of each width is read as, for a state's digest.
+BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+MASK_WEIGHT = 1_000_003  # a prime, so that a changed mask moves the digest
+
 
 class Ask(NamedTuple):
     """The candidates of one update, from ``opt.ask(state)``; answer with ``opt.tell``.
@@ -51,13 +55,12 @@ def round_tag(state: Any) -> Tensor:
     """The tag of ``state``'s round: counters, key, digest of losses, hyperparams, grad mask."""
     losses = state.losses
     values = torch.cat([losses, torch.stack(tuple(state.hyperparams))])  # one dtype
-    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[losses.element_size()]  # its bits
-    bits = values.view(ints).to(torch.int64)
+    bits = values.view(BITS[losses.element_size()]).to(torch.int64)
     digest = (bits * torch.arange(1, values.shape[-1] + 1, device=losses.device)).sum()
     mask = getattr(state, "grad_mask", None)
     if mask is not None:
         place = torch.arange(1, mask.shape[-1] + 1, device=mask.device)
-        digest = digest + 1_000_003 * (mask.to(torch.int64) * place).sum()  # a prime
+        digest = digest + MASK_WEIGHT * (mask.to(torch.int64) * place).sum()
     return torch.stack([state.step, state.num_evals, state.key[0], state.key[1], digest])
 
 
