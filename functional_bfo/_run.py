@@ -43,7 +43,7 @@ def run(
     Whether a lower or a higher loss is better comes from the optimizer (``maximize=`` of
     its factory), for ``target_loss`` and ``patience`` alike. In eager, an
     :func:`functional_bfo.adaptive_bfo` update that ends no cycle runs without the masked
-    cycle events: the same states as a loop of ``opt.update``, in 0.86-0.87x its time. A
+    cycle events: the same states as a loop of ``opt.update``, in 0.86-0.88x its time. A
     :func:`functional_bfo.black_box_search` state runs until its own budget is spent
     (``state.phase == "done"``, reason ``"max_evals"``) or another rule fires; it takes no
     ``max_evals`` or ``compile`` here, and non-finite losses do not stop it (its restarts
