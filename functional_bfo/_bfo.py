@@ -210,10 +210,11 @@ def bfo(
         noise = bacterium_noise(state.key, state.step, size, shape.size, dtype)
 
         # Reproduction and elimination–dispersal happen on cycle boundaries, by counter.
-        population, losses, health = reproduce(cycle_ends(state.step, n_c), state.population,
-                                               state.losses, state.health)
+        ends = cycle_ends(state.step, n_c)
+        population, losses, health = reproduce(ends, state.population, state.losses,
+                                               state.health)
         cost = sign * losses  # NaN where never evaluated
-        population, known = disperse(cycle_ends(state.step, n_c * n_re), population,
+        population, known = disperse(ends & (state.step % (n_c * n_re) == 0), population,
                                      ~torch.isnan(cost), noise.coin, noise.place,
                                      hp.elimination_prob, hp.init_scale, best, box)
 

@@ -187,9 +187,10 @@ def box_relative(direction: Tensor, bounds: LeafBounds | None) -> Tensor:
 
 def sample_domain(anchor: Tensor, z: Tensor, bounds: LeafBounds | None, scale: Tensor) -> Tensor:
     """New positions from normals ``z``: uniform in a finite box, else ``anchor + scale * z``."""
-    around = anchor + scale * z
     if bounds is None:
-        return around
-    low, high, width, finite = bounds.low, bounds.high, bounds.width, bounds.finite
+        return anchor + scale * z
+    low, high, width = bounds.low, bounds.high, bounds.width
     inside = low + width * torch.special.ndtr(z)
-    return torch.where(finite, inside, torch.clamp(around, low, high))
+    if bounds.open is None:  # every side finite: no open coordinate to place around anchor
+        return inside
+    return torch.where(bounds.finite, inside, torch.clamp(anchor + scale * z, low, high))

@@ -184,8 +184,9 @@ class Ray(NamedTuple):
         size = carry.previous.shape[0]
         running, previous = carry.running, carry.previous
         end = (carry.distance, carry.raw_cost, carry.cost, carry.aux)
-        for g in range(along.shape[0]):
-            point_raw, point_aux = point_rows((raw, aux), g, size)
+        points = along.shape[0]
+        for g in range(points):
+            point_raw, point_aux = (raw, aux) if points == 1 else point_rows((raw, aux), g, size)
             cost = point_raw
             if self.swarm_cost is not None:  # J_cc per point: the same sums whatever the batch
                 cost = point_raw + self.swarm_cost(point_rows(candidates, g, size))

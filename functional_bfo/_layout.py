@@ -42,7 +42,8 @@ def layout(params: Params) -> Layout:
 def ravel(shape: Layout, params: Params) -> Tensor:
     """``params`` (like the layout's, with any leading batch axes) as rows ``(..., D)``."""
     leaves: list[Any] = shape.spec.flatten_up_to(params)
-    rows = [x.reshape(*x.shape[:x.dim() - len(s)], n).to(shape.dtype)
+    rows = [x if x.dim() == 1 == len(s) and x.dtype == shape.dtype else
+            x.reshape(*x.shape[:x.dim() - len(s)], n).to(shape.dtype)
             for x, s, n in zip(leaves, shape.shapes, shape.sizes)]
     return rows[0] if len(rows) == 1 else torch.cat(rows, dim=-1)
 

@@ -120,10 +120,8 @@ def reproduction_index(health: Tensor, reproduce: Tensor, active: Tensor | None 
     size = health.shape[0]
     slots = torch.arange(size, device=health.device)
     if active is None:
-        order = torch.argsort(health, stable=True)
-        survivors = size - size // 2
-        split = torch.cat([order[:survivors], order[: size // 2]])
-        return torch.where(reproduce, split, slots)
+        order = torch.argsort(health, stable=True)  # the healthiest survivors, then copies
+        return torch.where(reproduce, order.index_select(0, slots % (size - size // 2)), slots)
     inside = slots < active
     order = torch.argsort(torch.where(inside, health, torch.inf), stable=True)
     kept = active - active // 2
