@@ -25,7 +25,7 @@ from ._bounds import (
     update_box,
 )
 from ._checks import check_bool, check_choice, check_float, check_int
-from ._chemotaxis import TUMBLES, Plan, SwimResult, tumble_directions, walk
+from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_by, tumble_directions, walk
 from ._cycle import cycle_ends
 from ._layout import layout, ravel, unravel
 from ._population import bacterium_noise, initial_population, per_run, reproduction_index
@@ -255,8 +255,8 @@ def _optimizer(static: AdaptiveStatic, init: Any, evaluator: Evaluator) -> Optim
         return AdaptiveBFOState(**step.fields, metric=learned)
 
     opt = swim_optimizer("adaptive_bfo", AdaptiveBFOState, static.size, static.sign, init,
-                         lambda state: adaptive_plan(state, static), finish, evaluator,
-                         static.swim_batch)
+                         lambda state: adaptive_plan(state, static), finish,
+                         costs_by(evaluator, static.sign), static.swim_batch)
     opt.update.static = static  # type: ignore[attr-defined]  # read by adaptive_static
     if static.cycles:  # read by at_step
         opt.update.between = _optimizer(  # type: ignore[attr-defined]

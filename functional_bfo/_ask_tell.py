@@ -16,9 +16,8 @@ from torch import Tensor
 
 from ._base import LossFn, Optimizer, Params
 from ._checks import check_state
-from ._chemotaxis import Plan, SwimResult, costs_by, rank_costs
+from ._chemotaxis import Plan, SwimResult, rank_costs
 from ._layout import strided, unravel
-from .evaluate import Evaluator
 
 # The integer type whose bits a float of each width is read as, for a state's digest.
 BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -65,36 +64,50 @@ def round_tag(state: Any) -> Tensor:
 
 
 def swim_optimizer(name: str, state_type: type, size: int, sign: float, init: Any,
-                   plan: Callable[[Any], Plan], finish: Callable[[Any, Plan, SwimResult], Any],
-                   evaluator: Evaluator, swim_batch: int) -> Optimizer:
-    """A variant's optimizer from ``plan(state)`` and ``finish(state, plan, result)``."""
+                   plan: Callable[..., Plan], finish: Callable[[Any, Plan, SwimResult], Any],
+                   evaluation: Callable[..., Callable], swim_batch: int,
+                   told_aux: Callable[..., Any] | None = None) -> Optimizer:
+    """Every variant's ``update``, ``ask`` and ``tell``, from the variant's own steps.
 
-    def update(state: Any, loss_fn: LossFn, *args: Any) -> Any:
+    ``plan(state, **given)`` is the update before any loss, ``finish(state, plan, result)``
+    the state after its swim, ``evaluation(state, plan, loss_fn, args)`` scores update's
+    rows (``rows -> (costs, aux)``) and ``told_aux(state, asked, **given)`` reads what tell
+    is given besides losses as the round's aux. ``given`` are the keywords update and tell
+    take beyond the contract (``hybrid_bfo``'s ``grad=`` and ``grads=``); a variant without
+    ``told_aux`` takes none.
+    """
+
+    def update(state: Any, loss_fn: LossFn, *args: Any, **given: Any) -> Any:
         check_state(state, size, state_type, name)
         if not callable(loss_fn):
             raise TypeError(f"Invalid loss_fn: {loss_fn!r}; expected a callable "
                             "loss_fn(params, *args) -> 0-d tensor (call update(state, loss_fn)).")
-        steps = plan(state)
-        evaluate = costs_by(evaluator, loss_fn, args, state.losses.dtype, sign, steps.shape)
+        refuse_keywords(given, told_aux, f"{name}.update")
+        steps = plan(state, **given)
+        evaluate = evaluation(state, steps, loss_fn, args)
         return finish(state, steps, steps.swim(evaluate, swim_batch))
 
     def ask(state: Any) -> Ask:
         check_state(state, size, state_type, name)
-        return ask_round(state, plan(state))
-
-    def tell(state: Any, asked: Ask, losses: Any, *, check: bool = True) -> Any:
-        check_state(state, size, state_type, name)
-        costs = told_costs(state, asked, losses, sign, name, check)
         steps = plan(state)
-        return finish(state, steps, steps.told(costs, None))
+        return Ask(unravel(steps.shape, steps.ray.points(steps.ray.distances)), steps.needed(),
+                   round_tag(state))
+
+    def tell(state: Any, asked: Ask, losses: Any, *, check: bool = True, **given: Any) -> Any:
+        check_state(state, size, state_type, name)
+        refuse_keywords(given, told_aux, f"{name}.tell")
+        costs = told_costs(state, asked, losses, sign, name, check)
+        aux = None if told_aux is None else told_aux(state, asked, **given)
+        steps = plan(state)
+        return finish(state, steps, steps.told(costs, aux))
 
     return Optimizer(init, update, sign < 0, ask, tell)
 
 
-def ask_round(state: Any, plan: Plan) -> Ask:
-    """The round of ``plan`` (made from ``state``) as an :class:`Ask`: its rows as params."""
-    ray = plan.ray
-    return Ask(unravel(plan.shape, ray.points(ray.distances)), plan.needed(), round_tag(state))
+def refuse_keywords(given: dict[str, Any], told_aux: Any, where: str) -> None:
+    """A TypeError, as Python's own, for keywords given to a variant that takes none."""
+    if given and told_aux is None:
+        raise TypeError(f"{where}() got an unexpected keyword argument {next(iter(given))!r}")
 
 
 def told_costs(state: Any, asked: Any, losses: Any, sign: float, variant: str,

@@ -12,7 +12,7 @@ from ._ask_tell import swim_optimizer
 from ._base import Key, Optimizer, Params
 from ._bounds import BOUNDARY_MODES, LeafBounds, check_bounds, is_closed, update_box
 from ._checks import check_bool, check_choice, check_float, check_int
-from ._chemotaxis import TUMBLES, Plan, SwimResult, tumble_directions, walk
+from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_by, tumble_directions, walk
 from ._cycle import cycle_ends
 from ._layout import layout, ravel, unravel
 from ._population import bacterium_noise, disperse, initial_population, per_run, reproduce
@@ -251,8 +251,8 @@ def bfo(
             hyperparams=state.hyperparams,
         )
 
-    return swim_optimizer("bfo", BFOState, size, sign, init_fn, plan, assemble, evaluator,
-                          swim_batch)
+    return swim_optimizer("bfo", BFOState, size, sign, init_fn, plan, assemble,
+                          costs_by(evaluator, sign), swim_batch)
 
 
 def cell_to_cell(positions: Tensor, swarm: Tensor, swarm_sq: Tensor, hp: BFOHyperparams,

@@ -98,6 +98,7 @@ class Plan(NamedTuple):
     active: Tensor | None
     keep: Any
     shape: Layout
+    given: Any = None  # what the caller gave update beyond the contract (the hybrid's grad)
 
     def needed(self) -> Tensor:
         """(N_s + 1) P bools, point-major: the candidates whose loss the update reads."""
@@ -242,25 +243,29 @@ def point_rows(stacked: Any, g: int, size: int) -> Any:
     return optree.tree_map(lambda x: x[g * size:(g + 1) * size], stacked)
 
 
-def costs_by(evaluator, loss_fn, args: tuple, dtype: torch.dtype, sign: float, shape: Layout):
-    """``evaluate(rows) -> (cost, None)``: sign-adjusted losses, non-finite as +inf.
+def costs_by(evaluator, sign: float) -> Callable[..., Callable]:
+    """``evaluation(state, plan, loss_fn, args) -> evaluate(rows) -> (costs, None)``.
 
-    The rows (of ``shape``) go to the evaluator as params, or as rows with a loss of a row
-    to an evaluator that takes any structure.
+    Costs are sign-adjusted losses, non-finite as +inf. The rows go to the evaluator as
+    params, or as rows with a loss of a row to an evaluator that takes any structure.
     """
 
-    def evaluate(candidates: Tensor) -> tuple[Tensor, None]:
-        count = candidates.shape[0]
+    def evaluation(state: Any, plan: Plan, loss_fn, args: tuple) -> Callable:
+        dtype, shape = state.losses.dtype, plan.shape
         loss = loss_fn
-        if getattr(evaluator, "any_structure", False):
+        if by_rows := getattr(evaluator, "any_structure", False):
             loss = functools.partial(loss_of_row, loss_fn, shape)  # rows batched as one tensor
-        else:
-            candidates = unravel(shape, candidates)
-        with torch.no_grad():
-            losses = check_losses(evaluator(loss, candidates, *args), count).to(dtype)
-        return rank_costs(losses, sign), None
 
-    return evaluate
+        def evaluate(candidates: Tensor) -> tuple[Tensor, None]:
+            count = candidates.shape[0]
+            with torch.no_grad():
+                losses = check_losses(evaluator(loss, candidates if by_rows else unravel(
+                    shape, candidates), *args), count).to(dtype)
+            return rank_costs(losses, sign), None
+
+        return evaluate
+
+    return evaluation
 
 
 def loss_of_row(loss_fn: Callable[..., Tensor], shape: Layout, row: Tensor,

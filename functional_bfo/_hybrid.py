@@ -17,7 +17,7 @@ from ._adaptive import (
     adaptive_plan,
     adaptive_static,
 )
-from ._ask_tell import Ask, ask_round, told_costs, told_grads
+from ._ask_tell import Ask, swim_optimizer, told_grads
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import LeafBounds
 from ._checks import (
@@ -27,7 +27,6 @@ from ._checks import (
     check_float,
     check_int,
     check_losses,
-    check_state,
 )
 from ._chemotaxis import Plan, SwimResult, loss_of_row, rank_costs
 from ._layout import Layout, layout, ravel, strided, unravel
@@ -208,32 +207,32 @@ def hybrid_bfo(
             hyperparams=hp,
         ))
 
-    def plan(state: HybridBFOState, grad: Params | None) -> Plan:
+    def plan(state: HybridBFOState, grad: Params | None = None) -> Plan:
         """The adaptive plan, its tumbles bent toward each bacterium's gradient (or ``grad``)."""
-        hp = state.hyperparams
+        hp, given = state.hyperparams, None
+        if grad is not None:  # the caller's, at the best params: every bacterium follows it
+            given = ravel(layout(state.best_params),
+                          optree.tree_map(lambda g: strided(g.detach()), grad))
 
         def steer(direction: Tensor, source: Tensor, known: Tensor) -> Tensor:
-            if grad is not None:
-                g = ravel(layout(state.best_params), grad).expand_as(direction)
-                usable = torch.ones_like(known)
+            if given is not None:
+                g, usable = given.expand_as(direction), torch.ones_like(known)
             else:
                 g = state.grads.index_select(0, source)
                 usable = state.grad_known.index_select(0, source) & known
             return _mix(direction, g, usable, state.grad_mask, hp.gradient_weight, static.sign)
 
         def start_aux(source: Tensor, known: Tensor):
-            return None if grad is not None else state.grads.index_select(0, source)
+            return None if given is not None else state.grads.index_select(0, source)
 
-        return adaptive_plan(state, static, steer, start_aux)
+        return adaptive_plan(state, static, steer, start_aux)._replace(given=given)
 
-    def assemble(state: HybridBFOState, plan: Plan, result: SwimResult,
-                 grad: Params | None) -> HybridBFOState:
+    def assemble(state: HybridBFOState, plan: Plan, result: SwimResult) -> HybridBFOState:
         hp, dtype, mask = state.hyperparams, state.losses.dtype, state.grad_mask
         step = adaptive_fields(state, static, plan, result)
         fields: dict[str, Any] = dict(step.fields, hyperparams=hp)
-        if grad is not None:  # the caller's gradient: the state's are kept
-            seen, grads, finite = ravel(layout(state.best_params), grad).expand_as(
-                state.grads), state.grads, state.grad_known
+        if plan.given is not None:  # the caller's gradient: the state's are kept
+            seen, grads, finite = plan.given.expand_as(state.grads), state.grads, state.grad_known
         else:  # gradients at the final positions (sign: of the loss as given)
             seen, new = step.aux, torch.nan_to_num(step.aux, 0.0, 0.0, 0.0)
             finite = torch.isfinite(step.aux).all(dim=1)
@@ -244,42 +243,27 @@ def hybrid_bfo(
         stats = _grad_stats(seen, mask, dtype, vanishing_threshold, exploding_threshold)
         return HybridBFOState(**fields, grads=grads, grad_known=finite, grad_mask=mask, **stats)
 
-    def update_fn(state: HybridBFOState, loss_fn: LossFn, *args: Any,
-                  grad: Params | None = None) -> HybridBFOState:
-        check_state(state, size, HybridBFOState, "hybrid_bfo")
-        dtype, sign, shape = state.losses.dtype, static.sign, layout(state.best_params)
-        if grad is not None:
-            grad = optree.tree_map(lambda g: strided(g.detach()), grad)
+    def evaluation(state: HybridBFOState, plan: Plan, loss_fn: LossFn, args: tuple):
+        return partial(_costs_and_grads, loss_fn, args, state.grad_mask, plan.shape,
+                       plan.given is not None, evaluator, chunk_size, static.sign,
+                       state.losses.dtype)
 
-        evaluate = partial(_costs_and_grads, loss_fn, args, state.grad_mask, shape, grad,
-                           evaluator, chunk_size, sign, dtype)
-        steps = plan(state, grad)
-        return assemble(state, steps, steps.swim(evaluate, static.swim_batch), grad)
-
-    def ask_fn(state: HybridBFOState) -> Ask:
-        check_state(state, size, HybridBFOState, "hybrid_bfo")
-        return ask_round(state, plan(state, None))
-
-    def tell_fn(state: HybridBFOState, asked: Ask, losses: Any, *,
-                grads: Params | None = None, check: bool = True) -> HybridBFOState:
-        check_state(state, size, HybridBFOState, "hybrid_bfo")
-        costs = told_costs(state, asked, losses, static.sign, "hybrid_bfo", check)
+    def told_aux(state: HybridBFOState, asked: Ask, *, grads: Params | None = None) -> Tensor:
         # Only the marked leaves take gradients, as update's differentiates through them only.
         given = ravel(layout(state.best_params), told_grads(asked, grads, "hybrid_bfo"))
-        aux = torch.where(state.grad_mask, given, 0.0)
-        steps = plan(state, None)
-        return assemble(state, steps, steps.told(costs, aux), None)
+        return torch.where(state.grad_mask, given, 0.0)
 
-    return Optimizer(init_fn, update_fn, base.maximize, ask_fn, tell_fn)
+    return swim_optimizer("hybrid_bfo", HybridBFOState, size, static.sign, init_fn, plan,
+                          assemble, evaluation, static.swim_batch, told_aux)
 
 
-def _costs_and_grads(loss_fn: LossFn, args: tuple, mask: Tensor, shape: Layout,
-                     grad: Params | None, evaluator: Any, chunk_size: int | None, sign: float,
-                     dtype: torch.dtype, rows: Tensor) -> tuple[Tensor, Tensor | None]:
-    """Costs of ``rows`` and their gradient rows through ``mask`` (None where ``grad`` serves)."""
+def _costs_and_grads(loss_fn: LossFn, args: tuple, mask: Tensor, shape: Layout, given: bool,
+                     evaluator: Any, chunk_size: int | None, sign: float, dtype: torch.dtype,
+                     rows: Tensor) -> tuple[Tensor, Tensor | None]:
+    """Costs of ``rows`` and their gradient rows through ``mask`` (None where given serves)."""
     if evaluator is not None:
         by_rows = getattr(evaluator, "any_structure", False)  # takes rows
-        if grad is not None:
+        if given:
             differentiable = partial(loss_of_row, loss_fn, shape) if by_rows else loss_fn
         elif by_rows:
             differentiable = _differentiable_rows(loss_fn, mask, shape, True)
@@ -291,8 +275,8 @@ def _costs_and_grads(loss_fn: LossFn, args: tuple, mask: Tensor, shape: Layout,
                             f"{type(out).__name__}. The evaluators of "
                             "functional_bfo.evaluate return losses only.")
         losses, grads = out
-        grads = None if grad is not None else grads if by_rows else ravel(shape, grads)
-    elif grad is not None:  # the caller's gradient serves everyone: losses only
+        grads = None if given else grads if by_rows else ravel(shape, grads)
+    elif given:  # the caller's gradient serves everyone: losses only
         with torch.no_grad():
             losses = batched(partial(loss_of_row, loss_fn, shape), rows, args, chunk_size)
         grads = None

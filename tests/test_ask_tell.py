@@ -156,6 +156,19 @@ def test_hybrid_tell_needs_gradients_like_the_candidates():
     assert bool(told.grad_known.all())
 
 
+@pytest.mark.parametrize("name", ["bfo", "adaptive_bfo"])
+def test_variants_without_gradients_refuse_the_hybrids_keywords(name):
+    """They share update and tell with the hybrid, whose grad=/grads= they must not swallow."""
+    opt = getattr(fb, name)(4, swim_length=1)
+    state = opt.init({"x": torch.zeros(2)}, key=fb.random.key(0))
+    with pytest.raises(TypeError, match=rf"{name}.update\(\) got an unexpected keyword "
+                                        "argument 'grad'"):
+        opt.update(state, lambda p: p["x"].square().sum(), grad={"x": torch.ones(2)})
+    with pytest.raises(TypeError, match=rf"{name}.tell\(\) got an unexpected keyword "
+                                        "argument 'grads'"):
+        opt.tell(state, opt.ask(state), torch.zeros(8), grads={"x": torch.ones(8, 2)})
+
+
 @variants
 def test_ask_and_tell_compile_without_graph_breaks_and_vmap_over_states(variant):
     torch.compiler.reset()
