@@ -394,8 +394,8 @@ def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None
     if active is not None:
         known = known & active
 
-    direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
-                                          static.tumble, hp.levy_beta)
+    direction, steps = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
+                                         static.tumble, hp.levy_beta, step_sizes)
     if static.relative_steps:
         direction = box_relative(direction, box)
     if static.metric_rate > 0:
@@ -404,7 +404,7 @@ def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None
         direction = steer(direction, source, known)
     last = torch.where(known, cost, torch.inf)
     stay_aux = None if start_aux is None else start_aux(source, known)
-    steps = step_sizes * length if active is None else step_sizes * length * active
+    steps = steps if active is None else steps * active
     ray = walk(population, direction, steps, known.to(dtype), bounds=box,
                boundary=static.boundary, swims=static.swims, greedy=True, ties=True)
     carry = ray.begin(last, (last, stay_aux), best, sign * state.best_loss)

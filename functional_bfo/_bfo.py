@@ -228,10 +228,10 @@ def bfo(
 
             cost = cost + swarm_cost(population)
 
-        direction, length = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
-                                              tumble, hp.levy_beta)
+        direction, steps = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
+                                             tumble, hp.levy_beta, hp.step_size)
         # An unknown bacterium first evaluates where it stands.
-        ray = walk(population, direction, hp.step_size * length, known.to(dtype), bounds=box,
+        ray = walk(population, direction, steps, known.to(dtype), bounds=box,
                    boundary=boundary, swims=swims, swarm_cost=swarm_cost)
         carry = ray.begin(torch.where(known, cost, torch.inf), None, best,
                           sign * state.best_loss)

@@ -27,17 +27,18 @@ LEVY_MAX_LENGTH = 1e3  # Mantegna's ratio has no finite variance; cap it so f16 
 ORDER_POINTS_FROM = 1 << 16  # elements per point from which points are built in order (after)
 
 
-def tumble_directions(z: Tensor, u: Tensor, v: Tensor, kind: str, levy_beta: Tensor):
-    """Unit directions (rows of ``z`` normalized) and step multipliers (Lévy: Mantegna's)."""
+def tumble_directions(z: Tensor, u: Tensor, v: Tensor, kind: str, levy_beta: Tensor,
+                      step: Tensor) -> tuple[Tensor, Tensor]:
+    """Unit directions (rows of ``z`` normalized) and steps: ``step``, Lévy times Mantegna's."""
     direction = z * torch.rsqrt(z.to(u.dtype).square().sum(1)).unsqueeze(1)
     if kind == "gaussian":
-        return direction, torch.ones_like(u)
+        return direction, step
     beta = levy_beta.to(u.dtype)  # sigma, the scale of Mantegna's numerator normal:
     log_ratio = torch.lgamma(1 + beta) - torch.lgamma((1 + beta) / 2)
     rest = torch.sin(math.pi * beta / 2) / (beta * 2 ** ((beta - 1) / 2))
     sigma = (torch.exp(log_ratio) * rest) ** (1 / beta)
     length = sigma * u.abs() / v.abs() ** (1 / beta)
-    return direction, length.clamp(max=LEVY_MAX_LENGTH)
+    return direction, step * length.clamp(max=LEVY_MAX_LENGTH)
 
 
 def ray_point(population: Tensor, direction: Tensor, distance: Tensor,
@@ -127,15 +128,14 @@ class Plan(NamedTuple):
             candidates = ray.points(along, first)
             raw, aux = evaluate(candidates)
             raw = self.padded(raw)
-            carry = ray.take(carry, along, candidates, raw, aux)
+            carry = ray.take(carry, candidates, raw, aux)
         return ray.finish(carry)
 
     def told(self, costs: Tensor, aux: Any) -> SwimResult:
         """``tell``'s swim: every point's cost (and aux) at once, candidates rebuilt."""
         ray = self.ray
         candidates = ray.points(ray.distances) if ray.swarm_cost is not None else None
-        return ray.finish(ray.take(self.carry, ray.distances, candidates, self.padded(costs),
-                                   aux))
+        return ray.finish(ray.take(self.carry, candidates, self.padded(costs), aux))
 
 
 class SwimCarry(NamedTuple):
@@ -143,7 +143,7 @@ class SwimCarry(NamedTuple):
 
     running: Tensor  # (P,) bool: every point reached so far improved on the one before
     previous: Tensor  # (P,) the compared cost of the last point reached
-    distance: Tensor  # (P,) where it ends along the ray (NaN: where it stands)
+    point: Tensor  # (P,) int64: the point of the ray where it ends (-1: where it stands)
     raw_cost: Tensor  # (P,) there
     cost: Tensor  # (P,) there (raw_cost plus J_cc when swarming)
     aux: Any  # there
@@ -170,7 +170,8 @@ class Ray(NamedTuple):
         """Before the first point: Passino's bacterium arrives there whatever its cost."""
         raw, aux = (torch.full_like(last, torch.inf), None) if stay is None else stay
         return SwimCarry(torch.ones_like(last, dtype=torch.bool), last,
-                         torch.full_like(last, torch.nan), raw, raw, aux, best_params, best_cost)
+                         torch.full_like(last, -1, dtype=torch.int64), raw, raw, aux,
+                         best_params, best_cost)
 
     def points(self, along: Tensor, first: int = 0) -> Tensor:
         """The candidates at ``along`` (G, P), points ``first`` on: G P rows, point-major."""
@@ -179,13 +180,12 @@ class Ray(NamedTuple):
                              self.boundary)
         return self.built[first * along.shape[1]:(first + along.shape[0]) * along.shape[1]]
 
-    def take(self, carry: SwimCarry, along: Tensor, candidates: Params, raw: Tensor,
-             aux: Any) -> SwimCarry:
-        """The carry after the points ``along`` scored ``raw`` (and ``aux``)."""
+    def take(self, carry: SwimCarry, candidates: Params, raw: Tensor, aux: Any) -> SwimCarry:
+        """The carry after the ray's next points scored ``raw`` (and ``aux``)."""
         size = carry.previous.shape[0]
         running, previous = carry.running, carry.previous
-        end = (carry.distance, carry.raw_cost, carry.cost, carry.aux)
-        points = along.shape[0]
+        end = (carry.point, carry.raw_cost, carry.cost, carry.aux)
+        first, points = sum(x.shape[0] for x in carry.seen) // size, raw.shape[0] // size
         for g in range(points):
             point_raw, point_aux = (raw, aux) if points == 1 else point_rows((raw, aux), g, size)
             cost = point_raw
@@ -194,22 +194,27 @@ class Ray(NamedTuple):
             better = cost <= previous if self.ties else cost < previous
             improved = running & better
             ends = improved if self.greedy else running
+            point = torch.where(ends, first + g, end[0])
             if self.swarm_cost is None:  # the compared cost is the raw one: one where for both
-                distance, raw_end, aux_end = where(ends, (along[g], point_raw, point_aux),
-                                                   (end[0], end[1], end[3]))
-                end = (distance, raw_end, raw_end, aux_end)
+                raw_end, aux_end = where(ends, (point_raw, point_aux), (end[1], end[3]))
+                end = (point, raw_end, raw_end, aux_end)
             else:
-                end = where(ends, (along[g], point_raw, cost, point_aux), end)
+                end = (point, *where(ends, (point_raw, cost, point_aux), end[1:]))
             running, previous = improved, cost
         return SwimCarry(running, previous, *end, carry.best_params, carry.best_cost,
                          carry.seen + (raw,))
 
     def finish(self, carry: SwimCarry) -> SwimResult:
         """Where each bacterium ends, and the best: the first of equal costs, point-major."""
-        final = ray_point(self.population, self.direction, carry.distance, self.bounds,
-                          self.boundary)
-        moved = ~torch.isnan(carry.distance)
-        if self.greedy:  # NaN rows (those that stay) are replaced whole
+        size, moved = self.distances.shape[1], carry.point >= 0
+        point = carry.point.clamp_min(0) if self.greedy else carry.point  # Passino's always move
+        if self.built is not None:  # its rows, not the same arithmetic again
+            slots = torch.arange(size, device=point.device)
+            final = self.built.index_select(0, point * size + slots)
+        else:
+            final = ray_point(self.population, self.direction, self.distances.gather(
+                0, point.unsqueeze(0))[0], self.bounds, self.boundary)
+        if self.greedy:  # those that stay keep their rows
             final = where(moved, final, self.population)
         cost, at = first_min(torch.cat(carry.seen) if len(carry.seen) > 1 else carry.seen[0])
         if self.built is not None:
