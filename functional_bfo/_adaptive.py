@@ -203,9 +203,8 @@ def adaptive_bfo(
                  adaptation_rate=adaptation_rate, elimination_prob=elimination_prob,
                  elimination_prob_max=elimination_prob_max, init_scale=init_scale,
                  levy_beta=levy_beta)
-    hyper = {name: check_float(name, value, low, high, low_open=low_open)
-             for name, value in given.items()
-             for low, high, low_open in [AdaptiveBFOHyperparams.RANGES[name]]}
+    hyper = {name: check_float(name, value, *AdaptiveBFOHyperparams.RANGES[name])
+             for name, value in given.items()}
     check_choice("tumble", tumble, TUMBLES)
     check_choice("boundary", boundary, BOUNDARY_MODES)
     check_bool("maximize", maximize)
@@ -221,16 +220,14 @@ def adaptive_bfo(
         start = initial_population(params, key, size, bounds, hyper["init_scale"])
         dtype, device, shape = start.dtype, start.key.device, layout(params)
         if rate > 0 and (n := shape.size) > metric.MAX_METRIC_SIZE:
-            raise ValueError(f"metric_rate={metric_rate} learns a {n} x {n} tumble metric; "
-                             "it is limited to "
-                             f"{metric.MAX_METRIC_SIZE} parameters (n^2 memory, n^3 time per "
-                             "update). Pass metric_rate=0 for isotropic tumbles.")
+            raise ValueError(f"metric_rate={metric_rate} learns a {n} x {n} tumble metric; it "
+                             f"is limited to {metric.MAX_METRIC_SIZE} parameters (n^2 memory, "
+                             "n^3 time per update). Pass metric_rate=0 for isotropic tumbles.")
         box = flat_box(bounds if relative_steps else None, shape, device, torch.float64)
         return per_run(AdaptiveBFOState(
             **start.state_fields(sign, hyper, AdaptiveBFOHyperparams),
-            step_sizes=torch.full((size,), hyper["step_size"], dtype=dtype,
-                                  device=device).clamp(hyper["step_size_min"],
-                                                       hyper["step_size_max"]),
+            step_sizes=torch.full((size,), hyper["step_size"], dtype=dtype, device=device).clamp(
+                hyper["step_size_min"], hyper["step_size_max"]),
             stall=torch.zeros((), dtype=torch.int64, device=device),
             reference_diversity=diversity(start.population, dtype),
             active_size=torch.tensor(size, dtype=torch.int64, device=device),
@@ -317,9 +314,7 @@ def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: 
 
     Returns ``(population, losses, step_sizes, health, active_size, source, dispersed)``.
     """
-    hp, stall, count = state.hyperparams, state.stall, state.active_size
-    reference_diversity = state.reference_diversity
-    size = static.size
+    hp, stall, count, size = state.hyperparams, state.stall, state.active_size, static.size
     if size == 1:  # reproduction copies a lone bacterium, and as the leader it stays
         return (state.population, state.losses, state.step_sizes,
                 torch.where(flag, 0.0, state.health), count, slots,
@@ -331,7 +326,7 @@ def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: 
     step_sizes = state.step_sizes.index_select(0, source)
     health = torch.where(flag, 0.0, state.health)
     cost = static.sign * losses  # NaN where never evaluated
-    spread = diversity(population, dtype) / reference_diversity.clamp_min(1e-30)
+    spread = diversity(population, dtype) / state.reference_diversity.clamp_min(1e-30)
     pressure = torch.maximum(stall.to(dtype) / static.stagnation_steps, 1 - spread).clamp(0, 1)
     p_ed = hp.elimination_prob + (hp.elimination_prob_max - hp.elimination_prob) * pressure
     if varying:  # grow under pressure, shrink while improving; woken slots start afresh

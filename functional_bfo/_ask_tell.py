@@ -137,8 +137,7 @@ def told_costs(state: Any, asked: Any, losses: Any, sign: float, variant: str,
         raise ValueError(f"Invalid losses: shape {tuple(values.shape)}; expected ({rows},), one "
                          "per row of asked.params (rows outside asked.mask are ignored: pass "
                          "anything there, e.g. NaN).")
-    dtype = state.losses.dtype
-    values = values.to(device=state.losses.device, dtype=dtype)
+    values = values.to(device=state.losses.device, dtype=state.losses.dtype)
     if check and not bool((torch.isfinite(values) & asked.mask).any()):  # host read: checking
         warnings.warn(f"functional_bfo: every loss told to {variant}.tell this round is NaN or "
                       "infinite (or the round asked for none), so the search has nothing to "

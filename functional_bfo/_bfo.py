@@ -187,9 +187,8 @@ def bfo(
     given = dict(step_size=step_size, elimination_prob=elimination_prob, init_scale=init_scale,
                  levy_beta=levy_beta, d_attract=d_attract, w_attract=w_attract,
                  h_repel=h_repel, w_repel=w_repel)
-    hyper = {name: check_float(name, value, low, high, low_open=low_open)
-             for name, value in given.items()
-             for low, high, low_open in [BFOHyperparams.RANGES[name]]}
+    hyper = {name: check_float(name, value, *BFOHyperparams.RANGES[name])
+             for name, value in given.items()}
     check_choice("tumble", tumble, TUMBLES)
     check_choice("boundary", boundary, BOUNDARY_MODES)
     check_bool("swarming", swarming)

@@ -9,10 +9,6 @@ import optree
 import torch
 from torch import Tensor
 
-EMPTY_PARAMS_MSG = (
-    "params is an empty pytree; BFO needs at least one floating tensor leaf, "
-    "e.g. {'w': torch.zeros(3)}."
-)
 LOSS_SHAPE_MSG = (
     "loss_fn must return one floating scalar (a 0-d tensor) per set of parameters; "
     "got {what}. Reduce it, e.g. with .mean() or .sum()."
@@ -31,9 +27,8 @@ def check_int(name: str, value: Any, minimum: int) -> int:
     return value
 
 
-def check_float(
-    name: str, value: Any, low: float, high: float = math.inf, *, low_open: bool = False
-) -> float:
+def check_float(name: str, value: Any, low: float, high: float = math.inf,
+                low_open: bool = False) -> float:
     """``value`` as a finite float in ``[low, high]`` (``(low, high]`` with ``low_open``)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if ok:
@@ -69,7 +64,8 @@ def check_params(params: Any) -> tuple[list[Tensor], optree.PyTreeSpec]:
     """The leaves and treespec of ``params``: non-empty, floating, finite, on one device."""
     paths, leaves, _ = optree.tree_flatten_with_path(params, none_is_leaf=True)
     if not leaves:
-        raise ValueError(EMPTY_PARAMS_MSG)
+        raise ValueError("params is an empty pytree; BFO needs at least one floating tensor "
+                         "leaf, e.g. {'w': torch.zeros(3)}.")
     for path, leaf in zip(paths, leaves):
         if leaf is None:
             raise TypeError(f"Expected a tensor leaf, got None at {path_str(path)}; drop the "
@@ -105,6 +101,17 @@ def check_losses(losses: Any, population_size: int) -> Tensor:
     if not losses.dtype.is_floating_point:
         raise TypeError(LOSS_SHAPE_MSG.format(what=f"dtype {losses.dtype}") + INTEGER_LOSS_MSG)
     return losses
+
+
+def check_loss(loss: Any) -> Tensor:
+    """``loss`` if it is one floating scalar (a 0-d tensor), else a TypeError/ValueError."""
+    if not isinstance(loss, Tensor):
+        raise TypeError(LOSS_TYPE_MSG.format(what=f"{type(loss).__name__} {loss!r:.60}"))
+    if loss.dim() != 0:
+        raise ValueError(LOSS_SHAPE_MSG.format(what=f"shape {tuple(loss.shape)}"))
+    if not loss.dtype.is_floating_point:
+        raise TypeError(LOSS_SHAPE_MSG.format(what=f"dtype {loss.dtype}") + INTEGER_LOSS_MSG)
+    return loss
 
 
 def compute_dtype(leaves: list[Tensor]) -> torch.dtype:

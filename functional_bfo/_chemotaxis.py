@@ -62,19 +62,10 @@ class SwimResult(NamedTuple):
     moved: Tensor  # (P,) bool: the bacterium left where it stood
 
 
-def walk(
-    population: Tensor,
-    direction: Tensor,
-    step_length: Tensor,
-    start: Tensor,
-    *,
-    bounds: LeafBounds | None,
-    boundary: str,
-    swims: int,
-    swarm_cost: Callable[[Params], Tensor] | None = None,
-    greedy: bool = False,
-    ties: bool = False,
-) -> Ray:
+def walk(population: Tensor, direction: Tensor, step_length: Tensor, start: Tensor, *,
+         bounds: LeafBounds | None, boundary: str, swims: int,
+         swarm_cost: Callable[[Params], Tensor] | None = None, greedy: bool = False,
+         ties: bool = False) -> Ray:
     """The ray ``theta + (start + k) C phi``, ``k = 0 .. swims``, with its swim rule.
 
     Passino's bacterium ends at the last point reached (each one before improved); ``greedy``
@@ -103,11 +94,10 @@ class Plan(NamedTuple):
 
     def needed(self) -> Tensor:
         """(N_s + 1) P bools, point-major: the candidates whose loss the update reads."""
-        rows = self.ray.distances.shape[0]
         if self.active is None:
             return torch.ones(self.ray.distances.numel(), dtype=torch.bool,
                               device=self.ray.distances.device)
-        return self.active.repeat(rows)
+        return self.active.repeat(self.ray.distances.shape[0])
 
     def padded(self, costs: Tensor) -> Tensor:
         """``costs`` of stacked points, the padding rows at +inf (their aux is never read)."""

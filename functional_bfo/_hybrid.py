@@ -20,14 +20,7 @@ from ._adaptive import (
 from ._ask_tell import Ask, swim_optimizer, told_grads
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import LeafBounds
-from ._checks import (
-    INTEGER_LOSS_MSG,
-    LOSS_SHAPE_MSG,
-    LOSS_TYPE_MSG,
-    check_float,
-    check_int,
-    check_losses,
-)
+from ._checks import check_float, check_int, check_loss, check_losses
 from ._chemotaxis import Plan, SwimResult, loss_of_row, rank_costs
 from ._layout import Layout, layout, ravel, strided, unravel
 from ._population import per_run
@@ -186,20 +179,18 @@ def hybrid_bfo(
         raise TypeError("hybrid_bfo got metric_rate=: its tumbles follow the gradients, not a "
                         "learned metric. For a learned metric use fb.adaptive_bfo.")
     base = adaptive_bfo(population_size, **adaptive_kwargs)  # validates the rest
-    size = population_size
-    static = adaptive_static(base)
+    size, static = population_size, adaptive_static(base)
 
     def init_fn(params: Params, *, key: Key) -> HybridBFOState:
         state = base.init(params, key=key)
         device, dtype = state.losses.device, state.losses.dtype
         hp = HybridBFOHyperparams(**state.hyperparams._asdict(), **{
             k: torch.tensor(v, dtype=dtype, device=device) for k, v in mix.items()})
-        mask = _mask_row(params, grad_mask)
         return per_run(HybridBFOState(
             **{k: v for k, v in state._asdict().items() if k not in ("hyperparams", "metric")},
             grads=torch.zeros_like(state.population),
             grad_known=torch.zeros(size, dtype=torch.bool, device=device),
-            grad_mask=mask,
+            grad_mask=_mask_row(params, grad_mask),
             grad_norms=torch.full((size,), torch.nan, dtype=dtype, device=device),
             grad_nonfinite=torch.zeros((), dtype=torch.int64, device=device),
             grad_vanishing=torch.zeros((), dtype=torch.int64, device=device),
@@ -346,14 +337,7 @@ def _differentiable(loss_fn: LossFn, masks: Params, by_evaluator: bool = False) 
 
 def _checked(out: Any, by_evaluator: bool = False) -> Tensor:
     """``out`` if it is one floating scalar carrying a gradient, else a clear error."""
-    if not isinstance(out, Tensor):
-        raise TypeError(LOSS_TYPE_MSG.format(what=f"{type(out).__name__} {out!r:.60}"))
-    if out.dim() != 0:
-        raise ValueError(LOSS_SHAPE_MSG.format(
-            what=f"a {out.dtype} tensor of shape {tuple(out.shape)}"))
-    if not out.dtype.is_floating_point:  # as check_losses says it for the other variants
-        raise TypeError(LOSS_SHAPE_MSG.format(what=f"dtype {out.dtype}") + INTEGER_LOSS_MSG)
-    if not out.requires_grad:
+    if not check_loss(out).requires_grad:
         raise ValueError(NOT_DIFFERENTIABLE_MSG + (EVALUATOR_GRADS_MSG if by_evaluator else ""))
     return out
 
@@ -381,9 +365,6 @@ def _grad_stats(grads: Tensor, mask: Tensor, dtype: torch.dtype, vanishing: floa
     """Gradient telemetry of a population of gradients (P, D), as tensors (no host sync)."""
     masked = torch.where(mask, grads.to(dtype), 0.0)
     norms = torch.linalg.vector_norm(masked, dim=1)
-    nonfinite = (~torch.isfinite(masked)).sum()
-    return dict(grad_norms=norms,
-                grad_nonfinite=nonfinite,
-                grad_vanishing=(norms < vanishing).sum(),
-                grad_exploding=(norms > exploding).sum())
+    return dict(grad_norms=norms, grad_nonfinite=(~torch.isfinite(masked)).sum(),
+                grad_vanishing=(norms < vanishing).sum(), grad_exploding=(norms > exploding).sum())
 

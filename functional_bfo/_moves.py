@@ -30,8 +30,7 @@ def kicked(state: AdaptiveBFOState, box: LeafBounds | None, jitter: float,
     kick = project(x + (jitter * box_relative(z, box)).to(x.dtype), box, "clip")
     redrawn = sample_domain(kick, z.to(x.dtype), box, x.new_zeros(()))
     moved = torch.where(redraw, redrawn, torch.where(odd[:, None], x, kick))
-    return state._replace(population=moved,
-                          losses=torch.full_like(state.losses, torch.nan),
+    return state._replace(population=moved, losses=torch.full_like(state.losses, torch.nan),
                           step_sizes=state.step_sizes.clamp_min(3 * jitter))
 
 

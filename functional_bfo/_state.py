@@ -154,9 +154,9 @@ def with_start_loss(state: State, loss: Any, grad: Any = None) -> State:
         raise ValueError(f"Invalid loss: {loss!r}; expected one real number.")
     value = value.to(losses.dtype).to(losses.device).reshape(())
     finite = torch.isfinite(value)
+    first = (torch.tensor(0, device=losses.device),)  # bacterium 0, as index_put takes it
     fields = {
-        "losses": losses.index_put((torch.tensor(0, device=losses.device),),
-                                   torch.where(finite, value, torch.nan)),
+        "losses": losses.index_put(first, torch.where(finite, value, torch.nan)),
         "best_loss": torch.where(finite, value, state.best_loss),
         "num_evals": state.num_evals + 1,
     }
@@ -171,10 +171,8 @@ def with_start_loss(state: State, loss: Any, grad: Any = None) -> State:
                                  f"has {tuple(want)}; pass a gradient like params.")
         row = ravel(shape, shape.spec.unflatten(given)).to(state.grads.device)
         known = torch.isfinite(row).all() & finite
-        fields["grads"] = state.grads.index_put((torch.tensor(0, device=losses.device),),
-                                                torch.nan_to_num(row, 0.0, 0.0, 0.0))
-        fields["grad_known"] = state.grad_known.index_put(
-            (torch.tensor(0, device=losses.device),), known)
+        fields["grads"] = state.grads.index_put(first, torch.nan_to_num(row, 0.0, 0.0, 0.0))
+        fields["grad_known"] = state.grad_known.index_put(first, known)
     return state._replace(**fields)
 
 

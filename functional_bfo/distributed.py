@@ -118,10 +118,9 @@ class Sharded:
 
     def local(self, loss_fn: LossFn, population: Params, args: tuple) -> tuple[Tensor, Any]:
         """This rank's losses (and gradients, or None) of ``population``, checked."""
-        count = optree.tree_leaves(population)[0].shape[0]
-        if count == 0:  # more ranks than candidates: nothing to score here
-            empty = optree.tree_map(lambda x: x[:0], population)
-            return optree.tree_leaves(population)[0].new_empty(0), empty if self.grads else None
+        leaf = optree.tree_leaves(population)[0]
+        if leaf.shape[0] == 0:  # more ranks than candidates: nothing to score here
+            return leaf.new_empty(0), population if self.grads else None  # grads: the empty rows
         if self.inner is not None:
             out = self.inner(loss_fn, population, *args)
             losses, grads = out if self.grads else (out, None)
@@ -130,7 +129,7 @@ class Sharded:
                                     self.chunk_size)
         else:
             grads, losses = None, batched(loss_fn, population, args, self.chunk_size)
-        return check_losses(losses, count), grads
+        return check_losses(losses, leaf.shape[0]), grads
 
     def __call__(self, loss_fn: LossFn, population: Params, *args: Any):
         """Every candidate's loss (and gradient), the same on every rank."""
@@ -168,16 +167,12 @@ class DataParallel(Sharded):
         parts = [losses.to(torch.float64)] + [g.to(torch.float64).reshape(-1) for g in leaves]
         flat = torch.cat(parts + [losses.new_ones(1, dtype=torch.float64)]) * self.weight
         _collective(lambda: dist.all_reduce(flat, group=self.group), self.group, "losses")
-        flat = flat[:-1] / flat[-1]
-        losses, rest = flat[:size], flat[size:]
+        losses, *rest = (flat[:-1] / flat[-1]).split([size] + [g.numel() for g in leaves])
         if not self.grads:
             return losses
-        out, offset = [], 0
-        for g in leaves:
-            out.append(rest[offset:offset + g.numel()].reshape(g.shape).to(g.dtype))
-            offset += g.numel()
         assert spec is not None  # self.grads: grads were flattened
-        return losses, spec.unflatten(out)
+        return losses, spec.unflatten([part.reshape(g.shape).to(g.dtype)
+                                       for part, g in zip(rest, leaves)])
 
 
 def check_replicas(state: Any, group: Any = None) -> None:

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ._base import LossFn, Params
-from ._checks import LOSS_SHAPE_MSG, LOSS_TYPE_MSG, check_int, check_losses
+from ._checks import LOSS_TYPE_MSG, check_int, check_loss, check_losses
 
 __all__ = ["Evaluator", "loop", "vmap"]
 
@@ -125,14 +125,8 @@ def loop() -> Evaluator:
 
     def evaluate(loss_fn: LossFn, population: Params, *args: Any) -> Tensor:
         size = _population_size(population)
-        losses = []
-        for i in range(size):
-            loss = loss_fn(optree.tree_map(lambda x, i=i: x[i], population), *args)
-            if not isinstance(loss, Tensor):
-                raise TypeError(LOSS_TYPE_MSG.format(what=f"{type(loss).__name__} {loss!r}"))
-            if loss.dim() != 0:
-                raise ValueError(LOSS_SHAPE_MSG.format(what=f"shape {tuple(loss.shape)}"))
-            losses.append(loss)
+        losses = [check_loss(loss_fn(optree.tree_map(lambda x, i=i: x[i], population), *args))
+                  for i in range(size)]
         return check_losses(torch.stack(losses), size)
 
     evaluate.any_structure = True  # type: ignore[attr-defined]  # see Evaluator

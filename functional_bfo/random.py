@@ -33,18 +33,8 @@ except ImportError:
 if os.environ.get("FUNCTIONAL_BFO_CPU_KERNEL") == "numpy":  # chosen at run time
     _c_module = None
 
-__all__ = [
-    "CPU_KERNEL",
-    "bits",
-    "fold_in",
-    "key",
-    "normal",
-    "normal_rows",
-    "split",
-    "threefry2x32",
-    "tree_normal_like",
-    "uniform",
-]
+__all__ = ["CPU_KERNEL", "bits", "fold_in", "key", "normal", "normal_rows", "split", "threefry2x32",
+           "tree_normal_like", "uniform"]
 
 _MASK32 = 0xFFFFFFFF
 _SQRT2 = math.sqrt(2.0)
@@ -295,13 +285,8 @@ def _words_per_value(dtype: torch.dtype) -> int:
     return 2 if dtype == torch.float64 else 1
 
 
-def uniform(
-    key: Tensor,
-    shape: tuple[int, ...] = (),
-    dtype: torch.dtype = torch.float32,
-    low: float | Tensor = 0.0,
-    high: float | Tensor = 1.0,
-) -> Tensor:
+def uniform(key: Tensor, shape: tuple[int, ...] = (), dtype: torch.dtype = torch.float32,
+            low: float | Tensor = 0.0, high: float | Tensor = 1.0) -> Tensor:
     """Uniform samples in ``[low, high)`` of the given shape and floating dtype.
 
     Python number bounds are checked (finite, ``low <= high``); tensor bounds are not,

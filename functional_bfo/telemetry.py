@@ -27,13 +27,11 @@ def metrics(state: Any) -> dict[str, Tensor]:
     losses = state.losses
     finite = torch.isfinite(losses)
     count = finite.sum()
-    nan = torch.full_like(losses, torch.nan)
-    finite_losses = torch.where(finite, losses, nan)
     out = {
         "best_loss": state.best_loss,
         "mean_loss": torch.where(finite, losses, 0).sum() / count.clamp_min(1)
         + torch.where(count > 0, 0.0, torch.nan),
-        "median_loss": finite_losses.nanmedian(),
+        "median_loss": torch.where(finite, losses, torch.nan).nanmedian(),
         "worst_loss": torch.where(finite, losses, -torch.inf).max()
         + torch.where(count > 0, 0.0, torch.nan),
         "nonfinite_losses": (~finite).sum(),
@@ -49,9 +47,7 @@ def metrics(state: Any) -> dict[str, Tensor]:
                    grad_exploding=state.grad_exploding)
     if hasattr(state, "active_size"):
         out["active_size"] = state.active_size
-    steps = getattr(state, "step_sizes", None)
-    if steps is None:
-        steps = state.hyperparams.step_size
+    steps = state.step_sizes if hasattr(state, "step_sizes") else state.hyperparams.step_size
     out.update(step_length_mean=steps.mean(), step_length_min=steps.min(),
                step_length_max=steps.max())
     return out
