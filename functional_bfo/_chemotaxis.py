@@ -196,14 +196,10 @@ class Ray(NamedTuple):
 
     def finish(self, carry: SwimCarry) -> SwimResult:
         """Where each bacterium ends, and the best: the first of equal costs, point-major."""
-        size, moved = self.distances.shape[1], carry.point >= 0
+        moved = carry.point >= 0
         point = carry.point.clamp_min(0) if self.greedy else carry.point  # Passino's always move
-        if self.built is not None:  # its rows, not the same arithmetic again
-            slots = torch.arange(size, device=point.device)
-            final = self.built.index_select(0, point * size + slots)
-        else:
-            final = ray_point(self.population, self.direction, self.distances.gather(
-                0, point.unsqueeze(0))[0], self.bounds, self.boundary)
+        final = ray_point(self.population, self.direction, self.distances.gather(
+            0, point.unsqueeze(0))[0], self.bounds, self.boundary)
         if self.greedy:  # those that stay keep their rows
             final = where(moved, final, self.population)
         cost, at = first_min(torch.cat(carry.seen) if len(carry.seen) > 1 else carry.seen[0])
