@@ -175,7 +175,7 @@ class Ray(NamedTuple):
         size = carry.previous.shape[0]
         running, previous = carry.running, carry.previous
         end = (carry.point, carry.raw_cost, carry.cost, carry.aux)
-        first, points = sum(x.shape[0] for x in carry.seen) // size, raw.shape[0] // size
+        points = raw.shape[0] // size
         for g in range(points):
             point_raw, point_aux = (raw, aux) if points == 1 else point_rows((raw, aux), g, size)
             cost = point_raw
@@ -184,7 +184,7 @@ class Ray(NamedTuple):
             better = cost <= previous if self.ties else cost < previous
             improved = running & better
             ends = improved if self.greedy else running
-            point = torch.where(ends, first + g, end[0])
+            point = end[0] + ends  # ends holds on a prefix of the points: a count
             if self.swarm_cost is None:  # the compared cost is the raw one: one where for both
                 raw_end, aux_end = where(ends, (point_raw, point_aux), (end[1], end[3]))
                 end = (point, raw_end, raw_end, aux_end)
