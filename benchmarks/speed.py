@@ -13,8 +13,10 @@ same function in torch. Ratios are against the fastest BFO peer of the same run.
 from __future__ import annotations
 
 import functools
+import gc
 import importlib.util
 import math
+import statistics
 import time
 
 import numpy as np
@@ -83,6 +85,7 @@ def run_ours(name: str, factory, loss, dim, population, budget, device,
     per_update = (evals0 - init_evals) // 2  # the two warm-up updates
     updates = max(100, math.ceil(budget / per_update))
     bests = []
+    gc.collect()  # the compilers' garbage: a full collection must not land in a timing
     sync(device)
     start = time.perf_counter()
     for _ in range(updates):
@@ -100,6 +103,7 @@ def run_ours(name: str, factory, loss, dim, population, budget, device,
 
 
 def run_adapter(name: str, loss, dim, population, budget, device, fast: bool) -> dict:
+    gc.collect()  # the compilers' garbage: a full collection must not land in a timing
     x = torch.nn.Parameter(torch.zeros(dim, device=device))
     opt = BFO([x], population_size=population, seed=0, reevaluate=False,
               bounds=(-BOXES["rastrigin"], BOXES["rastrigin"]))
@@ -143,6 +147,7 @@ def run_evox(name: str, dim: int, population: int, budget: int, device: str,
     sync(device)
     compile_s = time.perf_counter() - start if compiled else 0.0
     steps, bests = max(100, math.ceil(budget / population)), []
+    gc.collect()  # the compilers' garbage: a full collection must not land in a timing
     start = time.perf_counter()
     for _ in range(steps):
         step()
@@ -156,7 +161,24 @@ def run_evox(name: str, dim: int, population: int, budget: int, device: str,
             "compile_s": compile_s, "history": history}
 
 
+def eager_against_evox(loss, dim: int, population: int, budget: int, device: str,
+                       repeats: int) -> dict:
+    """Eager ``fb.bfo`` and EvoX's eager PSO in turn, ``repeats`` times: one run of each
+    reads 10% apart from the next on a shared machine, the median of the ratios less."""
+    ours, theirs = [], []
+    for _ in range(repeats):
+        for out, row in ((ours, run_ours("fb.bfo eager", fb.bfo, loss, dim, population,
+                                         budget, device, None)),
+                         (theirs, run_evox("evox PSO eager", dim, population, budget, device,
+                                           False))):
+            out.append(row["evals"] / row["seconds"])
+    return {"repeats": repeats, "ours": statistics.median(ours),
+            "evox": statistics.median(theirs),
+            "ratio": statistics.median(a / b for a, b in zip(ours, theirs))}
+
+
 def run_peer(name: str, numpy_loss, dim, population, budget) -> dict:
+    gc.collect()  # the compilers' garbage: a full collection must not land in a timing
     out = peers.run_peer(name, numpy_loss, dim, -BOXES["rastrigin"], BOXES["rastrigin"],
                          budget, population, seed=0)
     rate = out["seconds"] / max(out["evals"], 1)  # peers report no clock per evaluation
@@ -228,6 +250,12 @@ def main() -> None:
                   f"{reach} | {r['compile_s']:.1f} |")
     if not bfo_peers:
         md += ["", "No BFO peer is installed (pip install -e \".[bench]\"): no ratios."]
+    if importlib.util.find_spec("evox") is not None:
+        pair = result["eager_against_evox"] = eager_against_evox(
+            loss, dim, population, budget, device, 3 if args.quick else 7)
+        md += ["", f"Eager `fb.bfo` (its defaults) and EvoX's eager PSO in turn, "
+               f"{pair['repeats']} times: medians {pair['ours']:,.0f} and {pair['evox']:,.0f} "
+               f"evaluations/s, median ratio {pair['ratio']:.2f}x."]
     write(args, "speed", result, md)
 
 
