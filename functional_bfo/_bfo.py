@@ -194,64 +194,84 @@ def bfo(
     check_bool("swarming", swarming)
     check_bool("maximize", maximize)
     bounds = check_bounds(bounds)
-    closed, evaluator = is_closed(bounds), check_evaluator(evaluator)
-    sign = -1.0 if maximize else 1.0
+    static = BFOStatic(size, swims, n_c, n_re, swarming, tumble, bounds, boundary,
+                       is_closed(bounds), -1.0 if maximize else 1.0)
 
     def init_fn(params: Params, *, key: Key) -> BFOState:
         start = initial_population(params, key, size, bounds, hyper["init_scale"])
-        return per_run(BFOState(**start.state_fields(sign, hyper, BFOHyperparams)))
+        return per_run(BFOState(**start.state_fields(static.sign, hyper, BFOHyperparams)))
 
-    def plan(state: BFOState) -> Plan:
-        """Reproduction, dispersal and the tumble: the update's swim, before any loss."""
-        hp, dtype, shape = state.hyperparams, state.losses.dtype, layout(state.best_params)
-        box = update_box(state.box, bounds, closed)
-        best = ravel(shape, state.best_params)
-        noise = bacterium_noise(state.key, state.step, size, shape.size, dtype)
+    return swim_optimizer("bfo", BFOState, size, static.sign, init_fn,
+                          lambda state: bfo_plan(state, static),
+                          lambda state, plan, result: bfo_finish(state, static, plan, result),
+                          costs_by(check_evaluator(evaluator), static.sign), swim_batch)
 
-        # Reproduction and elimination–dispersal happen on cycle boundaries, by counter.
-        ends = cycle_ends(state.step, n_c)
-        population, losses, health = reproduce(ends, state.population, state.losses,
-                                               state.health)
-        cost = sign * losses  # NaN where never evaluated
-        population, known = disperse(ends & (state.step % (n_c * n_re) == 0), population,
-                                     ~torch.isnan(cost), noise.coin, noise.place,
-                                     hp.elimination_prob, hp.init_scale, best, box)
 
-        swarm_cost = None
-        if swarming:
-            swarm_sq = population.to(dtype).square().sum(1)
+class BFOStatic(NamedTuple):
+    """The structural (Python) settings of a :func:`bfo` update."""
 
-            def swarm_cost(positions: Tensor) -> Tensor:
-                """J_cc against the population as it stands at the start of the step."""
-                return cell_to_cell(positions, population, swarm_sq, hp, dtype)
+    size: int
+    swims: int
+    chemotaxis_steps: int
+    reproduction_steps: int
+    swarming: bool
+    tumble: str
+    bounds: Any
+    boundary: str
+    closed: bool  # every side of the box is finite (is_closed)
+    sign: float
 
-            cost = cost + swarm_cost(population)
 
-        direction, steps = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
-                                             tumble, hp.levy_beta, hp.step_size)
-        # An unknown bacterium first evaluates where it stands.
-        ray = walk(population, direction, steps, known.to(dtype), bounds=box,
-                   boundary=boundary, swims=swims, swarm_cost=swarm_cost)
-        carry = ray.begin(torch.where(known, cost, torch.inf), None, best,
-                          sign * state.best_loss)
-        return Plan(ray, carry, None, health, shape)
+def bfo_plan(state: BFOState, static: BFOStatic) -> Plan:
+    """Reproduction, dispersal and the tumble: the update's swim, before any loss."""
+    hp, dtype, shape = state.hyperparams, state.losses.dtype, layout(state.best_params)
+    box = update_box(state.box, static.bounds, static.closed)
+    best = ravel(shape, state.best_params)
+    noise = bacterium_noise(state.key, state.step, static.size, shape.size, dtype)
 
-    def assemble(state: BFOState, plan: Plan, result: SwimResult) -> BFOState:
-        return BFOState(
-            population=result.population,
-            losses=sign * result.raw_cost,
-            health=plan.keep + result.cost,
-            best_params=unravel(plan.shape, result.best_params),
-            best_loss=sign * result.best_cost,
-            key=state.key,
-            step=state.step + 1,
-            num_evals=state.num_evals + size * (swims + 1),
-            box=state.box,
-            hyperparams=state.hyperparams,
-        )
+    # Reproduction and elimination–dispersal happen on cycle boundaries, by counter.
+    n_c, n_re = static.chemotaxis_steps, static.reproduction_steps
+    ends = cycle_ends(state.step, n_c)
+    population, losses, health = reproduce(ends, state.population, state.losses, state.health)
+    cost = static.sign * losses  # NaN where never evaluated
+    population, known = disperse(ends & (state.step % (n_c * n_re) == 0), population,
+                                 ~torch.isnan(cost), noise.coin, noise.place,
+                                 hp.elimination_prob, hp.init_scale, best, box)
 
-    return swim_optimizer("bfo", BFOState, size, sign, init_fn, plan, assemble,
-                          costs_by(evaluator, sign), swim_batch)
+    swarm_cost = None
+    if static.swarming:
+        swarm_sq = population.to(dtype).square().sum(1)
+
+        def swarm_cost(positions: Tensor) -> Tensor:
+            """J_cc against the population as it stands at the start of the step."""
+            return cell_to_cell(positions, population, swarm_sq, hp, dtype)
+
+        cost = cost + swarm_cost(population)
+
+    direction, steps = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
+                                         static.tumble, hp.levy_beta, hp.step_size)
+    # An unknown bacterium first evaluates where it stands.
+    ray = walk(population, direction, steps, known.to(dtype), bounds=box,
+               boundary=static.boundary, swims=static.swims, swarm_cost=swarm_cost)
+    carry = ray.begin(torch.where(known, cost, torch.inf), None, best,
+                      static.sign * state.best_loss)
+    return Plan(ray, carry, None, health, shape)
+
+
+def bfo_finish(state: BFOState, static: BFOStatic, plan: Plan, result: SwimResult) -> BFOState:
+    """The state after the swim: where each bacterium ended, its health, the counters."""
+    return BFOState(
+        population=result.population,
+        losses=static.sign * result.raw_cost,
+        health=plan.keep + result.cost,
+        best_params=unravel(plan.shape, result.best_params),
+        best_loss=static.sign * result.best_cost,
+        key=state.key,
+        step=state.step + 1,
+        num_evals=state.num_evals + static.size * (static.swims + 1),
+        box=state.box,
+        hyperparams=state.hyperparams,
+    )
 
 
 def cell_to_cell(positions: Tensor, swarm: Tensor, swarm_sq: Tensor, hp: BFOHyperparams,
