@@ -124,9 +124,7 @@ def reproduction_index(health: Tensor, reproduce: Tensor, active: Tensor | None 
         return torch.where(reproduce, order.index_select(0, slots % (size - size // 2)), slots)
     inside = slots < active
     order = torch.argsort(torch.where(inside, health, torch.inf), stable=True)
-    kept = active - active // 2
-    copy = (slots - kept).clamp_min(0)
-    split = torch.where(slots < kept, order, order[copy])
+    split = order.index_select(0, slots % (active - active // 2))  # as above, over n slots
     return torch.where(reproduce & inside, split, slots)
 
 

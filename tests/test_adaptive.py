@@ -6,9 +6,12 @@ import statistics
 import pytest
 import torch
 from helpers import assert_trees_equal, population
+from hypothesis import given
+from hypothesis import strategies as st
 
 import functional_bfo as fb
 from functional_bfo._adaptive import at_step
+from functional_bfo._population import reproduction_index
 
 
 def sq(p):
@@ -332,3 +335,20 @@ def test_run_eager_is_a_loop_of_updates_and_other_optimizers_are_their_own():
     assert_trees_equal(fb.run(opt, state, sq, max_steps=11), looped)
     plain = fb.bfo(4)
     assert at_step(plain, 1) is plain
+
+
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=12), st.data())
+def test_reproduction_over_the_active_slots_matches_a_slow_reference(healths, data):
+    """The healthiest half of the first n slots survives and is copied onto the rest of them,
+    ties by slot; slots past n keep themselves (ints as health, so ties happen)."""
+    size = len(healths)
+    active = data.draw(st.integers(1, size))
+    ranked = sorted(range(active), key=lambda i: (healths[i], i))
+    kept = active - active // 2
+    want = [ranked[s] if s < kept else ranked[s - kept] if s < active else s
+            for s in range(size)]
+    health = torch.tensor(healths, dtype=torch.float32)
+    got = reproduction_index(health, torch.tensor(True), torch.tensor(active))
+    assert got.tolist() == want
+    idle = reproduction_index(health, torch.tensor(False), torch.tensor(active))
+    assert idle.tolist() == list(range(size))
