@@ -1,11 +1,13 @@
 """fb.run in eager against a plain loop of ``opt.update``: the same updates, side by side.
 
 ``fb.run`` knows each update's step on the host, so where no reproduction cycle ends it
-calls the adaptive update built without the masked cycle events (``_adaptive.at_step``):
+calls the variant's update built without the masked cycle events (``_cycle.at_step``):
 bitwise the same states. This times ``fb.run(opt, state, loss, max_steps=N)`` against
 ``N`` calls of ``opt.update`` from the same state, one right after the other per repeat;
 the ratio is the median of per-repeat ratios (run / loop). Shifted Rastrigin plus 100 in a box,
-whole reproduction cycles (``chemotaxis_steps=10``, 30 updates).
+30 updates from a fresh state: three whole cycles of the adaptive variants
+(``chemotaxis_steps=10``), none of ``bfo``'s (100). ``hybrid_bfo`` takes gradients on
+every coordinate (``grad_mask=True``).
 
     python benchmarks/run_driver.py [--quick] [--device cuda]
 """
@@ -22,7 +24,7 @@ import functional_bfo as fb
 
 OFFSET = 100.0  # a user's loss has no minimum at 0
 CASES = [("adaptive_bfo", 8, 10), ("adaptive_bfo", 32, 10), ("adaptive_bfo", 256, 30),
-         ("bfo", 32, 10), ("bfo", 256, 30)]
+         ("bfo", 32, 10), ("bfo", 256, 30), ("hybrid_bfo", 32, 10), ("hybrid_bfo", 256, 30)]
 
 
 def rastrigin(dim: int, device: str):
@@ -37,7 +39,8 @@ def rastrigin(dim: int, device: str):
 
 def case(variant: str, population: int, dim: int, updates: int, repeats: int,
          device: str) -> dict:
-    opt = getattr(fb, variant)(population, bounds=(-5.12, 5.12))
+    extra = dict(grad_mask=True) if variant == "hybrid_bfo" else {}
+    opt = getattr(fb, variant)(population, bounds=(-5.12, 5.12), **extra)
     loss = rastrigin(dim, device)
     state = opt.init({"x": torch.zeros(dim, device=device)}, key=fb.random.key(0))
 
@@ -67,7 +70,8 @@ def main() -> None:
           f"{args.device})", "",
           f"Machine: {machine(args.device)}", "",
           f"Shifted Rastrigin plus {OFFSET:g} in [-5.12, 5.12], default settings, {updates} "
-          "updates from a fresh state (whole cycles of 10), eager; medians of per-repeat "
+          "updates from a fresh state (whole cycles of the adaptive variants' 10), eager; "
+          "hybrid_bfo with grad_mask=True; medians of per-repeat "
           "times and ratios.",
           "", "| variant | P | D | loop ms/update | run ms/update | run / loop | bitwise same |",
           "|---|---|---|---|---|---|---|"]

@@ -6,6 +6,7 @@ After Chen, Zhu & Hu, "Adaptive Bacterial Foraging Optimization", 2011.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -26,7 +27,7 @@ from ._bounds import (
 )
 from ._checks import check_bool, check_choice, check_float, check_int
 from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_by, tumble_directions, walk
-from ._cycle import cycle_ends
+from ._cycle import cycle_ends, with_twin
 from ._layout import layout, ravel, unravel
 from ._population import bacterium_noise, initial_population, per_run, reproduction_index
 from ._tree import diversity, first_min, where
@@ -239,39 +240,29 @@ def adaptive_bfo(
 
 
 def _optimizer(static: AdaptiveStatic, init: Any, evaluator: Evaluator) -> Optimizer:
-    """The optimizer of ``static``'s settings, starting from ``init``."""
+    """The optimizer of ``static``'s settings, starting from ``init``, and its twin."""
 
-    def finish(state: AdaptiveBFOState, plan: Plan, result: SwimResult) -> AdaptiveBFOState:
-        """The new fields, and the metric learned from the tumbles that moved a known bacterium."""
-        step, learned = adaptive_fields(state, static, plan, result), state.metric
-        if static.metric_rate > 0:  # in float64, each side cast first, as the metric sees it
-            steps = (step.fields["population"].to(torch.float64)
-                     - state.population.index_select(0, step.source).to(torch.float64))
-            learned = metric.learn(state.metric, steps, step.known & (steps != 0).any(dim=1),
-                                   static.metric_rate, step.known)
-        return AdaptiveBFOState(**step.fields, metric=learned)
-
-    opt = swim_optimizer("adaptive_bfo", AdaptiveBFOState, static.size, static.sign, init,
-                         lambda state: adaptive_plan(state, static), finish,
-                         costs_by(evaluator, static.sign), static.swim_batch)
-    opt.update.static = static  # type: ignore[attr-defined]  # read by adaptive_static
-    if static.cycles:  # read by at_step
-        opt.update.between = _optimizer(  # type: ignore[attr-defined]
-            static._replace(cycles=False), init, evaluator)
-    return opt
-
-
-def at_step(opt: Optimizer, step: int) -> Optimizer:
-    """``opt``, or where no cycle ends at ``step`` its twin without the masked cycle events.
-
-    For a driver that knows the step on the host (``run``, the black box): bitwise the same
-    update, without the events that fire one update in ``chemotaxis_steps`` (58 of a
-    learning black-box swarm's 195 ops). Optimizers other than :func:`adaptive_bfo`'s: ``opt``.
-    """
-    between = getattr(opt.update, "between", None)
-    if between is None or step > 0 and step % adaptive_static(opt).chemotaxis_steps == 0:
+    def build(cycles: bool) -> Optimizer:
+        steps = static._replace(cycles=cycles)
+        opt = swim_optimizer("adaptive_bfo", AdaptiveBFOState, static.size, static.sign, init,
+                             partial(adaptive_plan, static=steps), partial(adaptive_finish, steps),
+                             costs_by(evaluator, static.sign), static.swim_batch)
+        opt.update.static = steps  # type: ignore[attr-defined]  # read by adaptive_static
         return opt
-    return between
+
+    return with_twin(build, static.chemotaxis_steps)
+
+
+def adaptive_finish(static: AdaptiveStatic, state: AdaptiveBFOState, plan: Plan,
+                    result: SwimResult) -> AdaptiveBFOState:
+    """The new fields, and the metric learned from the tumbles that moved a known bacterium."""
+    step, learned = adaptive_fields(state, static, plan, result), state.metric
+    if static.metric_rate > 0:  # in float64, each side cast first, as the metric sees it
+        steps = (step.fields["population"].to(torch.float64)
+                 - state.population.index_select(0, step.source).to(torch.float64))
+        learned = metric.learn(state.metric, steps, step.known & (steps != 0).any(dim=1),
+                               static.metric_rate, step.known)
+    return AdaptiveBFOState(**step.fields, metric=learned)
 
 
 class AdaptiveStatic(NamedTuple):

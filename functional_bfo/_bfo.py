@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -13,7 +14,7 @@ from ._base import Key, Optimizer, Params
 from ._bounds import BOUNDARY_MODES, LeafBounds, check_bounds, is_closed, update_box
 from ._checks import check_bool, check_choice, check_float, check_int
 from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_by, tumble_directions, walk
-from ._cycle import cycle_ends
+from ._cycle import cycle_ends, with_twin
 from ._layout import layout, ravel, unravel
 from ._population import bacterium_noise, disperse, initial_population, per_run, reproduce
 from .evaluate import Evaluator, check_evaluator
@@ -201,10 +202,10 @@ def bfo(
         start = initial_population(params, key, size, bounds, hyper["init_scale"])
         return per_run(BFOState(**start.state_fields(static.sign, hyper, BFOHyperparams)))
 
-    return swim_optimizer("bfo", BFOState, size, static.sign, init_fn,
-                          lambda state: bfo_plan(state, static),
-                          lambda state, plan, result: bfo_finish(state, static, plan, result),
-                          costs_by(check_evaluator(evaluator), static.sign), swim_batch)
+    evaluation = costs_by(check_evaluator(evaluator), static.sign)
+    return with_twin(lambda cycles: swim_optimizer(
+        "bfo", BFOState, size, static.sign, init_fn, partial(bfo_plan, static._replace(
+            cycles=cycles)), partial(bfo_finish, static), evaluation, swim_batch), n_c)
 
 
 class BFOStatic(NamedTuple):
@@ -220,9 +221,10 @@ class BFOStatic(NamedTuple):
     boundary: str
     closed: bool  # every side of the box is finite (is_closed)
     sign: float
+    cycles: bool = True  # False: no cycle ends in these updates (at_step)
 
 
-def bfo_plan(state: BFOState, static: BFOStatic) -> Plan:
+def bfo_plan(static: BFOStatic, state: BFOState) -> Plan:
     """Reproduction, dispersal and the tumble: the update's swim, before any loss."""
     hp, dtype, shape = state.hyperparams, state.losses.dtype, layout(state.best_params)
     box = update_box(state.box, static.bounds, static.closed)
@@ -231,12 +233,16 @@ def bfo_plan(state: BFOState, static: BFOStatic) -> Plan:
 
     # Reproduction and elimination–dispersal happen on cycle boundaries, by counter.
     n_c, n_re = static.chemotaxis_steps, static.reproduction_steps
-    ends = cycle_ends(state.step, n_c)
-    population, losses, health = reproduce(ends, state.population, state.losses, state.health)
+    population, losses, health = state.population, state.losses, state.health
+    if static.cycles:  # else the driver knows that no cycle ends here (at_step)
+        ends = cycle_ends(state.step, n_c)
+        population, losses, health = reproduce(ends, population, losses, health)
     cost = static.sign * losses  # NaN where never evaluated
-    population, known = disperse(ends & (state.step % (n_c * n_re) == 0), population,
-                                 ~torch.isnan(cost), noise.coin, noise.place,
-                                 hp.elimination_prob, hp.init_scale, best, box)
+    known = ~torch.isnan(cost)
+    if static.cycles:
+        population, known = disperse(ends & (state.step % (n_c * n_re) == 0), population,
+                                     known, noise.coin, noise.place, hp.elimination_prob,
+                                     hp.init_scale, best, box)
 
     swarm_cost = None
     if static.swarming:
@@ -258,7 +264,7 @@ def bfo_plan(state: BFOState, static: BFOStatic) -> Plan:
     return Plan(ray, carry, None, health, shape)
 
 
-def bfo_finish(state: BFOState, static: BFOStatic, plan: Plan, result: SwimResult) -> BFOState:
+def bfo_finish(static: BFOStatic, state: BFOState, plan: Plan, result: SwimResult) -> BFOState:
     """The state after the swim: where each bacterium ended, its health, the counters."""
     return BFOState(
         population=result.population,

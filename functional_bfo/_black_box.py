@@ -23,12 +23,13 @@ from . import _metric as metric
 from . import _moves as moves
 from . import _walker as walker
 from . import random
-from ._adaptive import AdaptiveBFOState, adaptive_bfo, adaptive_static, at_step
+from ._adaptive import AdaptiveBFOState, adaptive_bfo, adaptive_static
 from ._ask_tell import Ask, check_tag, round_tag, told_costs
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import LeafBounds, check_bounds, flat_box, project, sample_domain
 from ._checks import check_float, check_int, check_losses, check_params, check_state
 from ._chemotaxis import rank_costs
+from ._cycle import at_step
 from ._layout import Layout, layout, ravel, unravel
 from ._run import _info, _reporter
 from ._state import with_hyperparams

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from ._adaptive import (
     AdaptiveBFOHyperparams,
+    AdaptiveStatic,
     adaptive_bfo,
     adaptive_fields,
     adaptive_plan,
@@ -22,6 +23,7 @@ from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import LeafBounds
 from ._checks import check_float, check_int, check_loss, check_losses
 from ._chemotaxis import Plan, SwimResult, loss_of_row, rank_costs
+from ._cycle import with_twin
 from ._layout import Layout, layout, ravel, strided, unravel
 from ._population import per_run
 from .evaluate import batched, check_evaluator
@@ -198,86 +200,99 @@ def hybrid_bfo(
             hyperparams=hp,
         ))
 
-    def plan(state: HybridBFOState, grad: Params | None = None) -> Plan:
-        """The adaptive plan, its tumbles bent toward each bacterium's gradient (or ``grad``)."""
-        hp, given = state.hyperparams, None
-        if grad is not None:  # the caller's, at the best params: every bacterium follows it
-            given = ravel(layout(state.best_params),
-                          optree.tree_map(lambda g: strided(g.detach()), grad))
+    def build(cycles: bool) -> Optimizer:
+        steps, limits = static._replace(cycles=cycles), (vanishing_threshold, exploding_threshold)
+        return swim_optimizer("hybrid_bfo", HybridBFOState, size, static.sign, init_fn,
+                              partial(hybrid_plan, steps), partial(hybrid_finish, steps, limits),
+                              partial(hybrid_evaluation, evaluator, chunk_size, static.sign),
+                              static.swim_batch, told_aux)
 
-        def steer(direction: Tensor, source: Tensor, known: Tensor) -> Tensor:
-            if given is not None:
-                g, usable = given.expand_as(direction), torch.ones_like(known)
-            else:
-                g = state.grads.index_select(0, source)
-                usable = state.grad_known.index_select(0, source) & known
-            return _mix(direction, g, usable, state.grad_mask, hp.gradient_weight, static.sign)
-
-        def start_aux(source: Tensor, known: Tensor):
-            return None if given is not None else state.grads.index_select(0, source)
-
-        return adaptive_plan(state, static, steer, start_aux)._replace(given=given)
-
-    def assemble(state: HybridBFOState, plan: Plan, result: SwimResult) -> HybridBFOState:
-        hp, dtype, mask = state.hyperparams, state.losses.dtype, state.grad_mask
-        step = adaptive_fields(state, static, plan, result)
-        fields: dict[str, Any] = dict(step.fields, hyperparams=hp)
-        if plan.given is not None:  # the caller's gradient: the state's are kept
-            seen, grads, finite = plan.given.expand_as(state.grads), state.grads, state.grad_known
-        else:  # gradients at the final positions (sign: of the loss as given)
-            seen, new = step.aux, torch.nan_to_num(step.aux, 0.0, 0.0, 0.0)
-            finite = torch.isfinite(step.aux).all(dim=1)
-            averaged = hp.momentum * state.grads.index_select(0, step.source) + (
-                1 - hp.momentum) * new
-            known = state.grad_known.index_select(0, step.source) & step.known
-            grads = torch.where(known[:, None], averaged, new)
-        stats = _grad_stats(seen, mask, dtype, vanishing_threshold, exploding_threshold)
-        return HybridBFOState(**fields, grads=grads, grad_known=finite, grad_mask=mask, **stats)
-
-    def evaluation(state: HybridBFOState, plan: Plan, loss_fn: LossFn, args: tuple):
-        return partial(_costs_and_grads, loss_fn, args, state.grad_mask, plan.shape,
-                       plan.given is not None, evaluator, chunk_size, static.sign,
-                       state.losses.dtype)
-
-    def told_aux(state: HybridBFOState, asked: Ask, *, grads: Params | None = None) -> Tensor:
-        # Only the marked leaves take gradients, as update's differentiates through them only.
-        given = ravel(layout(state.best_params), told_grads(asked, grads, "hybrid_bfo"))
-        return torch.where(state.grad_mask, given, 0.0)
-
-    return swim_optimizer("hybrid_bfo", HybridBFOState, size, static.sign, init_fn, plan,
-                          assemble, evaluation, static.swim_batch, told_aux)
+    return with_twin(build, static.chemotaxis_steps)
 
 
-def _costs_and_grads(loss_fn: LossFn, args: tuple, mask: Tensor, shape: Layout, given: bool,
-                     evaluator: Any, chunk_size: int | None, sign: float, dtype: torch.dtype,
-                     rows: Tensor) -> tuple[Tensor, Tensor | None]:
-    """Costs of ``rows`` and their gradient rows through ``mask`` (None where given serves)."""
-    if evaluator is not None:
-        by_rows = getattr(evaluator, "any_structure", False)  # takes rows
-        if given:
-            differentiable = partial(loss_of_row, loss_fn, shape) if by_rows else loss_fn
-        elif by_rows:
-            differentiable = _differentiable_rows(loss_fn, mask, shape, True)
+def hybrid_plan(static: AdaptiveStatic, state: HybridBFOState,
+                grad: Params | None = None) -> Plan:
+    """The adaptive plan, its tumbles bent toward each bacterium's gradient (or ``grad``)."""
+    hp, given = state.hyperparams, None
+    if grad is not None:  # the caller's, at the best params: every bacterium follows it
+        given = ravel(layout(state.best_params), optree.tree_map(lambda g: strided(g.detach()),
+                                                                 grad))
+
+    def steer(direction: Tensor, source: Tensor, known: Tensor) -> Tensor:
+        if given is not None:
+            g, usable = given.expand_as(direction), torch.ones_like(known)
         else:
-            differentiable = _differentiable(loss_fn, unravel(shape, mask), True)
-        out = evaluator(differentiable, rows if by_rows else unravel(shape, rows), *args)
-        if not (isinstance(out, tuple) and len(out) == 2):
-            raise TypeError("hybrid_bfo's evaluator must return (losses, grads); got "
-                            f"{type(out).__name__}. The evaluators of "
-                            "functional_bfo.evaluate return losses only.")
-        losses, grads = out
-        grads = None if given else grads if by_rows else ravel(shape, grads)
-    elif given:  # the caller's gradient serves everyone: losses only
-        with torch.no_grad():
-            losses = batched(partial(loss_of_row, loss_fn, shape), rows, args, chunk_size)
-        grads = None
-    else:  # by the rows: the gradient comes out as rows too
-        grads, losses = batched(torch.func.grad_and_value(_differentiable_rows(
-            loss_fn, mask, shape)), rows, args, chunk_size)
-    # Detached: a loss that touches tensors outside params which require grad (a model's
-    # other weights) must not leave their autograd graph in the state.
-    losses = check_losses(losses, rows.shape[0]).detach().to(dtype)
-    return rank_costs(losses, sign), None if grads is None else grads.detach()
+            g = state.grads.index_select(0, source)
+            usable = state.grad_known.index_select(0, source) & known
+        return _mix(direction, g, usable, state.grad_mask, hp.gradient_weight, static.sign)
+
+    def start_aux(source: Tensor, known: Tensor):
+        return None if given is not None else state.grads.index_select(0, source)
+
+    return adaptive_plan(state, static, steer, start_aux)._replace(given=given)
+
+
+def hybrid_finish(static: AdaptiveStatic, limits: tuple[float, float], state: HybridBFOState,
+                  plan: Plan, result: SwimResult) -> HybridBFOState:
+    """The adaptive fields, and each bacterium's gradient where it ends, averaged."""
+    hp, dtype, mask = state.hyperparams, state.losses.dtype, state.grad_mask
+    step = adaptive_fields(state, static, plan, result)
+    fields: dict[str, Any] = dict(step.fields, hyperparams=hp)
+    if plan.given is not None:  # the caller's gradient: the state's are kept
+        seen, grads, finite = plan.given.expand_as(state.grads), state.grads, state.grad_known
+    else:  # gradients at the final positions (sign: of the loss as given)
+        seen, new = step.aux, torch.nan_to_num(step.aux, 0.0, 0.0, 0.0)
+        finite = torch.isfinite(step.aux).all(dim=1)
+        averaged = hp.momentum * state.grads.index_select(0, step.source) + (
+            1 - hp.momentum) * new
+        known = state.grad_known.index_select(0, step.source) & step.known
+        grads = torch.where(known[:, None], averaged, new)
+    stats = _grad_stats(seen, mask, dtype, *limits)
+    return HybridBFOState(**fields, grads=grads, grad_known=finite, grad_mask=mask, **stats)
+
+
+def told_aux(state: HybridBFOState, asked: Ask, *, grads: Params | None = None) -> Tensor:
+    """``tell``'s gradient rows: only the marked leaves, as ``update`` differentiates."""
+    given = ravel(layout(state.best_params), told_grads(asked, grads, "hybrid_bfo"))
+    return torch.where(state.grad_mask, given, 0.0)
+
+
+def hybrid_evaluation(evaluator: Any, chunk_size: int | None, sign: float, state: HybridBFOState,
+                      plan: Plan, loss_fn: LossFn, args: tuple
+                      ) -> Callable[[Tensor], tuple[Tensor, Tensor | None]]:
+    """Costs of candidate rows, and their gradient rows (None where ``grad=`` serves)."""
+    mask, shape, given, dtype = (state.grad_mask, plan.shape, plan.given is not None,
+                                 state.losses.dtype)
+
+    def evaluate(rows: Tensor) -> tuple[Tensor, Tensor | None]:
+        if evaluator is not None:
+            by_rows = getattr(evaluator, "any_structure", False)  # takes rows
+            if given:
+                differentiable = partial(loss_of_row, loss_fn, shape) if by_rows else loss_fn
+            elif by_rows:
+                differentiable = _differentiable_rows(loss_fn, mask, shape, True)
+            else:
+                differentiable = _differentiable(loss_fn, unravel(shape, mask), True)
+            out = evaluator(differentiable, rows if by_rows else unravel(shape, rows), *args)
+            if not (isinstance(out, tuple) and len(out) == 2):
+                raise TypeError("hybrid_bfo's evaluator must return (losses, grads); got "
+                                f"{type(out).__name__}. The evaluators of "
+                                "functional_bfo.evaluate return losses only.")
+            losses, grads = out
+            grads = None if given else grads if by_rows else ravel(shape, grads)
+        elif given:  # the caller's gradient serves everyone: losses only
+            with torch.no_grad():
+                losses = batched(partial(loss_of_row, loss_fn, shape), rows, args, chunk_size)
+            grads = None
+        else:  # by the rows: the gradient comes out as rows too
+            grads, losses = batched(torch.func.grad_and_value(_differentiable_rows(
+                loss_fn, mask, shape)), rows, args, chunk_size)
+        # Detached: a loss that touches tensors outside params which require grad (a model's
+        # other weights) must not leave their autograd graph in the state.
+        losses = check_losses(losses, rows.shape[0]).detach().to(dtype)
+        return rank_costs(losses, sign), None if grads is None else grads.detach()
+
+    return evaluate
 
 
 def with_grad_mask(state: HybridBFOState, grad_mask: Any) -> HybridBFOState:

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from ._adaptive import at_step
 from ._base import LossFn, Optimizer
 from ._checks import check_bool, check_int
+from ._cycle import at_step
 from ._state import save
 from ._stopping import Stopping
 from .telemetry import materialize, metrics

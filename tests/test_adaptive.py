@@ -5,12 +5,11 @@ import statistics
 
 import pytest
 import torch
-from helpers import assert_trees_equal, population
+from helpers import population
 from hypothesis import given
 from hypothesis import strategies as st
 
 import functional_bfo as fb
-from functional_bfo._adaptive import at_step
 from functional_bfo._population import reproduction_index
 
 
@@ -299,42 +298,6 @@ def test_the_metric_is_in_the_state_only_when_learned_and_limited_in_size():
         fb.adaptive_bfo(4, metric_rate=1.0).init({"x": torch.zeros(2001)}, key=fb.random.key(0))
     with pytest.raises(TypeError, match="hybrid_bfo got metric_rate="):
         fb.hybrid_bfo(4, metric_rate=1.0)
-
-
-@pytest.mark.parametrize("settings", [
-    dict(metric_rate=2.0, bounds=(-1.0, 1.0), relative_steps=True),
-    dict(min_population_size=3, stagnation_steps=2, tumble="levy"),
-    dict(population_size=1, metric_rate=2.0),
-])
-def test_at_step_leaves_out_the_cycle_events_only_where_none_ends(settings):
-    """A driver that knows the step leaves out the masked cycle events: the same states,
-    by update and by ask/tell; where a cycle ends it gets the whole update."""
-    opt = fb.adaptive_bfo(**{"population_size": 8, "chemotaxis_steps": 3,
-                             "elimination_prob": 0.5, **settings})
-    state = opt.init({"x": torch.zeros(4)}, key=fb.random.key(3))
-    for step in range(14):
-        new, picked = opt.update(state, sq), at_step(opt, step)
-        assert (picked is opt) == (step > 0 and step % 3 == 0)
-        assert_trees_equal(picked.update(state, sq), new)
-        asked = picked.ask(state)
-        losses = torch.func.vmap(sq)(asked.params)
-        assert_trees_equal(picked.tell(state, asked, losses), opt.tell(state, asked, losses))
-        if picked is opt:  # left out, the events would be missed: health would not restart
-            assert not torch.equal(opt.update.between.update(state, sq).health, new.health)
-        state = new
-
-
-def test_run_eager_is_a_loop_of_updates_and_other_optimizers_are_their_own():
-    """run picks each update with at_step: bitwise a plain loop over several cycles."""
-    opt = fb.adaptive_bfo(8, chemotaxis_steps=3, min_population_size=4, metric_rate=2.0,
-                          bounds=(-1.0, 1.0))
-    state = opt.init({"x": torch.zeros(3)}, key=fb.random.key(5))
-    looped = state
-    for _ in range(11):
-        looped = opt.update(looped, sq)
-    assert_trees_equal(fb.run(opt, state, sq, max_steps=11), looped)
-    plain = fb.bfo(4)
-    assert at_step(plain, 1) is plain
 
 
 @given(st.lists(st.integers(0, 3), min_size=1, max_size=12), st.data())
