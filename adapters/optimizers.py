@@ -14,6 +14,7 @@ from torch import Tensor
 
 import functional_bfo as fb
 from functional_bfo._checks import check_bool, check_int, check_params
+from functional_bfo._cycle import at_step
 from functional_bfo._state import from_dict, to_dict
 from functional_bfo._stopping import Stopping
 from functional_bfo._tree import diversity
@@ -236,10 +237,11 @@ class SwarmOptimizer(torch.optim.Optimizer):
         try:
             if self._reevaluate:
                 state = self._rescore(state, swarm, loss, first, settings["maximize"])
+            core = at_step(swarm.core, int(state.step))  # eager: no cycle events where none ends
             if closure is not None:
-                return swarm.core.update(state, closure), swarm
+                return core.update(state, closure), swarm
             with self._trace.scoring(hook=False):
-                return swarm.update(state, loss), swarm
+                return (core.update if self._mode is None else swarm.update)(state, loss), swarm
         finally:
             swarm.evaluator.closure = None
 

@@ -236,21 +236,15 @@ def adaptive_bfo(
                                     else torch.zeros(0, dtype=torch.float64, device=device)),
         ))
 
-    return _optimizer(static, init_fn, evaluator)
-
-
-def _optimizer(static: AdaptiveStatic, init: Any, evaluator: Evaluator) -> Optimizer:
-    """The optimizer of ``static``'s settings, starting from ``init``, and its twin."""
-
     def build(cycles: bool) -> Optimizer:
         steps = static._replace(cycles=cycles)
-        opt = swim_optimizer("adaptive_bfo", AdaptiveBFOState, static.size, static.sign, init,
+        opt = swim_optimizer("adaptive_bfo", AdaptiveBFOState, size, sign, init_fn,
                              partial(adaptive_plan, static=steps), partial(adaptive_finish, steps),
-                             costs_by(evaluator, static.sign), static.swim_batch)
+                             costs_by(evaluator, sign), swim_batch)
         opt.update.static = steps  # type: ignore[attr-defined]  # read by adaptive_static
         return opt
 
-    return with_twin(build, static.chemotaxis_steps)
+    return with_twin(build, n_c)
 
 
 def adaptive_finish(static: AdaptiveStatic, state: AdaptiveBFOState, plan: Plan,
@@ -312,9 +306,8 @@ def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: 
                 torch.zeros_like(slots, dtype=torch.bool))
     varying = static.min_size < size
     source = reproduction_index(state.health, flag, count if varying else None)
-    population, losses = state.population.index_select(0, source), state.losses.index_select(
-        0, source)
-    step_sizes = state.step_sizes.index_select(0, source)
+    population, losses, step_sizes = (x.index_select(0, source) for x in (
+        state.population, state.losses, state.step_sizes))
     health = torch.where(flag, 0.0, state.health)
     cost = static.sign * losses  # NaN where never evaluated
     spread = diversity(population, dtype) / state.reference_diversity.clamp_min(1e-30)
@@ -326,7 +319,6 @@ def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: 
         new_count = torch.where(flag, (count + change).clamp(static.min_size, size), count)
         woken = (slots < new_count) & (slots >= count)
         count = new_count
-    # A fixed population has every slot active: no masks (bitwise the same, fewer ops).
     unknown = torch.isnan(cost) if not varying else torch.isnan(cost) | (slots >= count)
     leader = first_min(torch.where(unknown, torch.inf, cost))[1]
     dispersed = flag & (coins < p_ed) & (slots != leader)
@@ -361,9 +353,8 @@ def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None
     best = ravel(shape, state.best_params)
     noise = bacterium_noise(state.key, state.step, size, shape.size, dtype)
 
-    # Reproduction, then dispersal under pressure, every chemotaxis_steps updates.
     slots = torch.arange(size, device=state.step.device)
-    if static.cycles:
+    if static.cycles:  # reproduction, then dispersal under pressure (cycle_event)
         population, losses, step_sizes, health, count, source, dispersed = cycle_event(
             cycle_ends(state.step, static.chemotaxis_steps), state, slots, noise.coin,
             noise.place, best, box, static, dtype)
@@ -402,8 +393,7 @@ def adaptive_fields(state: Any, static: AdaptiveStatic, plan: Plan,
                     result: SwimResult) -> AdaptiveStep:
     """The update after its swim: the 1/5th success rule, the stall count, the counters."""
     hp, sign, keep, active = state.hyperparams, static.sign, plan.keep, plan.active
-    # The 1/5th success rule (a tie moves, and counts as a success), only where the
-    # bacterium knew where it stood.
+    # The 1/5th success rule (a tie moves and counts as a success), only where the cost was known.
     grow = torch.where(result.moved & keep.known, hp.adaptation_rate, -hp.adaptation_rate / 4)
     adapted = (keep.step_sizes * torch.exp(grow)).clamp(hp.step_size_min, hp.step_size_max)
     improved = result.best_cost < sign * state.best_loss

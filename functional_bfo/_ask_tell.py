@@ -69,12 +69,11 @@ def swim_optimizer(name: str, state_type: type, size: int, sign: float, init: An
                    told_aux: Callable[..., Any] | None = None) -> Optimizer:
     """Every variant's ``update``, ``ask`` and ``tell``, from the variant's own steps.
 
-    ``plan(state, **given)`` is the update before any loss, ``finish(state, plan, result)``
-    the state after its swim, ``evaluation(state, plan, loss_fn, args)`` scores update's
-    rows (``rows -> (costs, aux)``) and ``told_aux(state, asked, **given)`` reads what tell
-    is given besides losses as the round's aux. ``given`` are the keywords update and tell
-    take beyond the contract (``hybrid_bfo``'s ``grad=`` and ``grads=``); a variant without
-    ``told_aux`` takes none.
+    ``plan(state, **given)`` is the update before any loss, ``finish(state, plan, result)`` the
+    state after its swim, ``evaluation(state, plan, loss_fn, args)`` scores update's rows
+    (``rows -> (costs, aux)``) and ``told_aux(state, asked, **given)`` reads what tell is given
+    besides losses as the round's aux. ``given`` are the keywords update and tell take beyond the
+    contract (``hybrid_bfo``'s ``grad=`` and ``grads=``); a variant without ``told_aux`` takes none.
     """
 
     def update(state: Any, loss_fn: LossFn, *args: Any, **given: Any) -> Any:
@@ -84,8 +83,7 @@ def swim_optimizer(name: str, state_type: type, size: int, sign: float, init: An
                             "loss_fn(params, *args) -> 0-d tensor (call update(state, loss_fn)).")
         refuse_keywords(given, told_aux, f"{name}.update")
         steps = plan(state, **given)
-        evaluate = evaluation(state, steps, loss_fn, args)
-        return finish(state, steps, steps.swim(evaluate, swim_batch))
+        return finish(state, steps, steps.swim(evaluation(state, steps, loss_fn, args), swim_batch))
 
     def ask(state: Any) -> Ask:
         check_state(state, size, state_type, name)

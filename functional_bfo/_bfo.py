@@ -169,10 +169,9 @@ def bfo(
         >>> bool(state.best_loss < 3.0), int(state.num_evals)
         (True, 800)
 
-    BFO is a slow, robust, derivative-free local-to-global search: use it for small
-    (up to ~10^4 parameters), non-differentiable, noisy or multimodal problems. For smooth
-    problems a gradient method is far cheaper; for hard black-box problems CMA-ES usually
-    converges faster.
+    BFO is a slow, robust, derivative-free local-to-global search: use it for small (up to ~10^4
+    parameters), non-differentiable, noisy or multimodal problems. For smooth problems a gradient
+    method is far cheaper; for hard black-box problems CMA-ES usually converges faster.
 
     References:
         K. M. Passino, `Biomimicry of bacterial foraging for distributed optimization and
@@ -245,13 +244,9 @@ def bfo_plan(static: BFOStatic, state: BFOState) -> Plan:
                                      hp.init_scale, best, box)
 
     swarm_cost = None
-    if static.swarming:
-        swarm_sq = population.to(dtype).square().sum(1)
-
-        def swarm_cost(positions: Tensor) -> Tensor:
-            """J_cc against the population as it stands at the start of the step."""
-            return cell_to_cell(positions, population, swarm_sq, hp, dtype)
-
+    if static.swarming:  # J_cc against the population as it stands at the start of the step
+        swarm_cost = partial(cell_to_cell, swarm=population, hp=hp, dtype=dtype,
+                             swarm_sq=population.to(dtype).square().sum(1))
         cost = cost + swarm_cost(population)
 
     direction, steps = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,

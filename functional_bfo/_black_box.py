@@ -298,8 +298,7 @@ class _Search:
     def told(self, state: BlackBoxState, swarm: AdaptiveBFOState,
              new: AdaptiveBFOState) -> BlackBoxState:
         """After ``swarm``'s round (``new``): the best point, the counters, the phase's rule."""
-        s = _with(self.better(state, new.best_params, new.best_loss),
-                  step=int(state.step) + 1,
+        s = _with(self.better(state, new.best_params, new.best_loss), step=int(state.step) + 1,
                   num_evals=int(state.num_evals) + int(new.num_evals - swarm.num_evals))
         if state.phase == "converge":
             return self.after(self.converged(s, new))
@@ -326,8 +325,7 @@ class _Search:
                      entry_best=s.converged_best, first=math.inf, progress=math.inf, stalled=0,
                      gain=0.0, valley=False)
 
-    def converged(self, s: BlackBoxState, new: AdaptiveBFOState | walker.Walker
-                  ) -> BlackBoxState:
+    def converged(self, s: BlackBoxState, new: AdaptiveBFOState | walker.Walker) -> BlackBoxState:
         """After a converging round: a restart once the swarm stopped progressing.
 
         The rule (gains of ``rtol``, ``HOLDING_PATIENCE``, ``BEHIND_BUDGET``) is docs/variants.md's
@@ -354,12 +352,10 @@ class _Search:
             progress, stalled, gain = now, 0, progress - now
         spent_all, best_before = int(new.num_evals), float(s.converged_best)
         found_after = spent_all if now < best_before else int(s.found_after)
-        s = _with(s, valley=valley)
         held = {"swarm": self.kept(s, new)} if isinstance(new, AdaptiveBFOState) else {
             "walker": new}
-        s = _with(s, **held, converged_best=min(best_before, now),
-                  found_after=found_after, first=first, progress=progress, stalled=stalled,
-                  gain=gain)
+        s = _with(s, **held, valley=valley, converged_best=min(best_before, now), gain=gain,
+                  found_after=found_after, first=first, progress=progress, stalled=stalled)
         patience = self.per_round * (1 if behind else HOLDING_PATIENCE)
         late = behind and spent_all > BEHIND_BUDGET * found_after
         if self.stall_limit is None or (stalled < self.stall_limit * patience and not late):
@@ -443,12 +439,10 @@ class _Search:
                 metric=s.walker.metric._replace(path=torch.zeros_like(s.walker.metric.path)))
         steps = self.kick * torch.logspace(0, -POLISH_DECADES, self.population_size,
                                            dtype=torch.float64)
-        return with_hyperparams(state._replace(
-            population=ravel(layout(s.best_params), s.best_params).expand(
-                self.population_size, -1).clone(),
-            losses=torch.full_like(state.losses, float(s.best_loss)),
-            step_sizes=steps.to(state.step_sizes)), elimination_prob=0.0,
-            elimination_prob_max=0.0), learns
+        population = ravel(layout(s.best_params), s.best_params).expand(self.population_size, -1)
+        state = state._replace(population=population.clone(), step_sizes=steps.to(state.step_sizes),
+                               losses=torch.full_like(state.losses, float(s.best_loss)))
+        return with_hyperparams(state, elimination_prob=0.0, elimination_prob_max=0.0), learns
 
     def better(self, s: BlackBoxState, params: Params, loss: Tensor) -> BlackBoxState:
         """``s`` with ``params`` as its best point if their ``loss`` beats its best."""
@@ -579,6 +573,5 @@ def _with(state: BlackBoxState, **fields: Any) -> BlackBoxState:
     for name, value in fields.items():
         if not isinstance(value, (Tensor, tuple)):
             old = getattr(state, name)
-            fields[name] = old if old.item() == value else torch.scalar_tensor(value,
-                                                                               dtype=old.dtype)
+            fields[name] = old if old.item() == value else torch.tensor(value, dtype=old.dtype)
     return state._replace(**fields)

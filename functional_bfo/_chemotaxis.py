@@ -75,8 +75,7 @@ def walk(population: Tensor, direction: Tensor, step_length: Tensor, start: Tens
     distances = (start + ks.unsqueeze(1)) * step_length
     built = (ray_point(population, direction, distances, bounds, boundary)
              if population.numel() < ORDER_POINTS_FROM else None)
-    return Ray(population, direction, distances, built, bounds, boundary, swarm_cost, greedy,
-               ties)
+    return Ray(population, direction, distances, built, bounds, boundary, swarm_cost, greedy, ties)
 
 
 class Plan(NamedTuple):
@@ -166,8 +165,7 @@ class Ray(NamedTuple):
     def points(self, along: Tensor, first: int = 0) -> Tensor:
         """The candidates at ``along`` (G, P), points ``first`` on: G P rows, point-major."""
         if self.built is None:
-            return ray_point(self.population, self.direction, along, self.bounds,
-                             self.boundary)
+            return ray_point(self.population, self.direction, along, self.bounds, self.boundary)
         return self.built[first * along.shape[1]:(first + along.shape[0]) * along.shape[1]]
 
     def take(self, carry: SwimCarry, candidates: Params, raw: Tensor, aux: Any) -> SwimCarry:
@@ -243,15 +241,13 @@ def costs_by(evaluator, sign: float) -> Callable[..., Callable]:
 
     def evaluation(state: Any, plan: Plan, loss_fn, args: tuple) -> Callable:
         dtype, shape = state.losses.dtype, plan.shape
-        loss = loss_fn
-        if by_rows := getattr(evaluator, "any_structure", False):
-            loss = functools.partial(loss_of_row, loss_fn, shape)  # rows batched as one tensor
+        by_rows = getattr(evaluator, "any_structure", False)  # rows batched as one tensor
+        loss = functools.partial(loss_of_row, loss_fn, shape) if by_rows else loss_fn
 
         def evaluate(candidates: Tensor) -> tuple[Tensor, None]:
-            count = candidates.shape[0]
             with torch.no_grad():
                 losses = check_losses(evaluator(loss, candidates if by_rows else unravel(
-                    shape, candidates), *args), count).to(dtype)
+                    shape, candidates), *args), candidates.shape[0]).to(dtype)
             return rank_costs(losses, sign), None
 
         return evaluate
@@ -259,8 +255,7 @@ def costs_by(evaluator, sign: float) -> Callable[..., Callable]:
     return evaluation
 
 
-def loss_of_row(loss_fn: Callable[..., Tensor], shape: Layout, row: Tensor,
-                 *args: Any) -> Tensor:
+def loss_of_row(loss_fn: Callable[..., Tensor], shape: Layout, row: Tensor, *args: Any) -> Tensor:
     """``loss_fn`` of the params that ``row`` holds."""
     return loss_fn(unravel(shape, row), *args)
 

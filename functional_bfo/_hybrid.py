@@ -210,8 +210,7 @@ def hybrid_bfo(
     return with_twin(build, static.chemotaxis_steps)
 
 
-def hybrid_plan(static: AdaptiveStatic, state: HybridBFOState,
-                grad: Params | None = None) -> Plan:
+def hybrid_plan(static: AdaptiveStatic, state: HybridBFOState, grad: Params | None = None) -> Plan:
     """The adaptive plan, its tumbles bent toward each bacterium's gradient (or ``grad``)."""
     hp, given = state.hyperparams, None
     if grad is not None:  # the caller's, at the best params: every bacterium follows it
@@ -237,18 +236,16 @@ def hybrid_finish(static: AdaptiveStatic, limits: tuple[float, float], state: Hy
     """The adaptive fields, and each bacterium's gradient where it ends, averaged."""
     hp, dtype, mask = state.hyperparams, state.losses.dtype, state.grad_mask
     step = adaptive_fields(state, static, plan, result)
-    fields: dict[str, Any] = dict(step.fields, hyperparams=hp)
     if plan.given is not None:  # the caller's gradient: the state's are kept
         seen, grads, finite = plan.given.expand_as(state.grads), state.grads, state.grad_known
     else:  # gradients at the final positions (sign: of the loss as given)
         seen, new = step.aux, torch.nan_to_num(step.aux, 0.0, 0.0, 0.0)
         finite = torch.isfinite(step.aux).all(dim=1)
-        averaged = hp.momentum * state.grads.index_select(0, step.source) + (
-            1 - hp.momentum) * new
+        averaged = hp.momentum * state.grads.index_select(0, step.source) + (1 - hp.momentum) * new
         known = state.grad_known.index_select(0, step.source) & step.known
         grads = torch.where(known[:, None], averaged, new)
     stats = _grad_stats(seen, mask, dtype, *limits)
-    return HybridBFOState(**fields, grads=grads, grad_known=finite, grad_mask=mask, **stats)
+    return HybridBFOState(**step.fields, grads=grads, grad_known=finite, grad_mask=mask, **stats)
 
 
 def told_aux(state: HybridBFOState, asked: Ask, *, grads: Params | None = None) -> Tensor:
@@ -261,8 +258,7 @@ def hybrid_evaluation(evaluator: Any, chunk_size: int | None, sign: float, state
                       plan: Plan, loss_fn: LossFn, args: tuple
                       ) -> Callable[[Tensor], tuple[Tensor, Tensor | None]]:
     """Costs of candidate rows, and their gradient rows (None where ``grad=`` serves)."""
-    mask, shape, given, dtype = (state.grad_mask, plan.shape, plan.given is not None,
-                                 state.losses.dtype)
+    mask, shape, given = state.grad_mask, plan.shape, plan.given is not None
 
     def evaluate(rows: Tensor) -> tuple[Tensor, Tensor | None]:
         if evaluator is not None:
@@ -289,7 +285,7 @@ def hybrid_evaluation(evaluator: Any, chunk_size: int | None, sign: float, state
                 loss_fn, mask, shape)), rows, args, chunk_size)
         # Detached: a loss that touches tensors outside params which require grad (a model's
         # other weights) must not leave their autograd graph in the state.
-        losses = check_losses(losses, rows.shape[0]).detach().to(dtype)
+        losses = check_losses(losses, rows.shape[0]).detach().to(state.losses.dtype)
         return rank_costs(losses, sign), None if grads is None else grads.detach()
 
     return evaluate

@@ -54,9 +54,8 @@ def learn(metric: TumbleMetric, moves: Tensor, success: Tensor, rate: float,
     """``metric`` moved toward the rows of ``moves`` (m, n) where ``success``.
 
     Each move is rescaled to Mahalanobis length ``sqrt(n)`` (unselected tumbles leave ``cov``
-    unchanged on average); the rate ``rate * successes / (n^2 + 12)`` follows CMA-ES's
-    ``1/n^2``. ``known`` resets a lone bacterium's path. No success, or an indefinite ``cov``,
-    keeps ``cov``.
+    unchanged on average); the rate ``rate * successes / (n^2 + 12)`` follows CMA-ES's ``1/n^2``.
+    ``known`` resets a lone bacterium's path. No success, or an indefinite ``cov``, keeps ``cov``.
     """
     n = moves.shape[1]
     count = success.sum().to(torch.float64)

@@ -106,8 +106,7 @@ def moved(x: Tensor, low: Tensor, high: Tensor, which: Tensor) -> Tensor:
     return rows
 
 
-def face_union(x: Tensor, low: Tensor, high: Tensor, single_costs: Tensor,
-               cost: Tensor) -> Tensor:
+def face_union(x: Tensor, low: Tensor, high: Tensor, single_costs: Tensor, cost: Tensor) -> Tensor:
     """``x`` with every single move that beat ``cost`` made at once (no row unless two helped)."""
     better, side = single_costs.min(dim=0)
     helped = better < cost

@@ -155,11 +155,9 @@ def with_start_loss(state: State, loss: Any, grad: Any = None) -> State:
     value = value.to(losses.dtype).to(losses.device).reshape(())
     finite = torch.isfinite(value)
     first = (torch.tensor(0, device=losses.device),)  # bacterium 0, as index_put takes it
-    fields = {
-        "losses": losses.index_put(first, torch.where(finite, value, torch.nan)),
-        "best_loss": torch.where(finite, value, state.best_loss),
-        "num_evals": state.num_evals + 1,
-    }
+    fields = {"losses": losses.index_put(first, torch.where(finite, value, torch.nan)),
+              "best_loss": torch.where(finite, value, state.best_loss),
+              "num_evals": state.num_evals + 1}
     if grad is not None:
         if not hasattr(state, "grads"):
             raise TypeError(f"grad= is for hybrid_bfo states; this is a {type(state).__name__}.")

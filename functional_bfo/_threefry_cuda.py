@@ -92,15 +92,13 @@ def _unit_rows_kernel(key, counter, out, lanes, h, cols, WIDE: tl.constexpr,
     at = out + row * cols + k
     if WIDE:
         bits = ((x0 >> 12).to(tl.uint64) << 32) | x1.to(tl.uint64)
-        tl.store(at, 2.0 * ((bits.to(tl.float64) + 0.5) * 2.220446049250313e-16) - 1.0,
-                 mask=live)
+        tl.store(at, 2.0 * ((bits.to(tl.float64) + 0.5) * 2.220446049250313e-16) - 1.0, mask=live)
     else:
         tl.store(at, _unit(x0), mask=live)
         tl.store(at + h, _unit(x1), mask=live & (h + k < cols))
 
 
-def normal_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
-                compute: torch.dtype) -> Tensor:
+def normal_rows(key: Tensor, counter: Tensor, rows: int, cols: int, compute: torch.dtype) -> Tensor:
     """``random._normal_rows`` for one key and counter on a CUDA device."""
     out = torch.empty((rows, cols), dtype=compute, device=key.device)
     wide = compute == torch.float64

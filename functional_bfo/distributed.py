@@ -143,8 +143,7 @@ class Sharded:
         if not self.grads:
             return losses
         leaves, spec = optree.tree_flatten(grads)
-        return losses, spec.unflatten([_gather(g, counts, self.group, "gradients")
-                                       for g in leaves])
+        return losses, spec.unflatten([_gather(g, counts, self.group, "gradients") for g in leaves])
 
 
 class DataParallel(Sharded):

@@ -1,13 +1,12 @@
 """Population evaluators: how ``loss_fn`` is applied to every bacterium of a population.
 
-An evaluator is any callable ``evaluator(loss_fn, population, *args) -> Tensor`` returning one
-loss per row of ``population``, shape ``(N,)``: ``N = P`` candidates, or ``swim_batch * P``
-when the optimizer stacks several swim points of each bacterium into one call. ``vmap`` (the
-default) batches the whole population into one call of ``loss_fn`` through
-``torch.func.vmap``, optionally in chunks to bound memory;
-``loop`` calls ``loss_fn`` once per bacterium, for losses that cannot be vmapped. A distributed
-evaluator implements the same protocol (it may shard the population across processes), which
-is why bacterium randomness never depends on how the population is split.
+An evaluator is any callable ``evaluator(loss_fn, population, *args) -> Tensor`` returning one loss
+per row of ``population``, shape ``(N,)``: ``N = P`` candidates, or ``swim_batch * P`` when the
+optimizer stacks several swim points of each bacterium into one call. ``vmap`` (the default) batches
+the whole population into one call of ``loss_fn`` through ``torch.func.vmap``, optionally in chunks
+to bound memory; ``loop`` calls ``loss_fn`` once per bacterium, for losses that cannot be vmapped. A
+distributed evaluator implements the same protocol (it may shard the population across processes),
+which is why bacterium randomness never depends on how the population is split.
 """
 
 from __future__ import annotations

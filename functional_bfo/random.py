@@ -136,8 +136,7 @@ CPU_KERNEL = "c" if _c_module is not None else "numpy"
 ``FUNCTIONAL_BFO_CPU_KERNEL=numpy`` in the environment)."""
 
 
-def _lanes(device: torch.device, *words: Tensor) -> tuple[tuple[int, ...], list[Tensor],
-                                                           list[int]]:
+def _lanes(device: torch.device, *words: Tensor) -> tuple[tuple[int, ...], list[Tensor], list[int]]:
     """The block function's inputs as int64 words on ``device`` (stride 1, or 0 for one word)."""
     shape = tuple(np.broadcast_shapes(*(t.shape for t in words)))  # torch's: ~200 us
     inputs, strides = [], []
@@ -154,10 +153,8 @@ def _lanes(device: torch.device, *words: Tensor) -> tuple[tuple[int, ...], list[
 def _threefry_c(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
     """The CPU kernel with the C loop: ``_threefry_rounds`` on broadcast int64 words."""
     shape, inputs, strides = _lanes(torch.device("cpu"), k0, k1, x0, x1)
-    y0 = torch.empty(shape, dtype=torch.int64)
-    y1 = torch.empty(shape, dtype=torch.int64)
-    _C_BLOCK(*(t.data_ptr() for t in inputs), *strides, y0.data_ptr(), y1.data_ptr(),
-             y0.numel())
+    y0, y1 = torch.empty(shape, dtype=torch.int64), torch.empty(shape, dtype=torch.int64)
+    _C_BLOCK(*(t.data_ptr() for t in inputs), *strides, y0.data_ptr(), y1.data_ptr(), y0.numel())
     return y0, y1
 
 
@@ -365,8 +362,7 @@ def _normal_rows_fake(key: Tensor, counter: Tensor, rows: int, cols: int,
 
 def _normal_rows_vmap(info, in_dims, key, counter, rows, cols, compute):
     """Batching rule: the kernel itself, with the batch axes leading."""
-    key, counter = (x if d is None else x.movedim(d, 0)
-                    for x, d in zip((key, counter), in_dims))
+    key, counter = (x if d is None else x.movedim(d, 0) for x, d in zip((key, counter), in_dims))
     return _normal_rows(key, counter, rows, cols, compute), 0
 
 
@@ -383,8 +379,7 @@ def _normal_rows_c(key: Tensor, counter: Tensor, rows: int, cols: int,
         return _normal_rows(key, counter, rows, cols, compute)
     out = torch.empty((rows, cols), dtype=compute)
     k0, k1 = key.tolist()
-    _C_ROWS(k0, k1, int(counter) & _MASK32, rows, cols, compute == torch.float64,
-            out.data_ptr())
+    _C_ROWS(k0, k1, int(counter) & _MASK32, rows, cols, compute == torch.float64, out.data_ptr())
     return out.erfinv_().mul_(_SQRT2)
 
 

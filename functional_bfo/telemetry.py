@@ -15,12 +15,11 @@ __all__ = ["materialize", "metrics"]
 def metrics(state: Any) -> dict[str, Tensor]:
     """Summary statistics of an optimizer state, as 0-d tensors on the state's device.
 
-    Keys: ``best_loss``, ``mean_loss``, ``median_loss``, ``worst_loss`` (over finite losses
-    of the current population; NaN if none is finite), ``nonfinite_losses`` (count),
-    ``diversity`` (root-mean-square distance of the bacteria to their centroid), ``step``,
-    ``num_evals``, ``step_length_mean``, ``step_length_min`` and ``step_length_max`` (the
-    step sizes in use: per bacterium in the adaptive variants, named apart from the
-    ``step_size*`` hyperparameters),
+    Keys: ``best_loss``, ``mean_loss``, ``median_loss``, ``worst_loss`` (over finite losses of the
+    current population; NaN if none is finite), ``nonfinite_losses`` (count), ``diversity``
+    (root-mean-square distance of the bacteria to their centroid), ``step``, ``num_evals``,
+    ``step_length_mean``, ``step_length_min`` and ``step_length_max`` (the step sizes in use: per
+    bacterium in the adaptive variants, named apart from the ``step_size*`` hyperparameters),
     ``active_size`` for the adaptive variants, and for hybrid_bfo ``grad_norm_mean``,
     ``grad_nonfinite``, ``grad_vanishing`` and ``grad_exploding``.
     """

@@ -12,6 +12,7 @@ from torch.func import functional_call
 
 import functional_bfo as fb
 from functional_bfo.adapters import BFO, AdaptiveBFO, HybridBFO, evaluating_candidates
+from functional_bfo.adapters import optimizers as adapters_optimizers
 
 CLASSES = [BFO, AdaptiveBFO, HybridBFO]
 TINY = dict(population_size=3, swim_length=1)  # 3 * 2 + 1 = 7 closure calls per group,
@@ -744,3 +745,25 @@ def test_a_stopped_run_resumes_under_the_new_optimizers_limits():
                 target_loss=5.0)
     again.load_state_dict(maximizing.state_dict())
     assert again.stop_reason == "target_loss"
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("fast", [False, True])
+def test_steps_between_cycles_leave_the_events_out_with_the_same_parameters(cls, fast,
+                                                                              monkeypatch):
+    """An eager step knows its swarm's step on the host: where no cycle ends it runs the
+    update without the masked events (at_step), and every step ends where it did with them."""
+    picked, runs = [], []
+    real = adapters_optimizers.at_step
+    for spy in (lambda core, step: picked.append(real(core, step)) or picked[-1],
+                lambda core, step: core):  # every update whole: the events in each
+        monkeypatch.setattr(adapters_optimizers, "at_step", spy)
+        w, b = two_params()
+        opt = make(cls, w, b, groups=1, chemotaxis_steps=2)
+        for _ in range(5):
+            opt.step(loss_fn=lambda p: loss_of(*p)) if fast else opt.step(closure_for(opt, w, b))
+        runs.append((w.detach().clone(), b.detach().clone(), core_state(opt).health))
+    twins = [not hasattr(p.update, "between") for p in picked]  # a twin has none of its own
+    assert twins == [True, True, False, True, False]  # steps 0 to 4: cycles end at 2 and 4
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
