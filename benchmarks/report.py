@@ -65,10 +65,13 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "ratios are to the fastest BFO peer of that run. Against EvoX's PSO on the same "
      "function in torch, compiled `fb.bfo` scores 3.2x its evaluations per second. Eager, "
      "at its default `swim_batch=1` (five evaluator calls an update, each paying "
-     "`torch.func.vmap`'s own Python), it scores 0.91x EvoX's eager PSO, the median of "
-     "seven runs of each in turn (a single run of either moves by 10% on this machine); "
-     "with the whole swim ray in one call (`swim_batch=5`, which holds five times the "
-     "candidates and their activations at once) 1.56x in the table's runs."),
+     "`torch.func.vmap`'s own Python), it scores 0.92-1.06x EvoX's eager PSO, the medians "
+     "of seven runs of each in turn in three runs of the script (a single run of either "
+     "moves by 10% on this machine). EvoX is handed a function of the whole population; "
+     "given the same function through an evaluator that calls it on the population "
+     "(docs/concepts.md), eager `fb.bfo` scores 1.34-1.56x. With the whole swim ray in one "
+     "call (`swim_batch=5`, which holds five times the candidates and their activations "
+     "at once) the per-candidate loss runs 1.5x the default's rate."),
     ("gpu_cuda", "On an NVIDIA H200: updates from P = 256 to 65,536, EvoX's PSO, glue",
      "`python benchmarks/gpu.py` (about 4 minutes on one GPU; EvoX installed beside): the "
      "current GPU figures, every mode side by side in one process. With CUDA graphs "

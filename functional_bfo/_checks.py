@@ -94,6 +94,10 @@ def check_losses(losses: Any, population_size: int) -> Tensor:
     """``losses`` if it holds one floating scalar per bacterium, else a ValueError/TypeError."""
     if not isinstance(losses, Tensor):
         raise TypeError(LOSS_TYPE_MSG.format(what=f"{type(losses).__name__} {losses!r}"))
+    if losses.dim() == 0 or losses.shape[0] != population_size:  # an evaluator's own count
+        raise ValueError(f"The evaluator returned losses of shape {tuple(losses.shape)} for "
+                         f"{population_size} candidates; expected one per candidate. A loss "
+                         "called on the whole population reduces every axis but the first.")
     if tuple(losses.shape) != (population_size,):
         per = tuple(losses.shape[1:])
         raise ValueError(LOSS_SHAPE_MSG.format(what=f"shape {per} per bacterium "
