@@ -237,11 +237,12 @@ class SwarmOptimizer(torch.optim.Optimizer):
         try:
             if self._reevaluate:
                 state = self._rescore(state, swarm, loss, first, settings["maximize"])
-            core = at_step(swarm.core, int(state.step))  # eager: no cycle events where none ends
-            if closure is not None:
-                return core.update(state, closure), swarm
+            # Eager, the step read on the host: no cycle events where none ends (at_step).
+            update = swarm.update if self._mode else at_step(swarm.core, int(state.step)).update
+            if closure is not None:  # never compiled
+                return update(state, closure), swarm
             with self._trace.scoring(hook=False):
-                return (core.update if self._mode is None else swarm.update)(state, loss), swarm
+                return update(state, loss), swarm
         finally:
             swarm.evaluator.closure = None
 
