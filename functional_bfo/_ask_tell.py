@@ -66,22 +66,24 @@ def round_tag(state: Any) -> Tensor:
 def swim_optimizer(name: str, state_type: type, size: int, sign: float, init: Any,
                    plan: Callable[..., Plan], finish: Callable[[Any, Plan, SwimResult], Any],
                    evaluation: Callable[..., Callable], swim_batch: int,
-                   told_aux: Callable[..., Any] | None = None) -> Optimizer:
+                   told_aux: Callable[..., Any] | None = None,
+                   takes: tuple[str, str] | None = None) -> Optimizer:
     """Every variant's ``update``, ``ask`` and ``tell``, from the variant's own steps.
 
     ``plan(state, **given)`` is the update before any loss, ``finish(state, plan, result)`` the
     state after its swim, ``evaluation(state, plan, loss_fn, args)`` scores update's rows
     (``rows -> (costs, aux)``) and ``told_aux(state, asked, **given)`` reads what tell is given
-    besides losses as the round's aux. ``given`` are the keywords update and tell take beyond the
-    contract (``hybrid_bfo``'s ``grad=`` and ``grads=``); a variant without ``told_aux`` takes none.
+    besides losses as the round's aux. ``given`` is the keyword that update and tell take
+    beyond the contract, as ``takes`` names them (``hybrid_bfo``'s ``grad=`` and ``grads=``).
     """
+    update_takes, tell_takes = takes or (None, None)
 
     def update(state: Any, loss_fn: LossFn, *args: Any, **given: Any) -> Any:
         check_state(state, size, state_type, name)
         if not callable(loss_fn):
             raise TypeError(f"Invalid loss_fn: {loss_fn!r}; expected a callable "
                             "loss_fn(params, *args) -> 0-d tensor (call update(state, loss_fn)).")
-        refuse_keywords(given, told_aux, f"{name}.update")
+        refuse_keywords(given, update_takes, f"{name}.update")
         steps = plan(state, **given)
         return finish(state, steps, steps.swim(evaluation(state, steps, loss_fn, args), swim_batch))
 
@@ -93,7 +95,7 @@ def swim_optimizer(name: str, state_type: type, size: int, sign: float, init: An
 
     def tell(state: Any, asked: Ask, losses: Any, *, check: bool = True, **given: Any) -> Any:
         check_state(state, size, state_type, name)
-        refuse_keywords(given, told_aux, f"{name}.tell")
+        refuse_keywords(given, tell_takes, f"{name}.tell")
         costs = told_costs(state, asked, losses, sign, name, check)
         aux = None if told_aux is None else told_aux(state, asked, **given)
         steps = plan(state)
@@ -102,10 +104,10 @@ def swim_optimizer(name: str, state_type: type, size: int, sign: float, init: An
     return Optimizer(init, update, sign < 0, ask, tell)
 
 
-def refuse_keywords(given: dict[str, Any], told_aux: Any, where: str) -> None:
-    """A TypeError, as Python's own, for keywords given to a variant that takes none."""
-    if given and told_aux is None:
-        raise TypeError(f"{where}() got an unexpected keyword argument {next(iter(given))!r}")
+def refuse_keywords(given: dict[str, Any], takes: str | None, where: str) -> None:
+    """A TypeError, as Python's own, for a keyword ``where`` does not take."""
+    for word in given.keys() - {takes}:
+        raise TypeError(f"{where}() got an unexpected keyword argument {word!r}")
 
 
 def told_costs(state: Any, asked: Any, losses: Any, sign: float, variant: str,

@@ -205,7 +205,7 @@ def hybrid_bfo(
         return swim_optimizer("hybrid_bfo", HybridBFOState, size, static.sign, init_fn,
                               partial(hybrid_plan, steps), partial(hybrid_finish, steps, limits),
                               partial(hybrid_evaluation, evaluator, chunk_size, static.sign),
-                              static.swim_batch, told_aux)
+                              static.swim_batch, told_aux, ("grad", "grads"))
 
     return with_twin(build, static.chemotaxis_steps)
 

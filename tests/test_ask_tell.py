@@ -169,6 +169,18 @@ def test_variants_without_gradients_refuse_the_hybrids_keywords(name):
         opt.tell(state, opt.ask(state), torch.zeros(8), grads={"x": torch.ones(8, 2)})
 
 
+def test_the_hybrid_names_its_own_method_for_the_other_ones_keyword():
+    """update takes grad=, tell grads=: a mix-up is a TypeError about the method called."""
+    opt = fb.hybrid_bfo(4, swim_length=1, grad_mask=True)
+    state = opt.init({"x": torch.zeros(2)}, key=fb.random.key(0))
+    with pytest.raises(TypeError, match=r"hybrid_bfo.update\(\) got an unexpected keyword "
+                                        "argument 'grads'"):
+        opt.update(state, lambda p: p["x"].square().sum(), grads={"x": torch.ones(2)})
+    with pytest.raises(TypeError, match=r"hybrid_bfo.tell\(\) got an unexpected keyword "
+                                        "argument 'grad'"):
+        opt.tell(state, opt.ask(state), torch.zeros(8), grad={"x": torch.ones(2)})
+
+
 @variants
 def test_ask_and_tell_compile_without_graph_breaks_and_vmap_over_states(variant):
     torch.compiler.reset()
