@@ -28,7 +28,8 @@ QUICK = {"adapter_paths.py": "adapter_paths_quick",
          "coco.py": "coco_quick",
          "black_box_speed.py": "black_box_speed_quick",
          "lone_metric.py": "lone_metric_quick",
-         "run_driver.py": "run_driver_quick"}
+         "run_driver.py": "run_driver_quick",
+         "eager_breakdown.py": "eager_breakdown_quick"}
 
 
 @pytest.fixture(scope="module")
