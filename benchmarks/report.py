@@ -207,9 +207,8 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
     ("run_driver", "fb.run against a loop of opt.update (CPU)",
      "`python benchmarks/run_driver.py`: `fb.run` knows each update's step on the host, so "
      "where no reproduction cycle ends it calls the variant's update built without the "
-     "masked cycle events (the same states, checked bit for bit in the table). They were "
-     "1.04-1.05x the loop's time over `fb.bfo`, where only the adaptive variants had the "
-     "update without events, and `fb.run` reads the counters each update."),
+     "masked cycle events (the same states, checked bit for bit in the table), which pays "
+     "for `fb.run`'s own reading of the counters after each update."),
     ("distributed", "A population sharded across processes (CPU, gloo)",
      "`python benchmarks/distributed.py`: `fb.distributed.sharded()` on 1 and 2 processes "
      "of one thread each, against one process with 1 and 2 threads (docs/distributed.md)."),
