@@ -156,29 +156,19 @@ def test_hybrid_tell_needs_gradients_like_the_candidates():
     assert bool(told.grad_known.all())
 
 
-@pytest.mark.parametrize("name", ["bfo", "adaptive_bfo"])
-def test_variants_without_gradients_refuse_the_hybrids_keywords(name):
-    """They share update and tell with the hybrid, whose grad=/grads= they must not swallow."""
-    opt = getattr(fb, name)(4, swim_length=1)
+@pytest.mark.parametrize(("name", "not_update", "not_tell"), [
+    ("bfo", "grad", "grads"), ("adaptive_bfo", "grad", "grads"), ("hybrid_bfo", "grads", "grad")])
+def test_update_and_tell_refuse_the_keywords_they_do_not_take(name, not_update, not_tell):
+    """The variants share update and tell: bfo and adaptive_bfo must not swallow the hybrid's
+    grad= and grads=, and the hybrid's update takes grad= only, its tell grads= only."""
+    opt = getattr(fb, name)(4, swim_length=1, **({"grad_mask": True} if "hybrid" in name else {}))
     state = opt.init({"x": torch.zeros(2)}, key=fb.random.key(0))
     with pytest.raises(TypeError, match=rf"{name}.update\(\) got an unexpected keyword "
-                                        "argument 'grad'"):
-        opt.update(state, lambda p: p["x"].square().sum(), grad={"x": torch.ones(2)})
+                                        f"argument '{not_update}'"):
+        opt.update(state, lambda p: p["x"].square().sum(), **{not_update: {"x": torch.ones(2)}})
     with pytest.raises(TypeError, match=rf"{name}.tell\(\) got an unexpected keyword "
-                                        "argument 'grads'"):
-        opt.tell(state, opt.ask(state), torch.zeros(8), grads={"x": torch.ones(8, 2)})
-
-
-def test_the_hybrid_names_its_own_method_for_the_other_ones_keyword():
-    """update takes grad=, tell grads=: a mix-up is a TypeError about the method called."""
-    opt = fb.hybrid_bfo(4, swim_length=1, grad_mask=True)
-    state = opt.init({"x": torch.zeros(2)}, key=fb.random.key(0))
-    with pytest.raises(TypeError, match=r"hybrid_bfo.update\(\) got an unexpected keyword "
-                                        "argument 'grads'"):
-        opt.update(state, lambda p: p["x"].square().sum(), grads={"x": torch.ones(2)})
-    with pytest.raises(TypeError, match=r"hybrid_bfo.tell\(\) got an unexpected keyword "
-                                        "argument 'grad'"):
-        opt.tell(state, opt.ask(state), torch.zeros(8), grad={"x": torch.ones(2)})
+                                        f"argument '{not_tell}'"):
+        opt.tell(state, opt.ask(state), torch.zeros(8), **{not_tell: {"x": torch.ones(8, 2)}})
 
 
 @variants
