@@ -106,8 +106,8 @@ def swim_optimizer(name: str, state_type: type, size: int, sign: float, init: An
 
 def refuse_keywords(given: dict[str, Any], takes: str | None, where: str) -> None:
     """A TypeError, as Python's own, for a keyword ``where`` does not take."""
-    for word in given.keys() - {takes}:
-        raise TypeError(f"{where}() got an unexpected keyword argument {word!r}")
+    if unexpected := sorted(given.keys() - {takes}):
+        raise TypeError(f"{where}() got an unexpected keyword argument {unexpected[0]!r}")
 
 
 def told_costs(state: Any, asked: Any, losses: Any, sign: float, variant: str,
