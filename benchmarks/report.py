@@ -198,12 +198,12 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
      "(the same runs): 0.84x / 0.90x / 1.08x pycma's on the sphere / Rastrigin / rotated "
      "ellipsoid before; 1.09-1.12x / 1.13-1.16x / 1.20-1.22x over three runs after."),
     ("eager_breakdown", "Where an eager update's time goes (CPU)",
-     "`python benchmarks/eager_breakdown.py`: each part of an eager `fb.bfo` update timed "
-     "alone on the inputs an update gives it, right after the update itself. The five "
-     "evaluator calls are the largest part, and `vmap` is more than half of them: a loss "
-     "written for a batch can be handed over without it (docs/concepts.md). The masked "
-     "cycle events are what `fb.run` and the `torch.optim` shell leave out where no cycle "
-     "ends."),
+     "`python benchmarks/eager_breakdown.py`: each part of an eager update timed alone on "
+     "the inputs an update gives it, right after the update itself. The five evaluator "
+     "calls are the largest part, and `vmap` is more than half of them: a loss written for "
+     "a batch can be handed over without it (docs/concepts.md). The masked cycle events are "
+     "what `fb.run` and the `torch.optim` shell leave out where no cycle ends. Parts are "
+     "timed apart, so the same part can read a few hundredths apart between variants."),
     ("run_driver", "fb.run against a loop of opt.update (CPU)",
      "`python benchmarks/run_driver.py`: `fb.run` knows each update's step on the host, so "
      "where no reproduction cycle ends it calls the variant's update built without the "
