@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import warnings
@@ -35,7 +36,7 @@ class _Swarm:
     core: fb.Optimizer
     evaluator: CandidateEvaluator
     scorer: Any  # the evaluator, or fb.distributed's around it
-    update: Callable[..., Any]  # core.update, compiled if asked
+    update: Callable[..., Any]  # core.update compiled if asked, else at_step's pick by step
     mask: list[bool] | None = None  # the hybrid's requires_grad flags
 
 
@@ -131,8 +132,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
         scorer = evaluator if self._distributed is None else self._distributed.around(
             evaluator, self.uses_grads)
         core = type(self).factory(**kwargs, evaluator=scorer)
-        update = core.update if self._mode is None else torch.compile(
-            core.update, fullgraph=True, mode=self._mode)
+        update = torch.compile(core.update, fullgraph=True, mode=self._mode) if self._mode else (
+            lambda state, loss: at_step(core, int(state.step)).update(state, loss))
         static = {k: group[k] for k in self.DEFAULTS if k not in self._dynamic}
         return _Swarm(static, core, evaluator, scorer, update)  # hyperparameters set at a step
 
@@ -237,12 +238,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
         try:
             if self._reevaluate:
                 state = self._rescore(state, swarm, loss, first, settings["maximize"])
-            # Eager, the step read on the host: no cycle events where none ends (at_step).
-            update = swarm.update if self._mode else at_step(swarm.core, int(state.step)).update
-            if closure is not None:  # never compiled
-                return update(state, closure), swarm
-            with self._trace.scoring(hook=False):
-                return update(state, loss), swarm
+            with self._trace.scoring(hook=False) if closure is None else contextlib.nullcontext():
+                return swarm.update(state, loss), swarm  # a closure's: never compiled
         finally:
             swarm.evaluator.closure = None
 
