@@ -196,8 +196,14 @@ class Ray(NamedTuple):
         """Where each bacterium ends, and the best: the first of equal costs, point-major."""
         moved = carry.point >= 0
         point = carry.point.clamp_min(0) if self.greedy else carry.point  # Passino's always move
-        final = ray_point(self.population, self.direction, self.distances.gather(
-            0, point.unsqueeze(0))[0], self.bounds, self.boundary)
+        if self.built is not None:  # the rows evaluated, not projected again
+            points, size = self.distances.shape
+            width = self.population.shape[-1]
+            final = self.built.reshape(points, size, width).gather(
+                0, point.reshape(1, size, 1).expand(1, size, width))[0]
+        else:
+            final = ray_point(self.population, self.direction, self.distances.gather(
+                0, point.unsqueeze(0))[0], self.bounds, self.boundary)
         if self.greedy:  # those that stay keep their rows
             final = where(moved, final, self.population)
         cost, at = first_min(torch.cat(carry.seen) if len(carry.seen) > 1 else carry.seen[0])
