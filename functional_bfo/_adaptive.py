@@ -217,34 +217,40 @@ def adaptive_bfo(
     static = AdaptiveStatic(size, swims, n_c, n_stag, bounds, boundary, tumble, sign, min_size,
                             relative_steps, swim_batch, rate, is_closed(bounds))
 
-    def init_fn(params: Params, *, key: Key) -> AdaptiveBFOState:
-        start = initial_population(params, key, size, bounds, hyper["init_scale"])
-        dtype, device, shape = start.dtype, start.key.device, layout(params)
-        if rate > 0 and (n := shape.size) > metric.MAX_METRIC_SIZE:
-            raise ValueError(f"metric_rate={metric_rate} learns a {n} x {n} tumble metric; it "
-                             f"is limited to {metric.MAX_METRIC_SIZE} parameters (n^2 memory, "
-                             "n^3 time per update). Pass metric_rate=0 for isotropic tumbles.")
-        box = flat_box(bounds if relative_steps else None, shape, device, torch.float64)
-        return per_run(AdaptiveBFOState(
-            **start.state_fields(sign, hyper, AdaptiveBFOHyperparams),
-            step_sizes=torch.full((size,), hyper["step_size"], dtype=dtype, device=device).clamp(
-                hyper["step_size_min"], hyper["step_size_max"]),
-            stall=torch.zeros((), dtype=torch.int64, device=device),
-            reference_diversity=diversity(start.population, dtype),
-            active_size=torch.tensor(size, dtype=torch.int64, device=device),
-            metric=metric.isotropic(metric.widths(box, shape.size, device) if rate > 0
-                                    else torch.zeros(0, dtype=torch.float64, device=device)),
-        ))
-
     def build(cycles: bool) -> Optimizer:
         steps = static._replace(cycles=cycles)
-        opt = swim_optimizer("adaptive_bfo", AdaptiveBFOState, size, sign, init_fn,
+        opt = swim_optimizer("adaptive_bfo", AdaptiveBFOState, size, sign,
+                             partial(adaptive_init, static, hyper),
                              partial(adaptive_plan, static=steps), partial(adaptive_finish, steps),
                              costs_by(evaluator, sign), swim_batch)
         opt.update.static = steps  # type: ignore[attr-defined]  # read by adaptive_static
         return opt
 
     return with_twin(build, n_c)
+
+
+def adaptive_init(static: AdaptiveStatic, hyper: dict[str, float], params: Params, *,
+                  key: Key) -> AdaptiveBFOState:
+    """The BFO start, every bacterium at the initial step size, and an isotropic metric."""
+    size, rate = static.size, static.metric_rate
+    start = initial_population(params, key, size, static.bounds, hyper["init_scale"])
+    dtype, device, shape = start.dtype, start.key.device, layout(params)
+    if rate > 0 and (n := shape.size) > metric.MAX_METRIC_SIZE:
+        raise ValueError(f"metric_rate={rate} learns a {n} x {n} tumble metric; it is limited "
+                         f"to {metric.MAX_METRIC_SIZE} parameters (n^2 memory, n^3 time per "
+                         "update). Pass metric_rate=0 for isotropic tumbles.")
+    box = flat_box(static.bounds if static.relative_steps else None, shape, device,
+                   torch.float64)
+    return per_run(AdaptiveBFOState(
+        **start.state_fields(static.sign, hyper, AdaptiveBFOHyperparams),
+        step_sizes=torch.full((size,), hyper["step_size"], dtype=dtype, device=device).clamp(
+            hyper["step_size_min"], hyper["step_size_max"]),
+        stall=torch.zeros((), dtype=torch.int64, device=device),
+        reference_diversity=diversity(start.population, dtype),
+        active_size=torch.tensor(size, dtype=torch.int64, device=device),
+        metric=metric.isotropic(metric.widths(box, shape.size, device) if rate > 0
+                                else torch.zeros(0, dtype=torch.float64, device=device)),
+    ))
 
 
 def adaptive_finish(static: AdaptiveStatic, state: AdaptiveBFOState, plan: Plan,
