@@ -196,25 +196,21 @@ class Ray(NamedTuple):
         """Where each bacterium ends, and the best: the first of equal costs, point-major."""
         moved = carry.point >= 0
         point = carry.point.clamp_min(0) if self.greedy else carry.point  # Passino's always move
+        cost, at = first_min(torch.cat(carry.seen) if len(carry.seen) > 1 else carry.seen[0])
         if self.built is not None:  # the rows evaluated, not projected again
-            points, size = self.distances.shape
-            width = self.population.shape[-1]
-            final = self.built.reshape(points, size, width).gather(
-                0, point.reshape(1, size, 1).expand(1, size, width))[0]
+            final = self.built.reshape(self.distances.shape[0], *self.population.shape).gather(
+                0, point.reshape(1, -1, 1).expand(1, *self.population.shape))[0]
+            row = self.built.index_select(0, at)[0]
         else:
             final = ray_point(self.population, self.direction, self.distances.gather(
                 0, point.unsqueeze(0))[0], self.bounds, self.boundary)
-        if self.greedy:  # those that stay keep their rows
-            final = where(moved, final, self.population)
-        cost, at = first_min(torch.cat(carry.seen) if len(carry.seen) > 1 else carry.seen[0])
-        if self.built is not None:
-            row = self.built.index_select(0, at)[0]
-        else:
             bacterium = at % self.distances.shape[1]
             row = ray_point(self.population.index_select(0, bacterium),
                             self.direction.index_select(0, bacterium),
                             self.distances.reshape(-1).index_select(0, at), self.bounds,
                             self.boundary)[0]
+        if self.greedy:  # those that stay keep their rows
+            final = where(moved, final, self.population)
         better = cost[0] < carry.best_cost
         best = torch.where(better, row, carry.best_params)  # the best row
         return SwimResult(final, carry.raw_cost, carry.cost, carry.aux, best,
