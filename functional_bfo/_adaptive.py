@@ -239,8 +239,7 @@ def adaptive_init(static: AdaptiveStatic, hyper: dict[str, float], params: Param
         raise ValueError(f"metric_rate={rate} learns a {n} x {n} tumble metric; it is limited "
                          f"to {metric.MAX_METRIC_SIZE} parameters (n^2 memory, n^3 time per "
                          "update). Pass metric_rate=0 for isotropic tumbles.")
-    box = flat_box(static.bounds if static.relative_steps else None, shape, device,
-                   torch.float64)
+    box = flat_box(static.bounds if static.relative_steps else None, shape, device, torch.float64)
     return per_run(AdaptiveBFOState(
         **start.state_fields(static.sign, hyper, AdaptiveBFOHyperparams),
         step_sizes=torch.full((size,), hyper["step_size"], dtype=dtype, device=device).clamp(

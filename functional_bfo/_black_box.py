@@ -102,8 +102,7 @@ class BlackBoxResult(NamedTuple):
 
 
 def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
-                     swim_length: int = 1, chemotaxis_steps: int = 10,
-                     step_size_min: float = 1e-12,
+                     swim_length: int = 1, chemotaxis_steps: int = 10, step_size_min: float = 1e-12,
                      restart_after: int | None = 30, restart_rtol: float = 1e-2,
                      metric_rate: float = 2.0, explore_after: int | None = 2,
                      jitter: float = 0.01, polish: float = 0.1,

@@ -78,8 +78,7 @@ def _unit(w):
 
 
 @triton.jit
-def _unit_rows_kernel(key, counter, out, lanes, h, cols, WIDE: tl.constexpr,
-                      BLOCK: tl.constexpr):
+def _unit_rows_kernel(key, counter, out, lanes, h, cols, WIDE: tl.constexpr, BLOCK: tl.constexpr):
     """Row ``r`` of ``cols`` values from counters ``(counter, r * h + k)``, as the C kernel."""
     lane = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = lane < lanes
