@@ -329,8 +329,7 @@ def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: 
     dispersed = flag & (coins < p_ed) & (slots != leader)
     if varying:
         dispersed = (dispersed & (slots < count)) | woken
-    fresh = sample_domain(best, places, box, hp.init_scale)
-    population = where(dispersed, fresh, population)
+    population = where(dispersed, sample_domain(best, places, box, hp.init_scale), population)
     step_sizes = torch.where(dispersed, hp.step_size, step_sizes)
     return population, losses, step_sizes, health, count, source, dispersed
 

@@ -124,9 +124,8 @@ def flat_box(bounds: Any, shape: Layout, device: torch.device,
         except ValueError as e:
             raise ValueError(f"bounds does not match the structure of params: {e}. "
                              f"params is {shape.spec}; {BOUNDS_FORM_MSG}.") from None
-    paths = shape.spec.paths()
     numbers = True
-    for path, leaf_shape, pair in zip(paths, shape.shapes, pairs):
+    for path, leaf_shape, pair in zip(shape.spec.paths(), shape.shapes, pairs):
         if not _is_pair(pair):  # values were checked by check_bounds; this stays sync-free
             raise ValueError(f"Invalid bounds at {path_str(path)}: {pair!r}; {BOUNDS_FORM_MSG}.")
         for v in pair:

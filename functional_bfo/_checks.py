@@ -78,8 +78,7 @@ def check_params(params: Any) -> tuple[list[Tensor], optree.PyTreeSpec]:
                             f"{path_str(path)}; BFO moves parameters continuously, so cast it "
                             "with .float() or keep it out of params (pass it through *args).")
     paths, leaves, spec = optree.tree_flatten_with_path(params)
-    devices = {leaf.device for leaf in leaves}
-    if len(devices) > 1:
+    if len({leaf.device for leaf in leaves}) > 1:
         where = ", ".join(f"{path_str(p)} on {x.device}" for p, x in zip(paths, leaves))
         raise ValueError(f"params leaves are on different devices ({where}); move them to one "
                          "device, e.g. optree.tree_map(lambda x: x.to('cuda'), params).")

@@ -179,8 +179,7 @@ class Ray(NamedTuple):
             cost = point_raw
             if self.swarm_cost is not None:  # J_cc per point: the same sums whatever the batch
                 cost = point_raw + self.swarm_cost(point_rows(candidates, g, size))
-            better = cost <= previous if self.ties else cost < previous
-            improved = running & better
+            improved = running & (cost <= previous if self.ties else cost < previous)
             ends = improved if self.greedy else running
             point = end[0] + ends  # ends holds on a prefix of the points: a count
             if self.swarm_cost is None:  # the compared cost is the raw one: one where for both

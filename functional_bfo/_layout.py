@@ -116,7 +116,6 @@ def module_loss(
     buffers = dict(module.named_buffers())
 
     def loss_fn(params: dict[str, Tensor], inputs: Tensor, targets: Tensor) -> Tensor:
-        outputs = torch.func.functional_call(module, (params, buffers), (inputs,))
-        return criterion(outputs, targets)
+        return criterion(torch.func.functional_call(module, (params, buffers), (inputs,)), targets)
 
     return params, loss_fn

@@ -168,9 +168,8 @@ def with_start_loss(state: State, loss: Any, grad: Any = None) -> State:
                 raise ValueError(f"Invalid grad: a leaf of shape {tuple(g.shape)} where params "
                                  f"has {tuple(want)}; pass a gradient like params.")
         row = ravel(shape, shape.spec.unflatten(given)).to(state.grads.device)
-        known = torch.isfinite(row).all() & finite
         fields["grads"] = state.grads.index_put(first, torch.nan_to_num(row, 0.0, 0.0, 0.0))
-        fields["grad_known"] = state.grad_known.index_put(first, known)
+        fields["grad_known"] = state.grad_known.index_put(first, torch.isfinite(row).all() & finite)
     return state._replace(**fields)
 
 

@@ -131,10 +131,9 @@ def told(w: Walker, z: Tensor, costs: Tensor, sign: float, rate: float,
     mu, seen = sum(weight > 0 for weight in r.weights), torch.isfinite(ranked[0])
     keep = (info != 0) | (ranked[0] == ranked[mu - 1]) | ~seen
     scale = torch.where(keep, 1.0, scale).sqrt()
-    low, high = sigma_range
     moved = _into_box(w._replace(
         mean=w.mean + y_w * w.sigma * m.width,
-        sigma=(sigma * scale).clamp(low / math.sqrt(n), high / math.sqrt(n)),
+        sigma=(sigma * scale).clamp(sigma_range[0] / math.sqrt(n), sigma_range[1] / math.sqrt(n)),
         metric=TumbleMetric(torch.where(keep, m.cov, cov), torch.where(keep, m.factor, factor),
                             m.width, path / scale),
         sigma_path=sigma_path, best_loss=torch.where(

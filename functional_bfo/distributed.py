@@ -215,8 +215,7 @@ def check_replicas(state: Any, group: Any = None) -> None:
 
 def _gather(local: Tensor, counts: list[int], group: Any, what: str) -> Tensor:
     """Every rank's rows of ``local`` in rank order (padded to one size for the collective)."""
-    most = max(counts)
-    padded = local.new_zeros((most,) + local.shape[1:])
+    padded = local.new_zeros((max(counts),) + local.shape[1:])
     padded[:local.shape[0]] = local
     parts = [torch.empty_like(padded) for _ in counts]
     _collective(lambda: dist.all_gather(parts, padded, group=group), group, what)

@@ -77,10 +77,9 @@ def check_evaluator(evaluator: Any,
         raise TypeError(f"Invalid evaluator: {evaluator!r}; expected a callable {form}, such "
                         "as functional_bfo.evaluate.vmap(chunk_size=64).")
     try:
-        parameters = inspect.signature(evaluator).parameters.values()
+        kinds = [p.kind for p in inspect.signature(evaluator).parameters.values()]
     except (TypeError, ValueError):  # no signature to read (a builtin): trust it
         return evaluator
-    kinds = [p.kind for p in parameters]
     positional = sum(k in (inspect.Parameter.POSITIONAL_ONLY,
                            inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in kinds)
     if positional < 2 and inspect.Parameter.VAR_POSITIONAL not in kinds:

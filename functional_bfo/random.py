@@ -295,8 +295,7 @@ def uniform(key: Tensor, shape: tuple[int, ...] = (), dtype: torch.dtype = torch
     if any(not -math.inf < v < math.inf for v in plain) or (len(plain) == 2 and low > high):
         raise ValueError(f"Invalid low, high: {low!r}, {high!r}; expected finite numbers (or "
                          "tensors) with low <= high.")
-    n = math.prod(shape)
-    u = _unit_interval(bits(key, n * _words_per_value(dtype)), dtype, open_low=False)
+    u = _unit_interval(bits(key, math.prod(shape) * _words_per_value(dtype)), dtype, open_low=False)
     out = low + (high - low) * u.reshape(shape)
     # Rounding can reach ``high`` in low precision; fold those (rare) values onto ``low``.
     return torch.where(out < high, out, torch.as_tensor(low, dtype=dtype, device=out.device))
