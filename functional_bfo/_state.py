@@ -38,8 +38,7 @@ def with_hyperparams(state: State, **values: Any) -> State:
     if hp is None:
         raise TypeError(f"Expected the state returned by init/update (it has .hyperparams), "
                         f"got {type(state).__name__}.")
-    unknown = sorted(set(values) - set(hp._fields))
-    if unknown:
+    if unknown := sorted(set(values) - set(hp._fields)):
         raise ValueError(f"Unknown hyperparameters {unknown}; this state has {list(hp._fields)}.")
     ranges = getattr(type(hp), "RANGES", {})
     cast = {}

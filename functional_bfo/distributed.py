@@ -203,8 +203,7 @@ def check_replicas(state: Any, group: Any = None) -> None:
     parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     _collective(lambda: dist.all_gather(parts, mine, group=group), group, "state checksums")
     values = [int(p.item()) for p in parts]
-    differ = [rank for rank, value in enumerate(values) if value != values[0]]
-    if differ:
+    if differ := [rank for rank, value in enumerate(values) if value != values[0]]:
         raise RuntimeError(
             f"functional_bfo.distributed: the state differs across ranks (ranks {differ} "
             "disagree with rank 0). Every rank must run the same key and see the same "
