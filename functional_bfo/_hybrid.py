@@ -317,10 +317,9 @@ def _mask_row(params: Params, grad_mask: Any) -> Tensor:
             raise ValueError(f"grad_mask does not match the structure of params: {e}") from None
         if not all(isinstance(f, bool) for f in flags):
             raise ValueError(f"Invalid grad_mask: {grad_mask!r}; expected bools at the leaves.")
-    device = leaves[0].device
-    sizes = torch.tensor([x.numel() for x in leaves], device=device)
+    sizes, device = [x.numel() for x in leaves], leaves[0].device
     return torch.tensor(flags, device=device).repeat_interleave(
-        sizes, output_size=sum(x.numel() for x in leaves))
+        torch.tensor(sizes, device=device), output_size=sum(sizes))
 
 
 def _differentiable_rows(loss_fn: LossFn, mask: Tensor, shape: Layout,

@@ -26,13 +26,12 @@ def metrics(state: Any) -> dict[str, Tensor]:
     losses = state.losses
     finite = torch.isfinite(losses)
     count = finite.sum()
+    nan_if_none = torch.where(count > 0, 0.0, torch.nan)  # NaN where no loss is finite
     out = {
         "best_loss": state.best_loss,
-        "mean_loss": torch.where(finite, losses, 0).sum() / count.clamp_min(1)
-        + torch.where(count > 0, 0.0, torch.nan),
+        "mean_loss": torch.where(finite, losses, 0).sum() / count.clamp_min(1) + nan_if_none,
         "median_loss": torch.where(finite, losses, torch.nan).nanmedian(),
-        "worst_loss": torch.where(finite, losses, -torch.inf).max()
-        + torch.where(count > 0, 0.0, torch.nan),
+        "worst_loss": torch.where(finite, losses, -torch.inf).max() + nan_if_none,
         "nonfinite_losses": (~finite).sum(),
         "diversity": diversity(state.population, losses.dtype),
         "step": state.step,
