@@ -39,8 +39,7 @@ def rastrigin_demo() -> None:
     state = fb.run(opt, state, rastrigin, max_evals=budget, progress=True, log_every=100)
     error = (state.best_params["x"] - shift).abs().max().item()
     print(f"canonical BFO: loss {state.best_loss.item():.4g} in {state.num_evals.item()} "
-          f"evaluations; largest coordinate error {error:.3f}")
-    print()
+          f"evaluations; largest coordinate error {error:.3f}\n")
 
 
 def two_moons(n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -242,9 +242,8 @@ class _Search:
             return self.told(state, swarm, self.optimizer(state).tell(  # type: ignore[misc]
                 swarm, asked, losses, check=False))
         costs = told_costs(state.swarm, asked, losses, self.sign, "black_box_search", check=False)
-        if state.phase == "faces":
-            return self.after(self.told_faces(state, costs))
-        return self.after(self.walked(state, costs, self.walker_round(state)))
+        return self.after(self.told_faces(state, costs) if state.phase == "faces" else
+                          self.walked(state, costs, self.walker_round(state)))
 
     def update(self, state: BlackBoxState, loss_fn: LossFn, *args: Any) -> BlackBoxState:
         """One round: ``tell(state, ask(state), losses)``, a swarm's by its own ``update``."""
