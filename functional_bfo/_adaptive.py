@@ -60,10 +60,7 @@ class AdaptiveBFOHyperparams(NamedTuple):
 
 
 class AdaptiveBFOState(NamedTuple):
-    """State of :func:`adaptive_bfo`: :class:`~functional_bfo.BFOState`'s fields, plus five.
-
-    The population is one ``(P, D)`` matrix, as in :class:`~functional_bfo.BFOState`.
-    """
+    """State of :func:`adaptive_bfo`: :class:`~functional_bfo.BFOState`'s fields, plus five."""
 
     population: Tensor  # (P, D): bacterium i's params as row i
     losses: Tensor  # (P,) loss at each position (NaN before the first evaluation)
