@@ -113,8 +113,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
     row of the float64 ``asked.params``) until ``state.phase == "done"``: restarts,
     exploration and the polish happen inside ``tell``, and ``state.best_params`` and
     ``state.best_loss`` hold the best point. ``opt.update(state, loss_fn, *args)`` is one
-    round, its ``loss_fn`` called as :func:`black_box`'s is. The settings are
-    :func:`black_box`'s.
+    round, its ``loss_fn`` called as :func:`black_box`'s is. The settings are :func:`black_box`'s.
 
     Examples:
         >>> import numpy as np, torch, functional_bfo as fb

@@ -150,9 +150,8 @@ def hybrid_bfo(
         it and no per-bacterium gradient is computed.
 
     Raises:
-        ValueError: a hyperparameter is invalid; at ``init``, ``grad_mask=None`` and no leaf
-            that requires grad; at ``update``, a loss whose output carries no gradient from
-            the params.
+        ValueError: a hyperparameter is invalid; at ``init``, ``grad_mask=None`` and no leaf that
+            requires grad; at ``update``, a loss whose output carries no gradient from the params.
 
     Examples:
         >>> import torch, functional_bfo as fb

@@ -68,10 +68,9 @@ def strided(x: Tensor) -> Tensor:
 def as_params(state: Any, rows: Tensor) -> Params:
     """Rows over a state's ``D`` coordinates as params: views, in each leaf's dtype.
 
-    A state keeps its population as one ``(P, D)`` matrix (and a hybrid state its gradients
-    and gradient mask as rows too): ``as_params(state, state.population)`` is bacterium
-    ``i``'s params at index ``i`` of every leaf. ``rows`` is ``(..., D)``; the structure is
-    ``state.best_params``'.
+    A state keeps its population as one ``(P, D)`` matrix (and a hybrid state its gradients and
+    gradient mask as rows too): ``as_params(state, state.population)`` is bacterium ``i``'s params
+    at index ``i`` of every leaf. ``rows`` is ``(..., D)``; the structure is ``state.best_params``'.
 
     Raises:
         ValueError: ``rows`` is not a tensor whose last axis has ``D`` entries.

@@ -44,11 +44,10 @@ def run(
     its factory), for ``target_loss`` and ``patience`` alike. In eager, an update that ends
     no cycle runs without the masked cycle events: the same states as a loop of
     ``opt.update``, in 0.88x its time over :func:`functional_bfo.adaptive_bfo`, 0.92-0.95x
-    over the others. A
-    :func:`functional_bfo.black_box_search` state runs until its own budget is spent
-    (``state.phase == "done"``, reason ``"max_evals"``) or another rule fires; it takes no
-    ``max_evals`` or ``compile`` here, and non-finite losses do not stop it (its restarts
-    look elsewhere).
+    over the others. A :func:`functional_bfo.black_box_search` state runs until its own
+    budget is spent (``state.phase == "done"``, reason ``"max_evals"``) or another rule
+    fires; it takes no ``max_evals`` or ``compile`` here, and non-finite losses do not stop
+    it (its restarts look elsewhere).
 
     Args:
         opt: the optimizer that made ``state``.

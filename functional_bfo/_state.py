@@ -209,8 +209,7 @@ def load(f: PathOrFile, like: State, map_location: Any = None) -> State:
     identically to one that never stopped. The file's digest catches a truncated or
     corrupted file, not an edited one (it is a checksum, not a signature: an editor can
     recompute it), so the values are checked as ``init`` and ``with_hyperparams`` check
-    theirs. Load only files you trust: ``torch.load`` reads them, with
-    ``weights_only=True``.
+    theirs. Load only files you trust: ``torch.load`` reads them, with ``weights_only=True``.
 
     Raises:
         ValueError: the file is not a complete, unmodified checkpoint written by

@@ -99,9 +99,8 @@ def vmap(chunk_size: int | None = None) -> Evaluator:
 
     Args:
         chunk_size: evaluate at most this many bacteria at once (bounds peak memory of large
-            models); None evaluates the whole population in one batch. Results do not
-            depend on it, beyond the last bits of losses whose kernels round by batch shape
-            (matrix products).
+            models); None evaluates the whole population in one batch. Results do not depend on it,
+            beyond the last bits of losses whose kernels round by batch shape (matrix products).
     """
     if chunk_size is not None:
         check_int("chunk_size", chunk_size, 1)
