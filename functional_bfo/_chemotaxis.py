@@ -196,13 +196,11 @@ class Ray(NamedTuple):
         moved = carry.point >= 0
         point = carry.point.clamp_min(0) if self.greedy else carry.point  # Passino's always move
         cost, at = first_min(torch.cat(carry.seen) if len(carry.seen) > 1 else carry.seen[0])
-        if self.built is not None:  # the rows evaluated, not projected again
-            final = self.built.reshape(self.distances.shape[0], *self.population.shape).gather(
-                0, point.reshape(1, -1, 1).expand(1, *self.population.shape))[0]
+        final = ray_point(self.population, self.direction, self.distances.gather(
+            0, point.unsqueeze(0))[0], self.bounds, self.boundary)
+        if self.built is not None:
             row = self.built.index_select(0, at)[0]
         else:
-            final = ray_point(self.population, self.direction, self.distances.gather(
-                0, point.unsqueeze(0))[0], self.bounds, self.boundary)
             bacterium = at % self.distances.shape[1]
             row = ray_point(self.population.index_select(0, bacterium),
                             self.direction.index_select(0, bacterium),
