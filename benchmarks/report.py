@@ -63,14 +63,14 @@ SECTIONS = [  # (results stem, heading, what the numbers say)
     ("speed", "Speed vs peers",
      "`python benchmarks/speed.py`: every optimizer on the same shifted Rastrigin in one run; "
      "ratios are to the fastest BFO peer of that run. Against EvoX's PSO on the same "
-     "function in torch, compiled `fb.bfo` scores 2.8-3.1x its evaluations per second. "
+     "function in torch, compiled `fb.bfo` scores 2.2-3.2x its evaluations per second. "
      "Eager, at its default `swim_batch=1` (five evaluator calls an update, each paying "
-     "`torch.func.vmap`'s own Python), it scores 0.94-0.96x EvoX's eager PSO in a loop of "
-     "`update` and 1.02-1.04x under `fb.run` (which leaves out the cycle events where no "
+     "`torch.func.vmap`'s own Python), it scores 0.94-0.97x EvoX's eager PSO in a loop of "
+     "`update` and 1.02-1.06x under `fb.run` (which leaves out the cycle events where no "
      "cycle ends), the medians of seven runs of each in turn in three runs of the script "
      "(a single run of either moves by 10% on this machine). EvoX is handed a function of "
      "the whole population; given the same function through an evaluator that calls it on "
-     "the population (docs/concepts.md), eager `fb.bfo` scores 1.45-1.49x. With the whole "
+     "the population (docs/concepts.md), eager `fb.bfo` scores 1.41-1.47x. With the whole "
      "swim ray in one call (`swim_batch=5`, which holds five times the candidates and "
      "their activations at once) the per-candidate loss runs 1.5x the default's rate."),
     ("gpu_cuda", "On an NVIDIA H200: updates from P = 256 to 65,536, EvoX's PSO, glue",
