@@ -219,7 +219,8 @@ def adaptive_bfo(
         opt = swim_optimizer("adaptive_bfo", AdaptiveBFOState, size, sign,
                              partial(adaptive_init, static, hyper),
                              partial(adaptive_plan, static=steps), partial(adaptive_finish, steps),
-                             costs_by(evaluator, sign), swim_batch)
+                             costs_by(evaluator, sign), swim_batch,
+                             settings=static._replace(swim_batch=1))
         opt.update.static = steps  # type: ignore[attr-defined]  # read by adaptive_static
         return opt
 

@@ -5,6 +5,7 @@ Both halves recompute the plan from the state, which neither changes (docs/desig
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -21,7 +22,7 @@ from ._layout import strided, unravel
 
 # The integer type whose bits a float of each width is read as, for a state's digest.
 BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-MASK_WEIGHT = 1_000_003  # a prime, so that a changed mask moves the digest
+MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as an int64: spreads each position's weight
 
 
 class Ask(NamedTuple):
@@ -47,27 +48,49 @@ class Ask(NamedTuple):
 
     params: Params  # each leaf (R, *leaf.shape), R = (swim_length + 1) * population_size
     mask: Tensor  # (R,) bool
-    tag: Tensor  # (5,) int64: the state's step, num_evals, key and a digest of its losses
+    tag: Tensor  # (6,) int64: the state's step, num_evals, key, its digest, the settings'
 
 
-def round_tag(state: Any) -> Tensor:
-    """The tag of ``state``'s round: counters, key, digest of losses, hyperparams, grad mask."""
-    losses = state.losses
-    values = torch.cat([losses, torch.stack(tuple(state.hyperparams))])  # one dtype
-    bits = values.view(BITS[losses.element_size()]).to(torch.int64)
-    digest = (bits * torch.arange(1, values.shape[-1] + 1, device=losses.device)).sum()
-    mask = getattr(state, "grad_mask", None)
-    if mask is not None:
-        place = torch.arange(1, mask.shape[-1] + 1, device=mask.device)
-        digest = digest + MASK_WEIGHT * (mask.to(torch.int64) * place).sum()
-    return torch.stack([state.step, state.num_evals, state.key[0], state.key[1], digest])
+def round_tag(state: Any, settings: int) -> Tensor:
+    """The tag of ``state``'s round: counters, key, a digest of the state, ``settings``' digest.
+
+    The digest covers every leaf (population, losses, best, box, hyperparameters, masks), so
+    an Ask of another state, or of this one edited, has another tag.
+    """
+    return torch.stack([state.step, state.num_evals, state.key[0], state.key[1],
+                        state_digest(state), torch.tensor(settings, device=state.key.device)])
+
+
+def state_digest(state: Any) -> Tensor:
+    """A 0-d int64 sum of every leaf's bits weighted by position (wrapping): any edit moves it."""
+    words = []
+    for x in optree.tree_leaves(state):
+        flat = x.reshape(-1)
+        words.append(flat.view(BITS[x.element_size()]).to(torch.int64)
+                     if x.is_floating_point() else flat.to(torch.int64))
+    bits = torch.cat(words)
+    return (bits * (torch.arange(1, bits.shape[-1] + 1, device=bits.device) * MIX)).sum(-1)
+
+
+def settings_digest(settings: Any) -> int:
+    """An int64 digest of an optimizer's structural settings, the same in every process."""
+    leaves, spec = optree.tree_flatten(settings, none_is_leaf=True)
+    h = hashlib.sha256(str(spec).encode())
+    for leaf in leaves:
+        if isinstance(leaf, (Tensor, np.ndarray)):
+            data = torch.as_tensor(leaf).detach().cpu().contiguous()
+            h.update(f"\0{data.dtype}{tuple(data.shape)}".encode())
+            h.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(f"\0{leaf!r}".encode())
+    return int.from_bytes(h.digest()[:8], "little", signed=True)
 
 
 def swim_optimizer(name: str, state_type: type, size: int, sign: float, init: Any,
                    plan: Callable[..., Plan], finish: Callable[[Any, Plan, SwimResult], Any],
                    evaluation: Callable[..., Callable], swim_batch: int,
                    told_aux: Callable[..., Any] | None = None,
-                   takes: tuple[str, str] | None = None) -> Optimizer:
+                   takes: tuple[str, str] | None = None, settings: Any = None) -> Optimizer:
     """Every variant's ``update``, ``ask`` and ``tell``, from the variant's own steps.
 
     ``plan(state, **given)`` is the update before any loss, ``finish(state, plan, result)`` the
@@ -75,8 +98,11 @@ def swim_optimizer(name: str, state_type: type, size: int, sign: float, init: An
     (``rows -> (costs, aux)``) and ``told_aux(state, asked, **given)`` reads what tell is given
     besides losses as the round's aux. ``given`` is the keyword that update and tell take
     beyond the contract, as ``takes`` names them (``hybrid_bfo``'s ``grad=`` and ``grads=``).
+    ``settings`` are the structural settings an Ask must share to be told (not how rows are
+    batched or evaluated, which leave the round as it is).
     """
     update_takes, tell_takes = takes or (None, None)
+    fixed = settings_digest((name, size, sign, settings))
 
     def update(state: Any, loss_fn: LossFn, *args: Any, **given: Any) -> Any:
         check_state(state, size, state_type, name)
@@ -91,14 +117,18 @@ def swim_optimizer(name: str, state_type: type, size: int, sign: float, init: An
         check_state(state, size, state_type, name)
         steps = plan(state)
         return Ask(unravel(steps.shape, steps.ray.points(steps.ray.distances)), steps.needed(),
-                   round_tag(state))
+                   round_tag(state, fixed))
 
     def tell(state: Any, asked: Ask, losses: Any, *, check: bool = True, **given: Any) -> Any:
         check_state(state, size, state_type, name)
         refuse_keywords(given, tell_takes, f"{name}.tell")
+        check_ask(asked, name)
+        steps = plan(state)
+        check_rows(asked, steps.ray.distances.numel(), name)
+        if check:
+            check_tag(round_tag(state, fixed), asked.tag, name)
         costs = told_costs(state, asked, losses, sign, name, check)
         aux = None if told_aux is None else told_aux(state, asked, **given)
-        steps = plan(state)
         return finish(state, steps, steps.told(costs, aux))
 
     return Optimizer(init, update, sign < 0, ask, tell)
@@ -110,14 +140,26 @@ def refuse_keywords(given: dict[str, Any], takes: str | None, where: str) -> Non
         raise TypeError(f"{where}() got an unexpected keyword argument {unexpected[0]!r}")
 
 
-def told_costs(state: Any, asked: Any, losses: Any, sign: float, variant: str,
-               check: bool = True) -> Tensor:
-    """``losses`` answering ``asked`` as costs; ``check`` reads the tags and warns on the host."""
+def check_ask(asked: Any, variant: str) -> None:
+    """A TypeError unless ``asked`` is an Ask."""
     if not isinstance(asked, Ask):
         raise TypeError(f"{variant}.tell takes the Ask that {variant}.ask(state) returned, "
                         f"got {type(asked).__name__}.")
+
+
+def check_rows(asked: Ask, rows: int, variant: str) -> None:
+    """A ValueError unless ``asked`` has the ``rows`` of the told state's round (static)."""
+    if asked.mask.shape[-1] != rows:
+        raise ValueError(f"asked has {asked.mask.shape[-1]} rows, but this state's round has "
+                         f"{rows}: it was asked of another optimizer (another population_size "
+                         f"or swim_length). Tell the Ask that {variant}.ask(state) returned "
+                         "for this state.")
+
+
+def told_costs(state: Any, asked: Ask, losses: Any, sign: float, variant: str,
+               check: bool = True) -> Tensor:
+    """``losses`` answering ``asked`` as costs; ``check`` warns on the host when none is finite."""
     rows = asked.mask.shape[-1]
-    check_tag(round_tag(state), asked.tag, variant, check)
     if isinstance(losses, Tensor):
         values = losses.detach()
     else:
@@ -168,18 +210,33 @@ def told_grads(asked: Ask, grads: Any, variant: str) -> Params:
     return spec.unflatten(out)
 
 
-def check_tag(expected: Tensor, tag: Tensor, variant: str, check: bool) -> None:
-    """Refuse a tag other than ``expected`` (values read only if ``check``)."""
+def read(flag: Tensor, variant: str) -> bool:
+    """``flag`` on the host, or an error saying that ``check=True`` cannot be batched."""
+    try:
+        return bool(flag.all())
+    except RuntimeError as e:  # vmap's data-dependent control flow: the only caller that can't
+        raise RuntimeError(f"{variant}.tell(check=True) reads asked.tag on the host, which "
+                           "torch.func.vmap cannot do: pass check=False under vmap (and "
+                           "under torch.compile).") from e
+
+
+def check_tag(expected: Tensor, tag: Tensor, variant: str) -> None:
+    """Refuse a tag other than ``expected``, naming what differs (reads both on the host)."""
     if tuple(tag.shape) != tuple(expected.shape):
         raise ValueError(f"asked.tag has shape {tuple(tag.shape)}, not {tuple(expected.shape)}: "
                          f"pass the Ask that {variant}.ask(state) returned for this state.")
-    if not check or bool((tag == expected).all()):
+    tag = tag.to(expected.device)
+    if read(tag == expected, variant):
         return
     if not bool(tag[0] == expected[0]):
         raise ValueError(f"asked answers the round of update {int(tag[0])}, but the state has made "
                          f"{int(expected[0])} updates: call ask on the state you tell, once per "
                          "update (state = tell(state, ask(state), losses)).")
-    raise ValueError("asked comes from another state (another run, key, history or "
-                     "hyperparameters than the one told: a hyperparameter or gradient mask "
-                     "changed between ask and tell?): tell takes the state that ask was called "
-                     "on; change hyperparameters before ask or after tell.")
+    if not bool(tag[-1] == expected[-1]):
+        raise ValueError(f"asked comes from another optimizer: one with other settings (bounds, "
+                         f"boundary, tumble, swim_length, ...) than the {variant} told. Tell "
+                         "an Ask to the optimizer that asked it.")
+    raise ValueError("asked comes from another state (another run, start, key, history or "
+                     "hyperparameters than the one told, or a state edited between ask and "
+                     "tell: a hyperparameter or gradient mask changed?): tell takes the state "
+                     "that ask was called on; change hyperparameters before ask or after tell.")

@@ -204,7 +204,8 @@ def bfo(
     evaluation = costs_by(check_evaluator(evaluator), static.sign)
     return with_twin(lambda cycles: swim_optimizer(
         "bfo", BFOState, size, static.sign, init_fn, partial(bfo_plan, static._replace(
-            cycles=cycles)), partial(bfo_finish, static), evaluation, swim_batch), n_c)
+            cycles=cycles)), partial(bfo_finish, static), evaluation, swim_batch,
+        settings=static), n_c)
 
 
 class BFOStatic(NamedTuple):

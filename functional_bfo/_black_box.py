@@ -24,7 +24,7 @@ from . import _moves as moves
 from . import _walker as walker
 from . import random
 from ._adaptive import AdaptiveBFOState, adaptive_bfo, adaptive_static
-from ._ask_tell import Ask, check_tag, round_tag, told_costs
+from ._ask_tell import Ask, check_ask, check_tag, round_tag, settings_digest, told_costs
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import LeafBounds, check_bounds, flat_box, project, sample_domain
 from ._checks import check_float, check_int, check_losses, check_params, check_state
@@ -155,9 +155,12 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
                          "that or a smaller swarm.")
     main_budget = budget - per_round * int(polish_share * budget / per_round)
 
+    shared = {k: v for k, v in settings.items() if k not in ("evaluator", "swim_batch")}
+    fixed = settings_digest(("black_box_search", budget, stall_limit, rtol, hand_over, kick,
+                             rate, polish_share, population_size, shared))
     search = _Search(budget, main_budget, per_round, stall_limit, rtol, hand_over, kick, rate,
                      population_size, chemotaxis_steps, sign, bounds,
-                     adaptive_static(plain).boundary, evaluator, plain, learner)
+                     adaptive_static(plain).boundary, evaluator, plain, learner, fixed)
     return Optimizer(search.init, search.update, bool(plain.maximize), search.ask, search.tell)
 
 
@@ -181,6 +184,7 @@ class _Search:
     evaluator: Any
     plain: Optimizer  # isotropic tumbles
     learner: Optimizer  # a learned metric
+    fixed: int  # the settings' digest, in every round's tag
 
     def cost(self, loss: Tensor) -> float:
         return self.sign * float(loss)
@@ -219,18 +223,18 @@ class _Search:
     def ask(self, state: BlackBoxState) -> Ask:
         swarm = self.round_swarm(state)
         if swarm is not None:
-            return self.optimizer(state).ask(swarm)._replace(tag=_tag(state))  # type: ignore[misc]
+            return self.optimizer(state).ask(swarm)._replace(  # type: ignore[misc]
+                tag=self.tag(state))
         rows = self.round_rows(state)
         return Ask(copied_params(rows, state.start),
-                   torch.ones(len(rows), dtype=torch.bool, device=rows.device), _tag(state))
+                   torch.ones(len(rows), dtype=torch.bool, device=rows.device), self.tag(state))
 
     def tell(self, state: BlackBoxState, asked: Ask, losses: Any, *,
              check: bool = True) -> BlackBoxState:
         swarm = self.round_swarm(state)
-        if not isinstance(asked, Ask):
-            raise TypeError("black_box_search.tell takes the Ask that ask(state) returned, "
-                            f"got {type(asked).__name__}.")
-        check_tag(_tag(state), asked.tag.cpu(), "black_box_search", check)
+        check_ask(asked, "black_box_search")
+        if check:
+            check_tag(self.tag(state), asked.tag, "black_box_search")
         rows = moves.face_count(state.faces, *self.sides(state)) if state.phase == "faces" else (
             self.per_round)  # a swarm's round or the walker's
         if tuple(asked.mask.shape) != (rows,):  # a stale answer was named as one above
@@ -257,6 +261,10 @@ class _Search:
         costs = rank_costs(losses.to(state.swarm.losses), self.sign)
         return self.after(self.told_faces(state, costs) if drawn is None else
                           self.walked(state, costs, drawn))
+
+    def tag(self, s: BlackBoxState) -> Tensor:
+        """The round ``s`` is in: its counters, key and digest, and the settings'."""
+        return round_tag(s, self.fixed)
 
     def in_given_dtypes(self, s: BlackBoxState, loss_fn: LossFn) -> LossFn:
         """``loss_fn`` taking its params in the given dtypes, as :func:`black_box` does."""
@@ -555,14 +563,6 @@ def _swarm(state: BlackBoxState) -> AdaptiveBFOState:
         return state.explorer
     w = state.swarm
     return w if bool(state.swarm_learns) else w._replace(metric=state.explorer.metric)
-
-
-def _tag(state: BlackBoxState) -> Tensor:
-    """The round ``state`` is in: counters, key, and a digest of the phase, losses and walker."""
-    best, sigma = (int(x.cpu().view(torch.int64)) for x in (state.best_loss, state.walker.sigma))
-    digest = int(round_tag(_swarm(state))[4]) * 31 + best * 7 + sigma * 11 + int(state.stage)
-    return torch.tensor([int(state.step), int(state.num_evals), int(state.key[0]),
-                         int(state.key[1]), (digest + 2**63) % 2**64 - 2**63])
 
 
 def _with(state: BlackBoxState, **fields: Any) -> BlackBoxState:

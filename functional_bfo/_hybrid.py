@@ -204,7 +204,8 @@ def hybrid_bfo(
         return swim_optimizer("hybrid_bfo", HybridBFOState, size, static.sign, init_fn,
                               partial(hybrid_plan, steps), partial(hybrid_finish, steps, limits),
                               partial(hybrid_evaluation, evaluator, chunk_size, static.sign),
-                              static.swim_batch, told_aux, ("grad", "grads"))
+                              static.swim_batch, told_aux, ("grad", "grads"),
+                              (static._replace(swim_batch=1), limits))
 
     return with_twin(build, static.chemotaxis_steps)
 

@@ -15,6 +15,11 @@ import torch
 from torch import Tensor
 
 from ._checks import path_str
+
+try:  # advisory locks tell a live writer's scratch file from a killed one's
+    import fcntl
+except ImportError:  # Windows: no flock; killed writes' scratch files are then kept
+    fcntl = None  # type: ignore[assignment]
 from ._layout import layout, ravel, strided
 
 State = TypeVar("State", bound=Any)  # a NamedTuple state of any variant
@@ -77,10 +82,12 @@ def save(state: Any, f: PathOrFile) -> None:
     A path is written atomically: to a temporary file in the same folder, flushed to disk,
     then renamed over ``f``, so a write that fails or is killed leaves the previous
     checkpoint intact; the temporary files that killed writes left beside ``f`` are removed
-    once a write succeeds. A symbolic link is followed: its target is written, the link
-    kept. The pytree structure is not stored (a custom NamedTuple is not on
-    torch's allow-list): :func:`load` rebuilds it from a template state. A digest of the
-    tensors lets :func:`load` refuse a corrupted file.
+    once a write succeeds (a write in progress holds a lock on its own, so that saves from
+    several threads or processes to one path all succeed, the last rename winning). A
+    symbolic link is followed: its target is written, the link kept. The pytree structure
+    is not stored (a custom NamedTuple is not on torch's allow-list): :func:`load` rebuilds
+    it from a template state. A digest of the tensors lets :func:`load` refuse a corrupted
+    file.
 
     Raises:
         TypeError: ``state`` is not an optimizer's state of tensors.
@@ -95,10 +102,15 @@ def save(state: Any, f: PathOrFile) -> None:
     handle, scratch = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(handle, "wb") as out:
+            if fcntl is not None:  # held until closed, after the rename
+                fcntl.flock(out.fileno(), fcntl.LOCK_EX)
             torch.save(data, out)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(scratch, path)
+            if fcntl is not None:
+                os.replace(scratch, path)
+        if fcntl is None:  # Windows renames no open file
+            os.replace(scratch, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(scratch)
@@ -113,12 +125,15 @@ def save(state: Any, f: PathOrFile) -> None:
 
 
 def _remove_leftovers(folder: str, name: str, before: float) -> None:
-    """Remove temporary files of killed writes of ``name`` (those begun after ``before`` stay)."""
+    """Remove temporary files of killed writes of ``name``: unlocked, and older than ``before``."""
+    if fcntl is None:
+        return
     for entry in os.scandir(folder):  # .{name}.XXXXXXXX.tmp: mkstemp's 8 random characters
         if (entry.name.startswith(f".{name}.") and entry.name.endswith(".tmp")
                 and len(entry.name) == len(name) + 14 and entry.is_file(follow_symlinks=False)):
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError), open(entry.path, "rb") as held:
                 if entry.stat(follow_symlinks=False).st_mtime < before:
+                    fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # else in use
                     os.unlink(entry.path)
 
 

@@ -233,3 +233,75 @@ def test_a_save_between_ask_and_tell_resumes_in_a_fresh_process(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=120)
     assert out.stdout.strip() == "same", out.stderr
+
+
+@variants
+def test_tell_refuses_an_ask_of_another_state_or_optimizer_that_shares_its_key(variant):
+    """The round tag covers the whole state and the optimizer's settings: an Ask of a state
+    started elsewhere with the same key, of an optimizer with other bounds or tumbles, or of a
+    state edited between ask and tell would store foreign losses against this state's rows."""
+    opt, key = variant.make(), fb.random.key(0)
+    mine = opt.init(params(), key=key)
+    elsewhere = opt.init(optree.tree_map(lambda x: x + 3.0, params()), key=key)
+    asked = opt.ask(elsewhere)
+    losses, extra = answer(variant, asked)
+    with pytest.raises(ValueError, match="another state"):
+        opt.tell(mine, asked, losses, **extra)
+    edited = mine._replace(population=mine.population + 1.0)
+    asked = opt.ask(mine)
+    losses, extra = answer(variant, asked)
+    with pytest.raises(ValueError, match="another state"):
+        opt.tell(edited, asked, losses, **extra)
+    for settings in (dict(bounds=(-7.0, 7.0)), dict(tumble="levy"), dict(boundary="wrap")):
+        if variant.kwargs.get("bounds") == settings.get("bounds", 0) or (
+                variant.kwargs.get("tumble") == settings.get("tumble", 0)):
+            continue
+        other = variant.make(**settings)
+        asked = other.ask(other.init(params(), key=key))
+        losses, extra = answer(variant, asked)
+        with pytest.raises(ValueError, match="another optimizer: one with other settings"):
+            opt.tell(mine, asked, losses, **extra)
+    twin = variant.make(swim_batch=5)  # how rows are batched leaves the round as it is
+    asked = twin.ask(twin.init(params(), key=key))
+    losses, extra = answer(variant, asked)
+    opt.tell(mine, asked, losses, **extra)
+
+
+@variants
+def test_an_ask_of_another_swim_length_is_refused_even_unchecked(variant):
+    """Its row count is static: 8 rows told to a 12-row round must not count as 12."""
+    opt = variant.make(swim_length=2)
+    state = opt.init(params(), key=fb.random.key(0))
+    for swims in (1, 3):
+        other = variant.make(swim_length=swims)
+        asked = other.ask(other.init(params(), key=fb.random.key(0)))
+        losses, extra = answer(variant, asked)
+        rows = variant.kwargs["population_size"] * 3
+        for check in (True, False):
+            with pytest.raises(ValueError, match=f"asked has {len(losses)} rows, but this "
+                                                 f"state's round has {rows}"):
+                opt.tell(state, asked, losses, check=check, **extra)
+
+
+def test_black_box_tell_refuses_an_ask_of_another_search_that_shares_its_key():
+    opt, key = fb.black_box_search((-5.0, 5.0), max_evals=2000), fb.random.key(0)
+    mine = opt.init({"x": torch.full((4,), 3.0)}, key=key)
+    other = opt.init({"x": torch.full((4,), 1.0)}, key=key)
+    asked = opt.ask(other)
+    with pytest.raises(ValueError, match="another state"):
+        opt.tell(mine, asked, (asked.params["x"] - 1).square().sum(1))
+    wider = fb.black_box_search((-6.0, 6.0), max_evals=2000)
+    asked = wider.ask(wider.init({"x": torch.full((4,), 3.0)}, key=key))
+    with pytest.raises(ValueError, match="another optimizer"):
+        opt.tell(mine, asked, (asked.params["x"] - 1).square().sum(1))
+
+
+def test_vmapped_tell_says_to_pass_check_false():
+    opt = fb.bfo(4, swim_length=1)
+    states = torch.func.vmap(lambda k: opt.init({"x": torch.zeros(2)}, key=k))(
+        torch.stack([fb.random.key(0), fb.random.key(1)]))
+    asked = torch.func.vmap(opt.ask)(states)
+    with pytest.raises(RuntimeError, match=r"bfo.tell\(check=True\) reads asked.tag .* pass "
+                                           "check=False under vmap"):
+        torch.func.vmap(opt.tell)(states, asked, torch.zeros(2, 8))
+    torch.func.vmap(functools.partial(opt.tell, check=False))(states, asked, torch.zeros(2, 8))

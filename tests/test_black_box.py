@@ -749,7 +749,7 @@ def test_tell_refuses_another_rounds_answer():
     stale_answer = r"asked answers the round of update 0, but the state has made 1 updates"
     with pytest.raises(ValueError, match=stale_answer):
         opt.tell(state, stale, numpy_losses(stale))
-    with pytest.raises(TypeError, match="takes the Ask that ask\\(state\\) returned"):
+    with pytest.raises(TypeError, match=r"takes the Ask that black_box_search.ask\(state\)"):
         opt.tell(state, stale.params, numpy_losses(stale))
     with pytest.raises(ValueError, match=r"Invalid losses: shape \(3,\)"):
         opt.tell(state, opt.ask(state), [1.0, 2.0, 3.0])

@@ -8,8 +8,10 @@ that never saw the fault gives.
 
 import functools
 import math
+import multiprocessing
 import os
 import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import optree
 import pytest
@@ -131,6 +133,50 @@ def test_a_good_save_removes_what_killed_saves_left_and_nothing_else(tmp_path):
         os.utime(leftover, (time.time() - 60, time.time() - 60))
     fb.save(run_updates(opt, state, 1), path)
     assert sorted(os.listdir(tmp_path)) == sorted(["state.pt"] + [p.name for p in others])
+
+
+def _slow_first_fsync():
+    """A slow disk: the first write of this process waits 0.3 s before its rename, while
+    other writers start and finish (the rest fsync as usual)."""
+    fsync, calls = os.fsync, []
+
+    def slow(fd):
+        if not calls:
+            calls.append(fd)
+            time.sleep(0.3)
+        fsync(fd)
+    os.fsync = slow
+
+
+def _save_often(path, seed, times, slow=False):
+    """A run checkpointing to ``path`` ``times`` times (a thread's or a process's)."""
+    if slow:
+        _slow_first_fsync()
+    opt = fb.bfo(population_size=64)
+    state = opt.init({"w": torch.zeros(8192)}, key=fb.random.key(seed))  # a 2 MB state
+    for _ in range(times):
+        fb.save(state, path)
+    return state
+
+
+@pytest.mark.parametrize("workers", ["threads", "processes"])
+def test_saves_racing_to_one_path_all_succeed_and_leave_no_scratch(tmp_path, workers,
+                                                                   monkeypatch):
+    """Two runs checkpointing to one file: a save must not remove the other's scratch file
+    mid-write as a killed write's leftover. The last rename wins; nothing else is left."""
+    path = tmp_path / "state.pt"
+    monkeypatch.setattr(os, "fsync", os.fsync)  # restored after the threads' slow disk
+    if workers == "threads":
+        _slow_first_fsync()
+        pool = ThreadPoolExecutor(3)
+    else:  # spawned: torch forks badly; the first process has the slow disk
+        pool = ProcessPoolExecutor(3, mp_context=multiprocessing.get_context("spawn"))
+    with pool:
+        states = list(pool.map(_save_often, [path] * 3, range(3), [10] * 3,
+                               [workers == "processes", False, False]))
+    assert sorted(os.listdir(tmp_path)) == ["state.pt"]
+    loaded = fb.load(path, like=states[0])
+    assert any(torch.equal(loaded.population, s.population) for s in states)
 
 
 def test_a_save_through_a_symlink_writes_its_target_and_keeps_the_link(tmp_path):
