@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import re
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar, cast
 
 import torch
@@ -123,7 +124,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
 
     def _build(self, group: dict[str, Any]) -> _Swarm:
         kwargs = {k: group[k] for k in self.DEFAULTS if k not in ("lr", "chunk_size")}
-        kwargs[self.LR] = float(group["lr"])  # a tensor lr too
+        kwargs.update(self._core_names({"lr": group["lr"]}, group))
         if group["chunk_size"] is not None:  # the shell's evaluator takes it, not the core
             check_int("chunk_size", group["chunk_size"], 1)
         if self.uses_grads:  # the mask follows requires_grad (fb.with_grad_mask at each step)
@@ -131,11 +132,35 @@ class SwarmOptimizer(torch.optim.Optimizer):
         evaluator = CandidateEvaluator(group["params"], self._trace, self.uses_grads)
         scorer = evaluator if self._distributed is None else self._distributed.around(
             evaluator, self.uses_grads)
-        core = type(self).factory(**kwargs, evaluator=scorer)
+        with self._torch_names():
+            core = type(self).factory(**kwargs, evaluator=scorer)
         update = torch.compile(core.update, fullgraph=True, mode=self._mode) if self._mode else (
             lambda state, loss: at_step(core, int(state.step)).update(state, loss))
         static = {k: group[k] for k in self.DEFAULTS if k not in self._dynamic}
         return _Swarm(static, core, evaluator, scorer, update)  # hyperparameters set at a step
+
+    def _core_names(self, values: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
+        """Dynamic settings in the core's names: ``lr`` is ``LR``.
+
+        Where ``LR`` is the ceiling the floor follows it down: a schedule may take lr below
+        step_size_min, and lr caps every step.
+        """
+        out = {self.LR if k == "lr" else k: float(v) if k == "lr" else v  # a tensor lr too
+               for k, v in values.items()}
+        lr = float(group["lr"])
+        if self.LR == "step_size_max" and values.keys() & {"lr", "step_size_min"}:
+            floor = group["step_size_min"]
+            out.update(step_size_max=floor if lr == 0 else lr,  # lr = 0: paused, never run
+                       step_size_min=min(floor, lr) if lr > 0 else floor)
+        return out
+
+    @contextlib.contextmanager
+    def _torch_names(self) -> Iterator[None]:
+        """The core's errors about ``LR`` told as about ``lr``, the name the shell takes."""
+        try:
+            yield
+        except ValueError as e:
+            raise ValueError(re.sub(rf"\b{self.LR}\b", "lr", str(e))) from e
 
     def step(self, closure: Callable[[], Any] | None = None, *,  # type: ignore[override]
              loss_fn: Callable[[Any], Tensor] | None = None) -> float:
@@ -225,8 +250,9 @@ class SwarmOptimizer(torch.optim.Optimizer):
         if first := state is None:  # the swarm starts from the params as they are
             key = fb.random.fold_in(fb.random.key(self._seed), g).to(params[0].device)
             state = swarm.core.init([p.detach().clone() for p in params], key=key)
-        state = fb.with_hyperparams(state, **{self.LR if k == "lr" else k: v
-                                              for k, v in changed.items() if k in self._dynamic})
+        with self._torch_names():
+            state = fb.with_hyperparams(state, **self._core_names(
+                {k: v for k, v in changed.items() if k in self._dynamic}, settings))
         swarm = dataclasses.replace(swarm, settings={**swarm.settings, **changed})
         if self.uses_grads and (mask := [p.requires_grad for p in params]) != swarm.mask:
             state, swarm.mask = fb.with_grad_mask(state, mask), mask

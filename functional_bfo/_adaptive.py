@@ -25,7 +25,7 @@ from ._bounds import (
     sample_domain,
     update_box,
 )
-from ._checks import check_bool, check_choice, check_float, check_int
+from ._checks import check_bool, check_choice, check_float, check_int, check_ordered
 from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_by, tumble_directions, walk
 from ._cycle import cycle_ends, with_twin
 from ._layout import layout, ravel, unravel
@@ -57,6 +57,7 @@ class AdaptiveBFOHyperparams(NamedTuple):
         "init_scale": (0.0, math.inf, True),
         "levy_beta": (0.0, 1.99, True),
     }
+    ORDERED = (("step_size_min", "step_size_max"),)  # type: ignore[misc]  # a class constant
 
 
 class AdaptiveBFOState(NamedTuple):
@@ -133,9 +134,10 @@ def adaptive_bfo(
         population_size: number of bacteria; the initial params are bacterium 0.
         step_size: ``C_0``, every bacterium's initial (and post-dispersal) step size,
             clamped into ``[step_size_min, step_size_max]``.
-        step_size_min: floor of the step sizes.
-        step_size_max: ceiling of the step sizes; it wins over the floor and over
-            ``step_size`` (``torch.clamp``'s rule), so lowering it alone caps every step.
+        step_size_min: floor of the step sizes, at most ``step_size_max``.
+        step_size_max: ceiling of the step sizes; it wins over ``step_size``, so lowering
+            it alone caps every step (a floor above it is refused, here and by
+            :func:`~functional_bfo.with_hyperparams`).
         adaptation_rate: ``a`` above.
         swim_length: ``N_s``, the most swim steps after a tumble.
         swim_batch: swim points per evaluator call, as in :func:`functional_bfo.bfo`.
@@ -203,6 +205,7 @@ def adaptive_bfo(
                  levy_beta=levy_beta)
     hyper = {name: check_float(name, value, *AdaptiveBFOHyperparams.RANGES[name])
              for name, value in given.items()}
+    check_ordered(hyper, AdaptiveBFOHyperparams.ORDERED)
     check_choice("tumble", tumble, TUMBLES)
     check_choice("boundary", boundary, BOUNDARY_MODES)
     check_bool("maximize", maximize)

@@ -15,7 +15,7 @@ import optree
 import torch
 from torch import Tensor
 
-from ._base import LossFn, Optimizer, Params
+from ._base import Key, LossFn, Optimizer, Params
 from ._checks import check_state
 from ._chemotaxis import Plan, SwimResult, rank_costs
 from ._layout import strided, unravel
@@ -131,7 +131,21 @@ def swim_optimizer(name: str, state_type: type, size: int, sign: float, init: An
         aux = None if told_aux is None else told_aux(state, asked, **given)
         return finish(state, steps, steps.told(costs, aux))
 
-    return Optimizer(init, update, sign < 0, ask, tell)
+    return Optimizer(taking_key(init, name), update, sign < 0, ask, tell)
+
+
+def taking_key(init: Callable[..., Any], variant: str) -> Any:
+    """``init(params, *, key)``, saying how to pass the key where it is given positionally."""
+
+    def init_fn(params: Params, *given: Any, key: Key | None = None) -> Any:
+        if given or key is None:
+            raise TypeError(f"{variant}.init takes params and the key by keyword: "
+                            f"{variant}.init(params, key=fb.random.key(0)); got "
+                            f"{1 + len(given)} positional argument(s)"
+                            f"{'' if key is not None else ' and no key='}.")
+        return init(params, key=key)
+
+    return init_fn
 
 
 def refuse_keywords(given: dict[str, Any], takes: str | None, where: str) -> None:

@@ -24,7 +24,7 @@ from . import _moves as moves
 from . import _walker as walker
 from . import random
 from ._adaptive import AdaptiveBFOState, adaptive_bfo, adaptive_static
-from ._ask_tell import Ask, check_ask, check_tag, round_tag, settings_digest, told_costs
+from ._ask_tell import Ask, check_ask, check_tag, round_tag, settings_digest, taking_key, told_costs
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import LeafBounds, check_bounds, flat_box, project, sample_domain
 from ._checks import check_float, check_int, check_losses, check_params, check_state
@@ -161,7 +161,8 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
     search = _Search(budget, main_budget, per_round, stall_limit, rtol, hand_over, kick, rate,
                      population_size, chemotaxis_steps, sign, bounds,
                      adaptive_static(plain).boundary, evaluator, plain, learner, fixed)
-    return Optimizer(search.init, search.update, bool(plain.maximize), search.ask, search.tell)
+    return Optimizer(taking_key(search.init, "black_box_search"), search.update,
+                     bool(plain.maximize), search.ask, search.tell)
 
 
 @dataclasses.dataclass(frozen=True)

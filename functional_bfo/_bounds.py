@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+import numpy as np
 import optree
 import torch
 from torch import Tensor
 
-from ._checks import path_str
+from ._checks import as_number, path_str
 from ._layout import Layout
 
 BOUNDARY_MODES = ("clip", "reflect", "wrap")
@@ -85,12 +86,18 @@ def _check_pair(pair: Any, where: str) -> None:
 
 
 def check_bounds(bounds: Any) -> Any:
-    """``bounds`` after checking its form and that low < high; runs once, in the factory."""
+    """``bounds`` after checking its form and that low < high; runs once, in the factory.
+
+    numpy values become Python numbers (scalars) and float64 tensors (arrays).
+    """
     if bounds is None:
         return None
     if _is_pair(bounds):
+        bounds = tuple(map(_from_numpy, bounds))
         _check_pair(bounds, "")
         return bounds
+    bounds = optree.tree_map(lambda pair: tuple(map(_from_numpy, pair)) if _is_pair(pair)
+                             else pair, bounds, is_leaf=_is_pair, none_is_leaf=True)
     pairs = optree.tree_leaves(bounds, is_leaf=_is_pair)
     flat_scalars = isinstance(bounds, (tuple, list)) and all(map(_is_scalar_like, bounds))
     if not pairs or flat_scalars:
@@ -98,6 +105,13 @@ def check_bounds(bounds: Any) -> Any:
     for pair in pairs:
         _check_pair(pair, " entry")
     return bounds
+
+
+def _from_numpy(v: Any) -> Any:
+    """A numpy bound as torch takes it: a scalar as a Python number, an array as a tensor."""
+    if isinstance(v, np.ndarray) and v.ndim > 0 and v.dtype.kind in "iuf":
+        return torch.from_numpy(v.astype(np.float64))
+    return as_number(v) if isinstance(v, (np.generic, np.ndarray)) else v
 
 
 def _round_inward(v: Tensor, dtype: torch.dtype, toward: float) -> Tensor:

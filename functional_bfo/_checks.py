@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import optree
 import torch
 from torch import Tensor
@@ -20,25 +21,58 @@ LOSS_TYPE_MSG = (
 )
 
 
-def check_int(name: str, value: Any, minimum: int) -> int:
-    """``value`` as an int >= ``minimum``, or a ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"Invalid {name}: {value!r}; expected an int >= {minimum}.")
+def as_number(value: Any) -> Any:
+    """One number as users write it (numpy scalar, 0-d array or tensor) as a Python number."""
+    if isinstance(value, (np.generic, np.ndarray, Tensor)) and value.ndim == 0 and (
+            value.dtype.kind in "iuf" if not isinstance(value, Tensor) else
+            not value.is_complex() and value.dtype != torch.bool):
+        return value.item()
     return value
+
+
+def _not_a(value: Any, kind: str) -> str:
+    """``" (a str)"`` where ``value`` is not even a ``kind``: the message is then no range error."""
+    if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
+        return ""
+    return f" (a {type(value).__name__}, not {kind})"
+
+
+def check_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` (an int, numpy int or integer 0-d tensor) as an int >= ``minimum``."""
+    number = as_number(value)
+    if isinstance(number, bool) or not isinstance(number, int) or number < minimum:
+        raise ValueError(f"Invalid {name}: {value!r}{_not_a(number, 'a number')}; expected an "
+                         f"int >= {minimum}.")
+    return number
 
 
 def check_float(name: str, value: Any, low: float, high: float = math.inf,
                 low_open: bool = False) -> float:
     """``value`` as a finite float in ``[low, high]`` (``(low, high]`` with ``low_open``)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    number = as_number(value)
+    ok = isinstance(number, (int, float)) and not isinstance(number, bool)
     if ok:
-        value = float(value)
-        ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
+        number = float(number)
+        ok = math.isfinite(number) and (number > low if low_open else number >= low) and (
+            number <= high)
     if not ok:
         left, right = "(" if low_open else "[", ")" if math.isinf(high) else "]"
-        raise ValueError(f"Invalid {name}: {value!r}; expected a finite float in "
-                         f"{left}{low}, {high}{right}.")
-    return value
+        shown = number if isinstance(value, (int, float)) else value  # -1 as -1.0
+        raise ValueError(f"Invalid {name}: {shown!r}{_not_a(number, 'a number')}; expected a "
+                         f"finite float in {left}{low}, {high}{right}.")
+    return number
+
+
+def check_ordered(values: Any, pairs: tuple[tuple[str, str], ...]) -> None:
+    """A ValueError where a pair's first value lies above its second.
+
+    A floor above its ceiling would be dropped silently; ``values`` maps names to numbers.
+    """
+    for low, high in pairs:
+        a, b = (torch.as_tensor(values[k]) for k in (low, high))
+        if not bool((a <= b).all()):
+            raise ValueError(f"Invalid {low}: {a.tolist()} is above {high}={b.tolist()}; "
+                             f"expected {low} <= {high} (a floor cannot lie above its ceiling).")
 
 
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:

@@ -66,6 +66,7 @@ class HybridBFOHyperparams(NamedTuple):
     RANGES = {  # type: ignore[misc]  # a class constant; mypy's NamedTuple has no ClassVar
               **AdaptiveBFOHyperparams.RANGES,
               "gradient_weight": (0.0, 1.0, False), "momentum": (0.0, 0.999, False)}
+    ORDERED = AdaptiveBFOHyperparams.ORDERED  # type: ignore[misc]  # a class constant
 
 
 class HybridBFOState(NamedTuple):
@@ -180,7 +181,8 @@ def hybrid_bfo(
         raise TypeError("hybrid_bfo got metric_rate=: its tumbles follow the gradients, not a "
                         "learned metric. For a learned metric use fb.adaptive_bfo.")
     base = adaptive_bfo(population_size, **adaptive_kwargs)  # validates the rest
-    size, static = population_size, adaptive_static(base)
+    static = adaptive_static(base)
+    size = static.size
 
     def init_fn(params: Params, *, key: Key) -> HybridBFOState:
         state = base.init(params, key=key)

@@ -100,8 +100,8 @@ def run(
         raise ValueError("run needs a budget: pass max_evals=... or max_steps=... "
                          "(target_loss and patience alone may never fire).")
     check_bool("compile", compile)
-    check_int("log_every", log_every, 1)
-    check_int("checkpoint_every", checkpoint_every, 1)
+    log_every = check_int("log_every", log_every, 1)
+    checkpoint_every = check_int("checkpoint_every", checkpoint_every, 1)
     if checkpoint is not None:
         if not isinstance(checkpoint, (str, os.PathLike)):
             raise TypeError(f"Invalid checkpoint: {checkpoint!r}; expected a path (str or "

@@ -14,7 +14,7 @@ import optree
 import torch
 from torch import Tensor
 
-from ._checks import path_str
+from ._checks import check_ordered, path_str
 
 try:  # advisory locks tell a live writer's scratch file from a killed one's
     import fcntl
@@ -73,7 +73,9 @@ def with_hyperparams(state: State, **values: Any) -> State:
                 raise ValueError(f"Invalid {name}: {value!r}; expected finite values in "
                                  f"{left}{low}, {high}{right}.")
         cast[name] = new
-    return state._replace(hyperparams=hp._replace(**cast))
+    new_hp = hp._replace(**cast)
+    check_ordered(new_hp._asdict(), getattr(type(hp), "ORDERED", ()))
+    return state._replace(hyperparams=new_hp)
 
 
 def save(state: Any, f: PathOrFile) -> None:
@@ -273,6 +275,12 @@ def from_dict(data: Any, like: State) -> State:
     state = cast(State, spec.unflatten([x.to(ref.device) for x, ref in zip(saved, leaves)]))
     check_values(state)
     _check_box(state, like)
+    mine, theirs = direction(state), direction(like, "like")
+    if mine is not None and theirs is not None and mine != theirs:
+        raise ValueError(f"The checkpoint was written by a {WAYS[mine]} optimizer, but like "
+                         f"is a {WAYS[theirs]} one's state: a resumed run would hold the "
+                         "wrong best. Pass like from an optimizer with the maximize= of the "
+                         "run you resume.")
     return state
 
 
@@ -291,10 +299,14 @@ def _check_box(state: Any, like: Any, where: str = "state") -> None:
 HELD_STATES = ("swarm", "explorer", "faces", "walker")
 # Fields whose every value is finite in any state that init and update make.
 FINITE_FIELDS = ("population", "best_params", "health", "step_sizes", "grads",
-                 "reference_diversity", "start", "mean", "sigma_path")
+                 "reference_diversity", "start", "mean", "sigma_path", "metric")
+# Fields that are never NaN (inf means nothing found yet) and never negative.
+NOT_NAN_FIELDS = ("best_loss", "entry_best", "converged_best", "first", "progress")
+NONNEGATIVE_FIELDS = ("step_sizes", "reference_diversity")
 COUNTERS = ("step", "num_evals", "stall", "active_size", "grad_nonfinite", "grad_vanishing",
             "grad_exploding", "restarts", "failed", "found_after", "stalled",
             "explorer_updates", "room")
+EDITED = "the file was edited or written by other code. Load an intact checkpoint."
 
 
 def check_values(state: Any, where: str = "state") -> None:
@@ -312,21 +324,64 @@ def check_values(state: Any, where: str = "state") -> None:
                 left, right = "(" if low_open else "[", ")" if math.isinf(high) else "]"
                 raise ValueError(f"The checkpoint's {at}.{name} is {value.tolist()}, outside "
                                  f"{left}{low}, {high}{right}, a value no init, update or "
-                                 "with_hyperparams makes: the file was edited or written by "
-                                 "other code. Load an intact checkpoint.")
+                                 f"with_hyperparams makes: {EDITED}")
+    for low, high in getattr(type(hp), "ORDERED", ()):
+        if not bool((getattr(hp, low) <= getattr(hp, high)).all()):
+            raise ValueError(f"The checkpoint's {where}.hyperparams.{low} "
+                             f"({getattr(hp, low).tolist()}) is above its {high} "
+                             f"({getattr(hp, high).tolist()}), which no init or "
+                             f"with_hyperparams makes: {EDITED}")
     for name in FINITE_FIELDS:
         field: Any = getattr(state, name, None)
         for x in optree.tree_leaves(field) if field is not None else ():
             if not bool(torch.isfinite(x).all()):
                 raise ValueError(f"The checkpoint's {where}.{name} holds NaN or infinite "
-                                 "values, which no update makes: the file was edited or "
-                                 "written by other code. Load an intact checkpoint.")
-    for name in COUNTERS:
+                                 f"values, which no update makes: {EDITED}")
+    for name in NOT_NAN_FIELDS:
+        if (x := getattr(state, name, None)) is not None and bool(torch.isnan(x).any()):
+            raise ValueError(f"The checkpoint's {where}.{name} is NaN, which no update makes "
+                             f"(a NaN best would never change): {EDITED}")
+    for name in COUNTERS + NONNEGATIVE_FIELDS:
         count = getattr(state, name, None)
         if count is not None and not bool((count >= 0).all()):
             raise ValueError(f"The checkpoint's {where}.{name} is negative ({count.tolist()}): "
-                             "the file was edited or written by other code. Load an intact "
-                             "checkpoint.")
+                             f"{EDITED}")
+    if (active := getattr(state, "active_size", None)) is not None:
+        size = state.losses.shape[-1]
+        if not bool(((active >= 1) & (active <= size)).all()):
+            raise ValueError(f"The checkpoint's {where}.active_size is {active.tolist()}, "
+                             f"outside [1, {size}], the bacteria a population of {size} can "
+                             f"have in play: {EDITED}")
+    direction(state, where)
     for name in HELD_STATES:
         if hasattr(state, name):
             check_values(getattr(state, name), f"{where}.{name}")
+
+
+WAYS = {1.0: "minimizing", -1.0: "maximizing"}
+
+
+def direction(state: Any, where: str = "state") -> float | None:
+    """1.0 if ``state``'s values say it minimizes, -1.0 maximizes, None if they do not say.
+
+    The best is the least loss ever evaluated (the greatest when maximizing), so no finite
+    loss lies beyond it, and it is +inf (-inf) before any; a held swarm can tell too.
+    """
+    best, losses = getattr(state, "best_loss", None), getattr(state, "losses", None)
+    known = None
+    if best is not None and best.dim() == 0 and not bool(torch.isnan(best)):
+        finite = losses[torch.isfinite(losses)] if losses is not None else best.new_empty(0)
+        if bool(torch.isinf(best)):  # nothing found yet: no finite loss either
+            lower, higher = bool(best < 0) or len(finite) > 0, bool(best > 0) or len(finite) > 0
+        else:
+            lower, higher = bool((finite < best).any()), bool((finite > best).any())
+        if lower and higher:
+            raise ValueError(f"The checkpoint's {where}.best_loss ({float(best)}) is neither "
+                             "the least nor the greatest of its losses, as every update "
+                             f"keeps it: {EDITED}")
+        known = -1.0 if lower else 1.0 if higher else None
+    for name in HELD_STATES:
+        held = getattr(state, name, None)
+        if known is None and held is not None:
+            known = direction(held, f"{where}.{name}")
+    return known

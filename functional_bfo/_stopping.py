@@ -29,16 +29,16 @@ class Stopping:
     reason: str | None = None
 
     def __post_init__(self) -> None:
-        if self.budget is not None:
-            check_int(self.budget_name, self.budget, 1)
+        if self.budget is not None:  # numpy and 0-d tensor numbers as Python's
+            self.budget = check_int(self.budget_name, self.budget, 1)
         if self.max_steps is not None:
-            check_int("max_steps", self.max_steps, 0)
+            self.max_steps = check_int("max_steps", self.max_steps, 0)
             if self.max_steps == 0:
                 self.reason = "max_steps"
         if self.target_loss is not None:
-            check_float("target_loss", self.target_loss, -math.inf)
+            self.target_loss = check_float("target_loss", self.target_loss, -math.inf)
         if self.patience is not None:
-            check_int("patience", self.patience, 1)
+            self.patience = check_int("patience", self.patience, 1)
         self.min_delta = check_float("min_delta", self.min_delta, 0.0)
 
     def cost(self, loss: float) -> float:

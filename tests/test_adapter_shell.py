@@ -230,8 +230,8 @@ def test_an_invalid_edit_fails_the_step_and_the_next_valid_edit_fixes_it(cls, ca
     group = opt.param_groups[0]
     before = snapshot(opt, [w, b])
     group["lr"] = -1.0
-    with pytest.raises(ValueError, match=f"Invalid {canonical}"):
-        opt.step(closure_for(opt, w, b))
+    with pytest.raises(ValueError, match=r"Invalid lr: -1\.0; expected finite values"):
+        opt.step(closure_for(opt, w, b))  # the shell's name, not the core's
     assert_same(snapshot(opt, [w, b])[:5], before[:5])
     group["lr"] = 0.05
     opt.step(closure_for(opt, w, b))
@@ -277,6 +277,32 @@ def test_any_positive_lr_constructs_and_caps_every_step(cls, lr):
     for _ in range(3):
         opt.step(closure_for(opt, w, b))
     assert opt.metrics()["step_length_max"] <= lr * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_an_invalid_lr_is_told_as_lr_at_construction_and_from_a_schedule(cls):
+    """The shell takes lr, not the core's step_size / step_size_max: errors say lr."""
+    w, b = two_params()
+    for lr in (-1.0, math.nan):
+        with pytest.raises(ValueError, match=r"Invalid lr: (-1\.0|nan); expected a finite "):
+            cls([w, b], lr=lr, **TINY, seed=0)
+    opt = cls([w, b], lr=0.1, **TINY, seed=0)
+    opt.param_groups[0]["lr"] = -2.0
+    with pytest.raises(ValueError, match=r"Invalid lr: -2\.0; expected a finite") as error:
+        opt.step(closure_for(opt, w, b))
+    assert "step_size" not in str(error.value)
+
+
+@pytest.mark.parametrize("cls", [AdaptiveBFO, HybridBFO])
+def test_a_schedule_below_the_step_size_floor_takes_the_floor_down_with_it(cls):
+    """lr caps every step: a decay past step_size_min (1e-7 by default) must not fail."""
+    w, b = two_params()
+    opt = cls([w, b], lr=1e-3, **TINY, seed=0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 10.0 ** -(2 * i))
+    for _ in range(4):
+        opt.step(closure_for(opt, w, b))
+        sched.step()
+    assert opt.metrics()["step_length_max"] <= 1e-9 * (1 + 1e-6)
 
 
 @pytest.mark.parametrize("cls", CLASSES)

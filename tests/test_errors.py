@@ -100,7 +100,7 @@ TABLE = [
     Case("population_size=1.5", lambda: fb.bfo(population_size=1.5), ValueError,
          r"Invalid population_size: 1\.5; " + ANY_INT.format(1)),
     Case("population_size=True", lambda: fb.bfo(population_size=True), ValueError,
-         r"Invalid population_size: True; " + ANY_INT.format(1)),
+         r"Invalid population_size: True \(a bool, not a number\); " + ANY_INT.format(1)),
     Case("step_size=-1", lambda: fb.bfo(step_size=-1), ValueError,
          r"Invalid step_size: -1\.0; " + FLOAT_RANGE),
     Case("step_size=nan", lambda: fb.bfo(step_size=math.nan), ValueError,
@@ -110,7 +110,7 @@ TABLE = [
     Case("step_size=inf does not claim inf is allowed", lambda: fb.bfo(step_size=math.inf),
          ValueError, r"Invalid step_size: inf; expected a finite float in \[0\.0, inf\)"),
     Case("step_size='0.1'", lambda: fb.bfo(step_size="0.1"), ValueError,
-         r"Invalid step_size: '0\.1'; " + FLOAT_RANGE),
+         r"Invalid step_size: '0\.1' \(a str, not a number\); " + FLOAT_RANGE),
     Case("swim_length=-1", lambda: fb.bfo(swim_length=-1), ValueError,
          r"Invalid swim_length: -1; " + ANY_INT.format(0)),
     Case("swim_batch=0", lambda: fb.bfo(swim_batch=0), ValueError,
@@ -397,6 +397,63 @@ TABLE = [
          lambda: fb.module_loss({"w": torch.zeros(1)}, torch.nn.functional.mse_loss), TypeError,
          r"Expected an nn\.Module, got dict"),
 ]
+
+
+TABLE += [  # contradictory settings, and numbers as users write them
+    Case("adaptive_bfo(step_size_min above step_size_max)",
+         lambda: fb.adaptive_bfo(4, step_size_min=2.0, step_size_max=1.0), ValueError,
+         r"Invalid step_size_min: 2\.0 is above step_size_max=1\.0"),
+    Case("hybrid_bfo(step_size_min above step_size_max)",
+         lambda: fb.hybrid_bfo(4, step_size_min=2.0, step_size_max=1.0), ValueError,
+         r"Invalid step_size_min: 2\.0 is above step_size_max=1\.0"),
+    Case("with_hyperparams(a floor above the ceiling)",
+         lambda: fb.with_hyperparams(fb.adaptive_bfo(4).init(params(), key=KEY),
+                                     step_size_min=2.0), ValueError,
+         r"Invalid step_size_min: 2\.0 is above step_size_max=1\.0"),
+    Case("bfo(population_size='4')", lambda: fb.bfo("4"), ValueError,
+         r"Invalid population_size: '4' \(a str, not a number\); expected an int >= 1"),
+    Case("adaptive_bfo.init(params, key) positionally",
+         lambda: fb.adaptive_bfo(4).init(params(), KEY), TypeError,
+         r"adaptive_bfo\.init takes params and the key by keyword: .* got 2 positional"),
+    Case("black_box_search.init(params, key) positionally",
+         lambda: fb.black_box_search((-1.0, 1.0), max_evals=100).init(params(), KEY),
+         TypeError, r"black_box_search\.init takes params and the key by keyword"),
+    Case("black_box(numpy bounds of the wrong length)",
+         lambda: fb.black_box(lambda p: p["x"].sum(), {"x": torch.zeros(10)},
+                              (np.full(7, -1.0), np.full(7, 1.0)), max_evals=100, key=KEY),
+         ValueError, r"bounds at params\['x'\] have shape \(7,\), which does not broadcast "
+                     r"to the leaf's shape \(10,\)"),
+]
+
+
+@pytest.mark.parametrize("number", [np.int64(4), np.int32(4), torch.tensor(4)],
+                         ids=["np.int64", "np.int32", "tensor"])
+@pytest.mark.parametrize("factory", [fb.bfo, fb.adaptive_bfo, fb.hybrid_bfo])
+def test_factories_and_run_take_numbers_as_users_write_them(factory, number):
+    """numpy and 0-d tensor numbers are numbers: the same run as Python's."""
+    real = dict(step_size=0.1, init_scale=0.5)
+    given = dict(step_size=np.float32(0.1), init_scale=torch.tensor(0.5, dtype=torch.float64))
+    if factory is fb.hybrid_bfo:
+        real["grad_mask"] = given["grad_mask"] = True
+    opt, same = factory(number, swim_length=number, **given), factory(4, swim_length=4, **real)
+    mine = fb.run(opt, opt.init(params(), key=KEY), loss_fn, max_evals=np.int64(200),
+                  max_steps=torch.tensor(3), log_every=np.int64(1))
+    theirs = fb.run(same, same.init(params(), key=KEY), loss_fn, max_evals=200, max_steps=3)
+    assert_trees_equal(mine, theirs)
+
+
+def test_numpy_bounds_are_bounds():
+    """Black-box users hold their bounds in numpy: arrays per coordinate, or scalars."""
+    p = {"x": torch.zeros(4)}
+    low, high = np.array([-1.0, -2.0, -3.0, -4.0]), np.array([1.0, 2.0, 3.0, 4.0])
+    for bounds, like in [((low, high), (torch.from_numpy(low), torch.from_numpy(high))),
+                         ((np.float64(-2), np.float32(2)), (-2.0, 2.0)),
+                         ({"x": (np.int64(-2), np.array(2.0))}, {"x": (-2, 2.0)})]:
+        mine = fb.black_box(lambda q: q["x"].square().sum(), p, bounds, max_evals=300, key=KEY)
+        theirs = fb.black_box(lambda q: q["x"].square().sum(), p, like, max_evals=300, key=KEY)
+        assert torch.equal(mine.params["x"], theirs.params["x"])
+        assert_trees_equal(fb.adaptive_bfo(4, bounds=bounds).init(p, key=KEY),
+                           fb.adaptive_bfo(4, bounds=like).init(p, key=KEY))
 
 
 def _param(case: Case):

@@ -98,7 +98,20 @@ def test_a_save_that_fails_half_way_keeps_the_previous_checkpoint(tmp_path, monk
     (lambda s: s._replace(step_sizes=s.step_sizes.nan_to_num(0.0) * torch.nan),
      r"state\.step_sizes holds NaN"),
     (lambda s: s._replace(num_evals=torch.tensor(-5)), r"state\.num_evals is negative"),
-], ids=["negative step size", "population of infinities", "NaN step sizes", "negative count"])
+    (lambda s: s._replace(best_loss=torch.tensor(math.nan)), r"state\.best_loss is NaN"),
+    (lambda s: s._replace(best_loss=torch.tensor(-math.inf)),
+     r"state\.best_loss \(-inf\) is neither the least nor the greatest of its losses"),
+    (lambda s: s._replace(active_size=torch.tensor(0)), r"active_size is 0, outside \[1, 6\]"),
+    (lambda s: s._replace(active_size=torch.tensor(7)), r"active_size is 7, outside \[1, 6\]"),
+    (lambda s: s._replace(step_sizes=-s.step_sizes), r"state\.step_sizes is negative"),
+    (lambda s: s._replace(hyperparams=s.hyperparams._replace(
+        step_size_min=torch.tensor(2.0), step_size_max=torch.tensor(1.0))),
+     r"hyperparams\.step_size_min \(2\.0\) is above its step_size_max \(1\.0\)"),
+    (lambda s: s._replace(reference_diversity=torch.tensor(-1.0)),
+     r"state\.reference_diversity is negative"),
+], ids=["negative step size", "population of infinities", "NaN step sizes", "negative count",
+        "NaN best", "minimizing best of -inf", "no bacterium in play", "more in play than exist",
+        "negative step sizes", "floor above ceiling", "negative reference diversity"])
 def test_a_checkpoint_of_a_state_no_update_makes_is_refused(tmp_path, edit, match):
     """The digest is a checksum, not a signature: an edited state saved (digest and all)
     is refused by its values, as init and with_hyperparams refuse them."""
@@ -120,6 +133,44 @@ def test_a_checkpoint_written_under_other_bounds_is_refused(tmp_path, make):
     with pytest.raises(ValueError, match=r"state(\.swarm)?\.box differs from like's: .* other "
                                          r"bounds"):
         fb.load(tmp_path / "state.pt", like=other)
+
+
+def test_a_nan_tumble_metric_or_black_box_entry_best_is_refused(tmp_path):
+    learner = fb.adaptive_bfo(4, metric_rate=2.0, bounds=(-1.0, 1.0), relative_steps=True)
+    state = learner.init(params(), key=fb.random.key(0))
+    fb.save(state._replace(metric=state.metric._replace(cov=state.metric.cov * math.nan)),
+            tmp_path / "state.pt")
+    with pytest.raises(ValueError, match=r"state\.metric holds NaN"):
+        fb.load(tmp_path / "state.pt", like=state)
+    search = fb.black_box_search((-1.0, 1.0), max_evals=200)
+    state = search.init(params(), key=fb.random.key(0))
+    fb.save(state._replace(entry_best=torch.tensor(math.nan, dtype=torch.float64)),
+            tmp_path / "state.pt")
+    with pytest.raises(ValueError, match=r"state\.entry_best is NaN"):
+        fb.load(tmp_path / "state.pt", like=state)
+
+
+@pytest.mark.parametrize("make", [
+    lambda maximize: fb.bfo(population_size=4, maximize=maximize),
+    lambda maximize: fb.adaptive_bfo(population_size=4, maximize=maximize),
+    lambda maximize: fb.black_box_search((-1.0, 1.0), max_evals=400, maximize=maximize)],
+    ids=["bfo", "adaptive_bfo", "black box"])
+def test_a_checkpoint_loads_only_into_an_optimizer_of_its_direction(tmp_path, make):
+    """A minimizing run's best resumed as a maximizing one would never be beaten (or the
+    resumed run would end at best_loss = inf): fresh or far along, it is refused."""
+    minimizing, maximizing = make(False), make(True)
+    fresh = minimizing.init(params(), key=fb.random.key(0))
+    along = fb.run(minimizing, fresh, lambda p: p["a"].square().sum() + 2.0, max_steps=6)
+    like = maximizing.init(params(), key=fb.random.key(0))
+    for state in (fresh, along):
+        fb.save(state, tmp_path / "state.pt")
+        assert_trees_equal(fb.load(tmp_path / "state.pt", like=fresh), state)
+        with pytest.raises(ValueError, match="written by a minimizing optimizer, but like is a "
+                                             "maximizing one's state"):
+            fb.load(tmp_path / "state.pt", like=like)
+    fb.save(like, tmp_path / "state.pt")
+    with pytest.raises(ValueError, match="written by a maximizing optimizer"):
+        fb.load(tmp_path / "state.pt", like=fresh)
 
 
 def test_a_good_save_removes_what_killed_saves_left_and_nothing_else(tmp_path):
