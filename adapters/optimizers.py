@@ -45,7 +45,9 @@ class SwarmOptimizer(torch.optim.Optimizer):
     """A ``torch.optim`` optimizer whose param groups are swarms of a pure core optimizer.
 
     A group's core state is ``self.state[its first param]["swarm"]``, as in LBFGS; settings
-    are read from ``group[...]`` at each step, as Adam reads ``group["lr"]``.
+    are read from ``group[...]`` at each step, as Adam reads ``group["lr"]``. Every
+    parameter given is searched, ``requires_grad=False`` or not (HybridBFO moves those
+    without a gradient): to freeze a layer, leave its parameters out.
 
     Args:
         params: parameters, ``named_parameters()`` or param-group dicts; a swarm per group.
@@ -397,7 +399,8 @@ class HybridBFO(SwarmOptimizer):
     """Hybrid BFO over :func:`functional_bfo.hybrid_bfo`; ``lr`` is ``step_size_max``.
 
     Parameters with ``requires_grad`` (read at each step) bend the tumble toward their negative
-    gradient (``.grad`` after the closure, or ``torch.func``'s); the others move by pure BFO.
+    gradient (``.grad`` after the closure, or ``torch.func``'s); the others move by pure BFO
+    (they are searched, not frozen: leave a frozen layer's parameters out).
     """
 
     factory, Hyperparams = staticmethod(fb.hybrid_bfo), fb.HybridBFOHyperparams

@@ -22,7 +22,20 @@ def metrics(state: Any) -> dict[str, Tensor]:
     bacterium in the adaptive variants, named apart from the ``step_size*`` hyperparameters),
     ``active_size`` for the adaptive variants, and for hybrid_bfo ``grad_norm_mean``,
     ``grad_nonfinite``, ``grad_vanishing`` and ``grad_exploding``.
+
+    A :func:`~functional_bfo.black_box_search` state reports its converging (or polishing)
+    swarm's, with the search's ``best_loss``, ``step`` and ``num_evals``, and ``stage`` (an
+    index into its phases), ``restarts``, ``failed_swarms``, ``explorer_updates`` and
+    ``walker_sigma``.
     """
+    if not hasattr(state, "losses") and hasattr(state, "swarm"):  # a black_box_search state
+        return {**metrics(state.swarm), "best_loss": state.best_loss, "step": state.step,
+                "num_evals": state.num_evals, "stage": state.stage, "restarts": state.restarts,
+                "failed_swarms": state.failed, "explorer_updates": state.explorer_updates,
+                "walker_sigma": state.walker.sigma}
+    if not hasattr(state, "losses"):
+        raise TypeError(f"metrics takes the state of an optimizer (init/update), got "
+                        f"{type(state).__name__}.")
     losses = state.losses
     finite = torch.isfinite(losses)
     count = finite.sum()

@@ -932,3 +932,18 @@ def test_float32_params_with_a_bad_box_get_the_boxs_error():
     with pytest.raises(ValueError, match="use -inf/inf, not None, for an open side"):
         fb.black_box(shifted_sphere, {"x": torch.zeros(2)}, {"x": (-2.0, None)},
                      max_evals=100, key=fb.random.key(0))
+
+
+def test_metrics_of_a_search_state_report_its_swarm_and_its_counters():
+    opt = fb.black_box_search((-1.0, 1.0), max_evals=2000)
+    state = opt.init(start(2), key=fb.random.key(0))
+    for _ in range(40):
+        asked = opt.ask(state)
+        state = opt.tell(state, asked, numpy_losses(asked))
+    got = fb.materialize(fb.metrics(state))
+    assert got["best_loss"] == float(state.best_loss) and got["num_evals"] == int(state.num_evals)
+    assert got["step"] == 40 and got["restarts"] == int(state.restarts)
+    assert {"stage", "failed_swarms", "explorer_updates", "walker_sigma", "diversity",
+            "mean_loss", "step_length_max"} <= got.keys()
+    with pytest.raises(TypeError, match="metrics takes the state of an optimizer"):
+        fb.metrics({"x": torch.zeros(2)})

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import pathlib
 import pkgutil
+import re
+import textwrap
 import warnings
 
 import pytest
+import torch
 
+import functional_bfo as fb
 import functional_bfo.adapters as adapters
 
 MODULES = sorted(m.name for m in pkgutil.iter_modules(adapters.__path__))
@@ -40,3 +45,15 @@ def test_the_examples_of_each_adapter_module_run(name):
 
 def test_every_module_with_examples_is_found():
     assert {"optimizers", "fastai", "loggers", "_candidates"} <= set(MODULES)
+
+
+def test_the_vmap_over_seeds_recipe_of_the_concepts_page_runs():
+    """docs/concepts.md's recipe, as a newcomer pastes it: eight runs, one best each."""
+    page = pathlib.Path(__file__).parents[1] / "docs" / "concepts.md"
+    recipe = next(block for block in re.findall(r"```python\n(.*?)```", page.read_text(),
+                                                 re.S) if "fb.random.split" in block)
+    space = {"torch": torch, "fb": fb}
+    exec(compile(textwrap.dedent(recipe), str(page), "exec"), space)
+    assert space["states"].best_loss.shape == (8,)
+    assert bool((space["states"].best_loss < space["loss_fn"](
+        space["params"], space["x"], space["y"])).all())
