@@ -209,6 +209,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
         try:
             for g in live:
                 new[g] = self._advance(g, groups[g], closure, loss_fn)
+                if self._distributed is not None:  # ranks that scored other candidates
+                    fb.distributed.check_agreement(new[g][0])
                 write(groups[g]["params"], new[g][0].best_params)
             self._trace.restore()  # then one evaluation at the best, as a forward pass leaves
             if settle := bool(new) and (closure is not None or self._trace.train_buffers()):

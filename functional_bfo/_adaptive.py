@@ -72,6 +72,7 @@ class AdaptiveBFOState(NamedTuple):
     step: Tensor  # () int64, updates taken
     num_evals: Tensor  # () int64, loss evaluations so far
     box: LeafBounds  # the rows' box: (D,) rows, or () where every coordinate shares it
+    disagreeing_ranks: Tensor  # () int64: ranks whose candidates differed (fb.distributed)
     step_sizes: Tensor  # (P,) each bacterium's own step size C_i
     stall: Tensor  # () int64, updates since the best loss last improved
     reference_diversity: Tensor  # () diversity of the initial population
@@ -416,6 +417,7 @@ def adaptive_fields(state: Any, static: AdaptiveStatic, plan: Plan,
         reference_diversity=state.reference_diversity,
         active_size=keep.active_size,
         box=state.box,
+        disagreeing_ranks=state.disagreeing_ranks,
         hyperparams=hp,
     )
     return AdaptiveStep(fields, keep.source, keep.known, result.aux)

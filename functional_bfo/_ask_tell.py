@@ -111,7 +111,11 @@ def swim_optimizer(name: str, state_type: type, size: int, sign: float, init: An
                             "loss_fn(params, *args) -> 0-d tensor (call update(state, loss_fn)).")
         refuse_keywords(given, update_takes, f"{name}.update")
         steps = plan(state, **given)
-        return finish(state, steps, steps.swim(evaluation(state, steps, loss_fn, args), swim_batch))
+        result, disagreed = steps.swim(evaluation(state, steps, loss_fn, args), swim_batch)
+        new = finish(state, steps, result)
+        if disagreed is None:  # a local evaluator: nothing to record
+            return new
+        return new._replace(disagreeing_ranks=state.disagreeing_ranks | disagreed)
 
     def ask(state: Any) -> Ask:
         check_state(state, size, state_type, name)

@@ -67,6 +67,7 @@ class BFOState(NamedTuple):
     step: Tensor  # () int64, chemotactic steps taken (updates)
     num_evals: Tensor  # () int64, loss evaluations so far
     box: LeafBounds  # the rows' box: (D,) rows, or () where every coordinate shares it
+    disagreeing_ranks: Tensor  # () int64: ranks whose candidates differed (fb.distributed)
     hyperparams: BFOHyperparams
 
 
@@ -272,6 +273,7 @@ def bfo_finish(static: BFOStatic, state: BFOState, plan: Plan, result: SwimResul
         step=state.step + 1,
         num_evals=state.num_evals + static.size * (static.swims + 1),
         box=state.box,
+        disagreeing_ranks=state.disagreeing_ranks,
         hyperparams=state.hyperparams,
     )
 

@@ -105,20 +105,27 @@ class Plan(NamedTuple):
         return torch.where(self.active, costs.reshape(-1, self.active.shape[0]),
                            torch.inf).reshape(-1)
 
-    def swim(self, evaluate: Callable[[Params], tuple[Tensor, Any]], per_call: int) -> SwimResult:
-        """``update``'s swim: ``per_call`` points at a time to ``evaluate`` (rows -> cost, aux)."""
+    def swim(self, evaluate: Callable[[Params], tuple[Tensor, Any, Tensor | None]],
+             per_call: int) -> tuple[SwimResult, Tensor | None]:
+        """``update``'s swim, and the ranks that disagreed in any evaluation (None: local).
+
+        ``per_call`` points at a time go to ``evaluate`` (rows -> cost, aux, ranks or None).
+        """
         ray, carry = self.ray, self.carry
         raw: Tensor | None = None
         aux: Any = None
+        disagreed: Tensor | None = None
         for first in range(0, ray.distances.shape[0], per_call):
             along = ray.distances[first:first + per_call]  # (G, P)
             if ray.built is None and raw is not None:  # after the previous points' outcome
                 along = after(along, raw, *optree.tree_leaves(aux))
             candidates = ray.points(along, first)
-            raw, aux = evaluate(candidates)
+            raw, aux, differing = evaluate(candidates)
+            if differing is not None:
+                disagreed = differing if disagreed is None else disagreed | differing
             raw = self.padded(raw)
             carry = ray.take(carry, candidates, raw, aux)
-        return ray.finish(carry)
+        return ray.finish(carry), disagreed
 
     def told(self, costs: Tensor, aux: Any) -> SwimResult:
         """``tell``'s swim: every point's cost (and aux) at once, candidates rebuilt."""
@@ -232,22 +239,25 @@ def point_rows(stacked: Any, g: int, size: int) -> Any:
 
 
 def costs_by(evaluator, sign: float) -> Callable[..., Callable]:
-    """``evaluation(state, plan, loss_fn, args) -> evaluate(rows) -> (costs, None)``.
+    """``evaluation(state, plan, loss_fn, args) -> evaluate(rows) -> (costs, None, ranks)``.
 
     Costs are sign-adjusted losses, non-finite as +inf. The rows go to the evaluator as
     params, or as rows with a loss of a row to an evaluator that takes any structure.
     """
+    report = getattr(evaluator, "with_disagreement", None)  # fb.distributed's: ranks too
 
     def evaluation(state: Any, plan: Plan, loss_fn, args: tuple) -> Callable:
         dtype, shape = state.losses.dtype, plan.shape
         by_rows = getattr(evaluator, "any_structure", False)  # rows batched as one tensor
         loss = functools.partial(loss_of_row, loss_fn, shape) if by_rows else loss_fn
 
-        def evaluate(candidates: Tensor) -> tuple[Tensor, None]:
+        def evaluate(candidates: Tensor) -> tuple[Tensor, None, Tensor | None]:
             with torch.no_grad():
-                losses = check_losses(evaluator(loss, candidates if by_rows else unravel(
-                    shape, candidates), *args), candidates.shape[0]).to(dtype)
-            return rank_costs(losses, sign), None
+                population = candidates if by_rows else unravel(shape, candidates)
+                losses, differing = (evaluator(loss, population, *args), None) if (
+                    report is None) else report(loss, population, *args)
+                losses = check_losses(losses, candidates.shape[0]).to(dtype)
+            return rank_costs(losses, sign), None, differing
 
         return evaluate
 

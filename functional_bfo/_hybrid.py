@@ -81,6 +81,7 @@ class HybridBFOState(NamedTuple):
     step: Tensor
     num_evals: Tensor
     box: LeafBounds
+    disagreeing_ranks: Tensor
     step_sizes: Tensor
     stall: Tensor
     reference_diversity: Tensor
@@ -258,11 +259,16 @@ def told_aux(state: HybridBFOState, asked: Ask, *, grads: Params | None = None) 
 
 def hybrid_evaluation(evaluator: Any, chunk_size: int | None, sign: float, state: HybridBFOState,
                       plan: Plan, loss_fn: LossFn, args: tuple
-                      ) -> Callable[[Tensor], tuple[Tensor, Tensor | None]]:
-    """Costs of candidate rows, and their gradient rows (None where ``grad=`` serves)."""
-    mask, shape, given = state.grad_mask, plan.shape, plan.given is not None
+                      ) -> Callable[[Tensor], tuple[Tensor, Tensor | None, Tensor | None]]:
+    """Costs of candidate rows, their gradient rows, and the ranks that disagreed.
 
-    def evaluate(rows: Tensor) -> tuple[Tensor, Tensor | None]:
+    Gradients are None where ``grad=`` serves; the ranks None for a local evaluator.
+    """
+    mask, shape, given = state.grad_mask, plan.shape, plan.given is not None
+    report = getattr(evaluator, "with_disagreement", None)  # fb.distributed's: ranks too
+
+    def evaluate(rows: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        differing = None
         if evaluator is not None:
             by_rows = getattr(evaluator, "any_structure", False)  # takes rows
             if given:
@@ -271,7 +277,9 @@ def hybrid_evaluation(evaluator: Any, chunk_size: int | None, sign: float, state
                 differentiable = _differentiable_rows(loss_fn, mask, shape, True)
             else:
                 differentiable = _differentiable(loss_fn, unravel(shape, mask), True)
-            out = evaluator(differentiable, rows if by_rows else unravel(shape, rows), *args)
+            population = rows if by_rows else unravel(shape, rows)
+            out, differing = (evaluator(differentiable, population, *args), None) if (
+                report is None) else report(differentiable, population, *args)
             if not (isinstance(out, tuple) and len(out) == 2):
                 raise TypeError("hybrid_bfo's evaluator must return (losses, grads); got "
                                 f"{type(out).__name__}. The evaluators of "
@@ -288,7 +296,7 @@ def hybrid_evaluation(evaluator: Any, chunk_size: int | None, sign: float, state
         # Detached: a loss that touches tensors outside params which require grad (a model's
         # other weights) must not leave their autograd graph in the state.
         losses = check_losses(losses, rows.shape[0]).detach().to(state.losses.dtype)
-        return rank_costs(losses, sign), None if grads is None else grads.detach()
+        return rank_costs(losses, sign), None if grads is None else grads.detach(), differing
 
     return evaluate
 

@@ -50,6 +50,7 @@ class Start(NamedTuple):
             step=count,
             num_evals=count.clone(),
             box=self.box,
+            disagreeing_ranks=count.clone(),
             hyperparams=hyperparams_type(**{k: tensor(v) for k, v in hyperparams.items()}),
         )
 

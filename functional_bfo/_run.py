@@ -17,7 +17,8 @@ from ._checks import check_bool, check_int
 from ._cycle import at_step
 from ._state import save
 from ._stopping import Stopping
-from .telemetry import materialize, metrics
+from .distributed import DISAGREE, disagreeing
+from .telemetry import disagreeing_ranks, materialize, metrics
 
 Progress = bool | Callable[[dict[str, float]], None]
 
@@ -182,12 +183,20 @@ def run(
 
 
 def _read(state: Any, with_mean: bool = False) -> tuple[int, float, float, int]:
-    """num_evals, best_loss, mean finite loss (if asked), active bacteria: one transfer."""
+    """num_evals, best_loss, mean finite loss (if asked), active bacteria: one transfer.
+
+    Raises:
+        RuntimeError: a distributed evaluation saw ranks score other candidates.
+    """
     values = metrics(state) if with_mean else {"num_evals": state.num_evals,
                                                 "best_loss": state.best_loss}
     if hasattr(state, "active_size"):
         values["active_size"] = state.active_size
+    if (ranks := disagreeing_ranks(state)) is not None:
+        values["disagreeing_ranks"] = ranks
     out = materialize(values)
+    if differing := disagreeing(int(out.get("disagreeing_ranks", 0))):
+        raise RuntimeError(DISAGREE.format(ranks=differing))
     active = int(out.get("active_size", _slots(state)))
     return int(out["num_evals"]), out["best_loss"], out.get("mean_loss", math.nan), max(active, 1)
 

@@ -303,7 +303,8 @@ FINITE_FIELDS = ("population", "best_params", "health", "step_sizes", "grads",
 # Fields that are never NaN (inf means nothing found yet) and never negative.
 NOT_NAN_FIELDS = ("best_loss", "entry_best", "converged_best", "first", "progress")
 NONNEGATIVE_FIELDS = ("step_sizes", "reference_diversity")
-COUNTERS = ("step", "num_evals", "stall", "active_size", "grad_nonfinite", "grad_vanishing",
+COUNTERS = ("step", "num_evals", "disagreeing_ranks", "stall", "active_size", "grad_nonfinite",
+            "grad_vanishing",
             "grad_exploding", "restarts", "failed", "found_after", "stalled",
             "explorer_updates", "room")
 EDITED = "the file was edited or written by other code. Load an intact checkpoint."
@@ -352,7 +353,6 @@ def check_values(state: Any, where: str = "state") -> None:
             raise ValueError(f"The checkpoint's {where}.active_size is {active.tolist()}, "
                              f"outside [1, {size}], the bacteria a population of {size} can "
                              f"have in play: {EDITED}")
-    direction(state, where)
     for name in HELD_STATES:
         if hasattr(state, name):
             check_values(getattr(state, name), f"{where}.{name}")
@@ -364,24 +364,25 @@ WAYS = {1.0: "minimizing", -1.0: "maximizing"}
 def direction(state: Any, where: str = "state") -> float | None:
     """1.0 if ``state``'s values say it minimizes, -1.0 maximizes, None if they do not say.
 
-    The best is the least loss ever evaluated (the greatest when maximizing), so no finite
-    loss lies beyond it, and it is +inf (-inf) before any; a held swarm can tell too.
+    The best is +inf (-inf when maximizing) before any loss, and then the least (greatest)
+    loss ever evaluated: no finite loss lies beyond it, nor the best of a swarm it holds (a
+    black-box search's: their losses are restarted swarms', not to be read).
     """
-    best, losses = getattr(state, "best_loss", None), getattr(state, "losses", None)
-    known = None
-    if best is not None and best.dim() == 0 and not bool(torch.isnan(best)):
-        finite = losses[torch.isfinite(losses)] if losses is not None else best.new_empty(0)
-        if bool(torch.isinf(best)):  # nothing found yet: no finite loss either
-            lower, higher = bool(best < 0) or len(finite) > 0, bool(best > 0) or len(finite) > 0
-        else:
-            lower, higher = bool((finite < best).any()), bool((finite > best).any())
-        if lower and higher:
-            raise ValueError(f"The checkpoint's {where}.best_loss ({float(best)}) is neither "
-                             "the least nor the greatest of its losses, as every update "
-                             f"keeps it: {EDITED}")
-        known = -1.0 if lower else 1.0 if higher else None
-    for name in HELD_STATES:
-        held = getattr(state, name, None)
-        if known is None and held is not None:
-            known = direction(held, f"{where}.{name}")
-    return known
+    best = getattr(state, "best_loss", None)
+    if best is None or best.dim() != 0 or bool(torch.isnan(best)):
+        return None
+    held = [getattr(state, name).best_loss for name in ("swarm", "explorer")
+            if hasattr(state, name)]
+    if held:
+        others = torch.stack([x.to(best.dtype) for x in held])
+    elif (losses := getattr(state, "losses", None)) is not None:
+        others = losses[torch.isfinite(losses)]
+    else:  # a walker: its best alone
+        others = best.new_empty(0)
+    lower = bool((others < best).any()) or bool(best == -math.inf)
+    higher = bool((others > best).any()) or bool(best == math.inf)
+    if lower and higher:
+        raise ValueError(f"The checkpoint's {where}.best_loss ({float(best)}) is neither "
+                         "the least nor the greatest of the losses it was kept from, as "
+                         f"every update keeps it: {EDITED}")
+    return -1.0 if lower else 1.0 if higher else None

@@ -37,13 +37,20 @@ from ._base import LossFn, Params
 from ._checks import check_bool, check_float, check_int, check_losses
 from .evaluate import Evaluator, batched
 
-__all__ = ["DataParallel", "Sharded", "check_replicas", "data_parallel", "sharded"]
+__all__ = ["DataParallel", "Sharded", "check_agreement", "check_replicas", "data_parallel",
+           "disagreeing", "sharded"]
 
 FAILED = ("functional_bfo.distributed: rank {rank} of {world} could not get the other ranks' "
           "{what}: the collective failed, or waited the process group's whole timeout "
           "(init_process_group(timeout=...); torch's default is 30 minutes). Another rank "
           "raised, was killed, or is still evaluating: look for the first error in the other "
           "ranks' logs.")
+DISAGREE = ("functional_bfo.distributed: the candidates differ across ranks (ranks {ranks} "
+            "disagree with rank 0), so the ranks scored other points and their states have "
+            "drifted apart. Every rank must run the same key and see the same losses: build "
+            "the key from one seed on every rank, evaluate with sharded() or data_parallel(), "
+            "and keep rank-local data out of the loss unless it goes through data_parallel().")
+LAST_BIT = 52  # a rank >= 52 sets this bit: the mask stays exact as a float64 (materialize)
 UNDER_VMAP = ("functional_bfo.distributed evaluators cannot run under torch.func.vmap over "
               "runs: collectives have no batching rule. Run one optimizer per process, or "
               "loop over the runs.")
@@ -133,17 +140,31 @@ class Sharded:
 
     def __call__(self, loss_fn: LossFn, population: Params, *args: Any):
         """Every candidate's loss (and gradient), the same on every rank."""
+        return self.with_disagreement(loss_fn, population, *args)[0]
+
+    def with_disagreement(self, loss_fn: LossFn, population: Params, *args: Any
+                          ) -> tuple[Any, Tensor]:
+        """What ``__call__`` returns, and the ranks whose candidates were not rank 0's.
+
+        A checksum of the candidates rides in the losses' all-gather (no other round trip):
+        the optimizers record the ranks in ``state.disagreeing_ranks`` (see
+        :func:`disagreeing`).
+        """
         world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         size = optree.tree_leaves(population)[0].shape[0]
         counts = [len(part) for part in torch.arange(size).tensor_split(world)]
         start = sum(counts[:rank])
         local = optree.tree_map(lambda x: x[start:start + counts[rank]], population)
         losses, grads = self.local(loss_fn, local, args)
-        losses = _gather(losses.to(torch.float64), counts, self.group, "losses")
+        mine = torch.cat([losses.to(torch.float64), _checksum(population, losses.device)])
+        parts = _gather_parts(mine, [n + 1 for n in counts], self.group, "losses")
+        losses = torch.cat([part[:n] for part, n in zip(parts, counts)])
+        differing = _differing(torch.stack([part[n] for part, n in zip(parts, counts)]))
         if not self.grads:
-            return losses
+            return losses, differing
         leaves, spec = optree.tree_flatten(grads)
-        return losses, spec.unflatten([_gather(g, counts, self.group, "gradients") for g in leaves])
+        return (losses, spec.unflatten([_gather(g, counts, self.group, "gradients")
+                                        for g in leaves])), differing
 
 
 class DataParallel(Sharded):
@@ -158,20 +179,29 @@ class DataParallel(Sharded):
         """The same evaluator, scoring this rank's data with ``inner`` (as for Sharded)."""
         return type(self)(self.group, grads, self.chunk_size, inner, self.weight)
 
-    def __call__(self, loss_fn: LossFn, population: Params, *args: Any):
-        """Every candidate's loss (and gradient) over all ranks' data, on every rank."""
+    def with_disagreement(self, loss_fn: LossFn, population: Params, *args: Any
+                          ) -> tuple[Any, Tensor]:
+        """What ``__call__`` returns, and the ranks whose candidates were not rank 0's.
+
+        Each rank's checksum of the candidates has its own slot in the losses' all-reduce.
+        """
+        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         size = optree.tree_leaves(population)[0].shape[0]
         losses, grads = self.local(loss_fn, population, args)
         leaves, spec = optree.tree_flatten(grads) if self.grads else ([], None)
         parts = [losses.to(torch.float64)] + [g.to(torch.float64).reshape(-1) for g in leaves]
-        flat = torch.cat(parts + [losses.new_ones(1, dtype=torch.float64)]) * self.weight
+        weighted = torch.cat(parts + [losses.new_ones(1, dtype=torch.float64)]) * self.weight
+        slots = torch.zeros(world, dtype=torch.float64, device=losses.device).index_put(
+            (torch.tensor([rank], device=losses.device),), _checksum(population, losses.device))
+        flat = torch.cat([weighted, slots])
         _collective(lambda: dist.all_reduce(flat, group=self.group), self.group, "losses")
-        losses, *rest = (flat[:-1] / flat[-1]).split([size] + [g.numel() for g in leaves])
+        weighted, checks = flat[:-world], flat[-world:]
+        losses, *rest = (weighted[:-1] / weighted[-1]).split([size] + [g.numel() for g in leaves])
         if not self.grads:
-            return losses
+            return losses, _differing(checks)
         assert spec is not None  # self.grads: grads were flattened
-        return losses, spec.unflatten([part.reshape(g.shape).to(g.dtype)
-                                       for part, g in zip(rest, leaves)])
+        return (losses, spec.unflatten([part.reshape(g.shape).to(g.dtype)
+                                        for part, g in zip(rest, leaves)])), _differing(checks)
 
 
 def check_replicas(state: Any, group: Any = None) -> None:
@@ -212,12 +242,55 @@ def check_replicas(state: Any, group: Any = None) -> None:
             "through data_parallel().")
 
 
-def _gather(local: Tensor, counts: list[int], group: Any, what: str) -> Tensor:
-    """Every rank's rows of ``local`` in rank order (padded to one size for the collective)."""
+def check_agreement(state: Any) -> None:
+    """Raise if a sharded or data-parallel evaluation of ``state``'s run saw ranks disagree.
+
+    Reads ``state.disagreeing_ranks`` on the host (one transfer, no collective): call it in
+    your own loop every few updates; :func:`functional_bfo.run` and the adapters do.
+
+    Raises:
+        RuntimeError: naming the ranks whose candidates differed from rank 0's.
+    """
+    from .telemetry import disagreeing_ranks  # a core module that imports this one's package
+
+    mask = disagreeing_ranks(state)
+    if mask is not None and (ranks := disagreeing(int(mask))):
+        raise RuntimeError(DISAGREE.format(ranks=ranks))
+
+
+def disagreeing(mask: int) -> list[int]:
+    """The ranks a ``disagreeing_ranks`` mask names: bit ``r`` is rank ``r`` (52: 52 or above)."""
+    return [r for r in range(LAST_BIT + 1) if mask >> r & 1]
+
+
+def _checksum(population: Params, device: torch.device) -> Tensor:
+    """(1,) float64: a digest of the candidates' bits, an integer below 2**52 (exact)."""
+    from ._ask_tell import state_digest
+
+    digest = state_digest(optree.tree_map(lambda x: x.detach(), population))
+    return torch.remainder(digest, 2**52).to(device=device, dtype=torch.float64).reshape(1)
+
+
+def _differing(checks: Tensor) -> Tensor:
+    """() int64: bit ``r`` set where rank ``r``'s checksum is not rank 0's."""
+    differ = checks != checks[0]
+    ranks = torch.arange(len(checks), device=checks.device).clamp_max(LAST_BIT)
+    low = (differ[:LAST_BIT] * torch.pow(2, ranks[:LAST_BIT])).sum()
+    return low | (differ[LAST_BIT:].any().to(torch.int64) << LAST_BIT)
+
+
+def _gather_parts(local: Tensor, counts: list[int], group: Any, what: str) -> list[Tensor]:
+    """Every rank's rows of ``local`` in rank order, each padded to the longest."""
     padded = local.new_zeros((max(counts),) + local.shape[1:])
     padded[:local.shape[0]] = local
     parts = [torch.empty_like(padded) for _ in counts]
     _collective(lambda: dist.all_gather(parts, padded, group=group), group, what)
+    return parts
+
+
+def _gather(local: Tensor, counts: list[int], group: Any, what: str) -> Tensor:
+    """Every rank's rows of ``local`` in rank order (padded to one size for the collective)."""
+    parts = _gather_parts(local, counts, group, what)
     return torch.cat([part[:n] for part, n in zip(parts, counts)])
 
 

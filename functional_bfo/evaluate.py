@@ -60,7 +60,10 @@ class Evaluator(Protocol):
     unbatched. Must be pure and sync-free to keep ``update`` compilable. An evaluator with
     ``any_structure = True`` (this module's) treats ``population`` as any pytree: it is
     handed the population's rows, one ``(N, D)`` tensor, and a ``loss_fn`` that takes a row,
-    so that ``vmap`` batches one tensor rather than every leaf of the params.
+    so that ``vmap`` batches one tensor rather than every leaf of the params. An evaluator
+    with a ``with_disagreement`` method (:mod:`functional_bfo.distributed`'s) is called by
+    it, returning also the mask of the ranks whose candidates were not rank 0's, which the
+    optimizers keep in ``state.disagreeing_ranks``.
     """
 
     def __call__(self, loss_fn: LossFn, population: Params, *args: Any) -> Tensor:

@@ -12,6 +12,18 @@ from ._tree import diversity
 __all__ = ["materialize", "metrics"]
 
 
+def disagreeing_ranks(state: Any) -> Tensor | None:
+    """The ranks a distributed evaluation found disagreeing, as a mask (None: not a state).
+
+    A black-box search's are its swarms'.
+    """
+    if hasattr(state, "disagreeing_ranks"):
+        return state.disagreeing_ranks
+    if hasattr(state, "swarm") and hasattr(state, "explorer"):
+        return state.swarm.disagreeing_ranks | state.explorer.disagreeing_ranks
+    return None
+
+
 def metrics(state: Any) -> dict[str, Tensor]:
     """Summary statistics of an optimizer state, as 0-d tensors on the state's device.
 
@@ -21,7 +33,9 @@ def metrics(state: Any) -> dict[str, Tensor]:
     ``step_length_mean``, ``step_length_min`` and ``step_length_max`` (the step sizes in use: per
     bacterium in the adaptive variants, named apart from the ``step_size*`` hyperparameters),
     ``active_size`` for the adaptive variants, and for hybrid_bfo ``grad_norm_mean``,
-    ``grad_nonfinite``, ``grad_vanishing`` and ``grad_exploding``.
+    ``grad_nonfinite``, ``grad_vanishing`` and ``grad_exploding``. ``disagreeing_ranks`` is
+    0 unless a :mod:`functional_bfo.distributed` evaluation saw ranks score other
+    candidates than rank 0 (a mask: :func:`functional_bfo.distributed.disagreeing` names them).
 
     A :func:`~functional_bfo.black_box_search` state reports its converging (or polishing)
     swarm's, with the search's ``best_loss``, ``step`` and ``num_evals``, and ``stage`` (an
@@ -29,7 +43,8 @@ def metrics(state: Any) -> dict[str, Tensor]:
     ``walker_sigma``.
     """
     if not hasattr(state, "losses") and hasattr(state, "swarm"):  # a black_box_search state
-        return {**metrics(state.swarm), "best_loss": state.best_loss, "step": state.step,
+        return {**metrics(state.swarm), "disagreeing_ranks": disagreeing_ranks(state),
+                "best_loss": state.best_loss, "step": state.step,
                 "num_evals": state.num_evals, "stage": state.stage, "restarts": state.restarts,
                 "failed_swarms": state.failed, "explorer_updates": state.explorer_updates,
                 "walker_sigma": state.walker.sigma}
@@ -49,6 +64,7 @@ def metrics(state: Any) -> dict[str, Tensor]:
         "diversity": diversity(state.population, losses.dtype),
         "step": state.step,
         "num_evals": state.num_evals,
+        "disagreeing_ranks": state.disagreeing_ranks,
     }
     if hasattr(state, "grad_norms"):  # gradient telemetry of hybrid_bfo
         known = torch.isfinite(state.grad_norms)

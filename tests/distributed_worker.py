@@ -253,6 +253,38 @@ def scenario_replicas(rank, world, folder):
     return out
 
 
+def scenario_disagreeing(rank, world, folder):
+    """A key per rank: the candidates differ, and every reader says which ranks (the state
+    records it in the losses' own collective); the same key: nothing is recorded."""
+    from functional_bfo.adapters import HybridBFO
+
+    def caught(fn):
+        try:
+            fn()
+        except RuntimeError as e:
+            return str(e)
+        return None
+
+    out = {}
+    evaluators = {"sharded": lambda grads: fb.distributed.sharded(grads=grads),
+                  "data_parallel": lambda grads: fb.distributed.data_parallel(grads=grads)}
+    for how, evaluator_of in evaluators.items():
+        for name, opt in optimizers(evaluator_of):
+            for which, key in (("same", fb.random.key(0)), ("own", fb.random.key(rank))):
+                state = opt.update(opt.init({"w": torch.zeros(5)}, key=key), loss, X)
+                out[f"{how}-{name}-{which}-mask"] = int(fb.metrics(state)["disagreeing_ranks"])
+                out[f"{how}-{name}-{which}-check"] = caught(
+                    lambda s=state: fb.distributed.check_agreement(s))
+                start = opt.init({"w": torch.zeros(5)}, key=key)
+                out[f"{how}-{name}-{which}-run"] = caught(
+                    lambda o=opt, s=start: fb.run(o, s, loss, X, max_steps=3))
+    w = torch.nn.Parameter(torch.zeros(5))
+    shell = HybridBFO([w], population_size=6, seed=rank, evaluator=fb.distributed.sharded())
+    out["shell"] = caught(lambda: shell.step(loss_fn=lambda p: loss({"w": p[0]}, X)))
+    out["shell_kept"] = torch.equal(w.detach(), torch.zeros(5))  # the step changed nothing
+    return out
+
+
 def scenario_under_vmap(rank, world, folder):
     opt = fb.bfo(population_size=4, evaluator=sharded(False))
     keys = torch.stack([fb.random.key(0), fb.random.key(1)])

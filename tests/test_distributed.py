@@ -154,6 +154,26 @@ def test_drifting_replicas_are_caught_on_every_rank(tmp_path):
         assert "ranks [1] disagree with rank 0" in results[rank]["shell"]
 
 
+def test_ranks_that_score_other_candidates_are_named_by_every_reader(tmp_path):
+    """The candidates' checksum rides in the losses' collective: the state records the
+    disagreeing ranks, fb.metrics shows them, and fb.run, check_agreement and the shell
+    raise on every rank naming them; with one key nothing is recorded."""
+    codes, outputs, results = launch("disagreeing", 3, tmp_path / "run")
+    assert codes == [0, 0, 0], outputs
+    for rank in range(3):
+        got = results[rank]
+        for how in ("sharded", "data_parallel"):
+            for name in ("bfo", "adaptive_bfo", "hybrid_bfo"):
+                assert got[f"{how}-{name}-same-mask"] == 0
+                assert got[f"{how}-{name}-same-check"] is None
+                assert got[f"{how}-{name}-same-run"] is None
+                assert got[f"{how}-{name}-own-mask"] == 0b110  # ranks 1 and 2
+                for reader in ("check", "run"):
+                    assert "ranks [1, 2] disagree with rank 0" in got[f"{how}-{name}-own-{reader}"]
+        assert "ranks [1, 2] disagree with rank 0" in got["shell"]
+        assert got["shell_kept"]
+
+
 def test_check_replicas_needs_a_process_group():
     with pytest.raises(RuntimeError, match="init_process_group"):
         fb.distributed.check_replicas({"w": torch.zeros(2)})

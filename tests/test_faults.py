@@ -100,7 +100,7 @@ def test_a_save_that_fails_half_way_keeps_the_previous_checkpoint(tmp_path, monk
     (lambda s: s._replace(num_evals=torch.tensor(-5)), r"state\.num_evals is negative"),
     (lambda s: s._replace(best_loss=torch.tensor(math.nan)), r"state\.best_loss is NaN"),
     (lambda s: s._replace(best_loss=torch.tensor(-math.inf)),
-     r"state\.best_loss \(-inf\) is neither the least nor the greatest of its losses"),
+     r"state\.best_loss \(-inf\) is neither the least nor the greatest of the losses"),
     (lambda s: s._replace(active_size=torch.tensor(0)), r"active_size is 0, outside \[1, 6\]"),
     (lambda s: s._replace(active_size=torch.tensor(7)), r"active_size is 7, outside \[1, 6\]"),
     (lambda s: s._replace(step_sizes=-s.step_sizes), r"state\.step_sizes is negative"),

@@ -17,8 +17,8 @@ PUBLIC = {
         "tree_normal_like", "uniform",
     },
     "functional_bfo.evaluate": {"Evaluator", "loop", "vmap"},
-    "functional_bfo.distributed": {"DataParallel", "Sharded", "check_replicas", "data_parallel",
-                                   "sharded"},
+    "functional_bfo.distributed": {"DataParallel", "Sharded", "check_agreement", "check_replicas",
+                                   "data_parallel", "disagreeing", "sharded"},
 }
 
 ALIASES = {"Key", "Params", "PyTree"}  # type aliases of Tensor / Any: documented in _base.py
