@@ -105,7 +105,7 @@ class CandidateEvaluator:
     ``with_grads`` reads each ``.grad`` too: NaN (unknown) if the closure ran no ``backward``.
     """
 
-    any_structure = property(lambda self: self.closure is None)  # the fast path takes rows
+    takes_rows = property(lambda self: self.closure is None)  # the fast path takes rows
 
     def __init__(self, params: list[Tensor], trace: Trace, with_grads: bool) -> None:
         self.params, self.trace, self.with_grads, self.chunk_size = params, trace, with_grads, None

@@ -61,7 +61,7 @@ def breakdown(variant: str, population: int, dim: int, repeats: int, device: str
     state = opt.init({"x": torch.zeros(dim, device=device)}, key=fb.random.key(0))
     for _ in range(3):  # the update of step 3, which ends no cycle of either cycle length
         state = opt.update(state, loss)
-    without_events = opt.update.between.update
+    without_events = opt.twin.update
     populations = [{"x": state.population + 0.01 * k} for k in range(SWIM + 1)]
     hybrid = variant == "hybrid_bfo"
     vmapped = torch.func.vmap(torch.func.grad_and_value(loss) if hybrid else loss)

@@ -6,14 +6,13 @@ After Chen, Zhu & Hu, "Adaptive Bacterial Foraging Optimization", 2011.
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from . import _metric as metric
-from ._ask_tell import swim_optimizer
+from ._ask_tell import Variant, swim_optimizer
 from ._base import Key, Optimizer, Params
 from ._bounds import (
     BOUNDARY_MODES,
@@ -26,8 +25,8 @@ from ._bounds import (
     update_box,
 )
 from ._checks import check_bool, check_choice, check_float, check_int, check_ordered
-from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_by, tumble_directions, walk
-from ._cycle import cycle_ends, with_twin
+from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_evaluation, tumble_directions, walk
+from ._cycle import cycle_ends
 from ._layout import layout, ravel, unravel
 from ._population import bacterium_noise, initial_population, per_run, reproduction_index
 from ._tree import diversity, first_min, where
@@ -190,9 +189,20 @@ def adaptive_bfo(
         <https://doi.org/10.1155/2011/108269>`_, 2011.
         I. Rechenberg, Evolutionsstrategie, 1973 (the 1/5th success rule).
     """
+    return swim_optimizer(ADAPTIVE, adaptive_settings(**locals()))  # the arguments above
+
+
+def adaptive_settings(*, population_size: int, step_size: float, step_size_min: float,
+                      step_size_max: float, adaptation_rate: float, swim_length: int,
+                      swim_batch: int, chemotaxis_steps: int, elimination_prob: float,
+                      elimination_prob_max: float, stagnation_steps: int,
+                      min_population_size: int | None, tumble: str, levy_beta: float,
+                      bounds: Any, boundary: str, relative_steps: bool, metric_rate: float,
+                      init_scale: float, maximize: bool, evaluator: Any) -> AdaptiveSettings:
+    """:func:`adaptive_bfo`'s arguments validated (hybrid_bfo's and black_box's swarms too)."""
     size = check_int("population_size", population_size, 1)
     swims = check_int("swim_length", swim_length, 0)
-    check_int("swim_batch", swim_batch, 1)
+    batch = check_int("swim_batch", swim_batch, 1)
     n_c = check_int("chemotaxis_steps", chemotaxis_steps, 1)
     n_stag = check_int("stagnation_steps", stagnation_steps, 1)
     min_size = size if min_population_size is None else check_int(
@@ -213,28 +223,14 @@ def adaptive_bfo(
     check_bool("relative_steps", relative_steps)
     rate = check_float("metric_rate", metric_rate, 0.0)
     bounds = check_bounds(bounds)
-    evaluator = check_evaluator(evaluator)
-    sign = -1.0 if maximize else 1.0
-    static = AdaptiveStatic(size, swims, n_c, n_stag, bounds, boundary, tumble, sign, min_size,
-                            relative_steps, swim_batch, rate, is_closed(bounds))
-
-    def build(cycles: bool) -> Optimizer:
-        steps = static._replace(cycles=cycles)
-        opt = swim_optimizer("adaptive_bfo", AdaptiveBFOState, size, sign,
-                             partial(adaptive_init, static, hyper),
-                             partial(adaptive_plan, static=steps), partial(adaptive_finish, steps),
-                             costs_by(evaluator, sign), swim_batch,
-                             settings=static._replace(swim_batch=1))
-        opt.update.static = steps  # type: ignore[attr-defined]  # read by adaptive_static
-        return opt
-
-    return with_twin(build, n_c)
+    return AdaptiveSettings(size, swims, n_c, n_stag, bounds, boundary, tumble,
+                            -1.0 if maximize else 1.0, min_size, relative_steps, batch, rate,
+                            is_closed(bounds), check_evaluator(evaluator), hyper)
 
 
-def adaptive_init(static: AdaptiveStatic, hyper: dict[str, float], params: Params, *,
-                  key: Key) -> AdaptiveBFOState:
+def adaptive_init(static: AdaptiveSettings, params: Params, *, key: Key) -> AdaptiveBFOState:
     """The BFO start, every bacterium at the initial step size, and an isotropic metric."""
-    size, rate = static.size, static.metric_rate
+    size, rate, hyper = static.size, static.metric_rate, static.hyper
     start = initial_population(params, key, size, static.bounds, hyper["init_scale"])
     dtype, device, shape = start.dtype, start.key.device, layout(params)
     if rate > 0 and (n := shape.size) > metric.MAX_METRIC_SIZE:
@@ -254,10 +250,10 @@ def adaptive_init(static: AdaptiveStatic, hyper: dict[str, float], params: Param
     ))
 
 
-def adaptive_finish(static: AdaptiveStatic, state: AdaptiveBFOState, plan: Plan,
+def adaptive_finish(static: AdaptiveSettings, state: AdaptiveBFOState, plan: Plan,
                     result: SwimResult) -> AdaptiveBFOState:
     """The new fields, and the metric learned from the tumbles that moved a known bacterium."""
-    step, learned = adaptive_fields(state, static, plan, result), state.metric
+    step, learned = adaptive_fields(static, state, plan, result), state.metric
     if static.metric_rate > 0:  # in float64, each side cast first, as the metric sees it
         steps = (step.fields["population"].to(torch.float64)
                  - state.population.index_select(0, step.source).to(torch.float64))
@@ -266,8 +262,8 @@ def adaptive_finish(static: AdaptiveStatic, state: AdaptiveBFOState, plan: Plan,
     return AdaptiveBFOState(**step.fields, metric=learned)
 
 
-class AdaptiveStatic(NamedTuple):
-    """The structural (Python) settings an adaptive step needs."""
+class AdaptiveSettings(NamedTuple):
+    """The validated settings of an :func:`adaptive_bfo` optimizer."""
 
     size: int
     swims: int
@@ -278,16 +274,13 @@ class AdaptiveStatic(NamedTuple):
     tumble: str
     sign: float
     min_size: int  # smallest active population (== size: fixed)
-    relative_steps: bool = False  # steps in units of the box width where it is finite
-    swim_batch: int = 1  # swim points per evaluator call
-    metric_rate: float = 0.0  # learning rate of the tumble metric (0: none)
-    closed: bool = False  # every side of the box is finite (is_closed)
-    cycles: bool = True  # False: no cycle ends in these updates (at_step)
-
-
-def adaptive_static(opt: Optimizer) -> AdaptiveStatic:
-    """The structural settings of an :func:`adaptive_bfo` optimizer, for variants built on it."""
-    return opt.update.static  # type: ignore[attr-defined]
+    relative_steps: bool  # steps in units of the box width where it is finite
+    swim_batch: int  # swim points per evaluator call
+    metric_rate: float  # learning rate of the tumble metric (0: none)
+    closed: bool  # every side of the box is finite (is_closed)
+    evaluator: Any
+    hyper: dict[str, float]  # the hyperparameters' initial values
+    gradient: Any = None  # hybrid_bfo's GradientSettings (None: no gradients)
 
 
 class AdaptiveStep(NamedTuple):
@@ -299,8 +292,8 @@ class AdaptiveStep(NamedTuple):
     aux: Any  # the evaluation's auxiliary output at each final point
 
 
-def cycle_event(flag: Tensor, state: Any, slots: Tensor, coins: Tensor, places: Tensor,
-                best: Tensor, box: LeafBounds | None, static: AdaptiveStatic,
+def cycle_event(static: AdaptiveSettings, flag: Tensor, state: Any, slots: Tensor,
+                coins: Tensor, places: Tensor, best: Tensor, box: LeafBounds | None,
                 dtype: torch.dtype) -> tuple:
     """Reproduction, then dispersal under pressure, where ``flag`` (0-d bool) holds.
 
@@ -347,7 +340,8 @@ class AdaptiveKeep(NamedTuple):
     known: Tensor  # (P,) whether each bacterium knew its loss before the swim
 
 
-def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None) -> Plan:
+def adaptive_plan(static: AdaptiveSettings, state: Any, cycles: bool, steer=None,
+                  start_aux=None) -> Plan:
     """Reproduce, disperse and tumble: the update's greedy swim, before any loss.
 
     ``steer(direction, source, known)`` bends the tumble (the hybrid's gradients);
@@ -360,10 +354,10 @@ def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None
     noise = bacterium_noise(state.key, state.step, size, shape.size, dtype)
 
     slots = torch.arange(size, device=state.step.device)
-    if static.cycles:  # reproduction, then dispersal under pressure (cycle_event)
+    if cycles:  # reproduction, then dispersal under pressure (cycle_event)
         population, losses, step_sizes, health, count, source, dispersed = cycle_event(
-            cycle_ends(state.step, static.chemotaxis_steps), state, slots, noise.coin,
-            noise.place, best, box, static, dtype)
+            static, cycle_ends(state.step, static.chemotaxis_steps), state, slots, noise.coin,
+            noise.place, best, box, dtype)
     else:  # the driver knows that no cycle ends here (at_step)
         population, losses, step_sizes, health, count, source, dispersed = (
             state.population, state.losses, state.step_sizes, state.health,
@@ -395,7 +389,7 @@ def adaptive_plan(state: Any, static: AdaptiveStatic, steer=None, start_aux=None
     return Plan(ray, carry, active, keep, shape)
 
 
-def adaptive_fields(state: Any, static: AdaptiveStatic, plan: Plan,
+def adaptive_fields(static: AdaptiveSettings, state: Any, plan: Plan,
                     result: SwimResult) -> AdaptiveStep:
     """The update after its swim: the 1/5th success rule, the stall count, the counters."""
     hp, sign, keep, active = state.hyperparams, static.sign, plan.keep, plan.active
@@ -426,3 +420,7 @@ def adaptive_fields(state: Any, static: AdaptiveStatic, plan: Plan,
 def _on_active(active: Tensor | None, x: Tensor, other: Tensor | float) -> Tensor:
     """``x`` on active slots, ``other`` on the rest (``active`` None: every slot is active)."""
     return x if active is None else torch.where(active, x, other)
+
+
+ADAPTIVE = Variant("adaptive_bfo", AdaptiveBFOState, adaptive_init, adaptive_plan,
+                   adaptive_finish, costs_evaluation)

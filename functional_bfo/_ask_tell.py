@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ._base import Key, LossFn, Optimizer, Params
 from ._checks import check_state
-from ._chemotaxis import Plan, SwimResult, rank_costs
+from ._chemotaxis import Plan, rank_costs
 from ._layout import strided, unravel
 
 # The integer type whose bits a float of each width is read as, for a state's digest.
@@ -86,54 +86,77 @@ def settings_digest(settings: Any) -> int:
     return int.from_bytes(h.digest()[:8], "little", signed=True)
 
 
-def swim_optimizer(name: str, state_type: type, size: int, sign: float, init: Any,
-                   plan: Callable[..., Plan], finish: Callable[[Any, Plan, SwimResult], Any],
-                   evaluation: Callable[..., Callable], swim_batch: int,
-                   told_aux: Callable[..., Any] | None = None,
-                   takes: tuple[str, str] | None = None, settings: Any = None) -> Optimizer:
-    """Every variant's ``update``, ``ask`` and ``tell``, from the variant's own steps.
+class Variant(NamedTuple):
+    """A variant as the scaffold takes it: its State and steps, each taking settings first.
 
-    ``plan(state, **given)`` is the update before any loss, ``finish(state, plan, result)`` the
-    state after its swim, ``evaluation(state, plan, loss_fn, args)`` scores update's rows
-    (``rows -> (costs, aux)``) and ``told_aux(state, asked, **given)`` reads what tell is given
-    besides losses as the round's aux. ``given`` is the keyword that update and tell take
-    beyond the contract, as ``takes`` names them (``hybrid_bfo``'s ``grad=`` and ``grads=``).
-    ``settings`` are the structural settings an Ask must share to be told (not how rows are
-    batched or evaluated, which leave the round as it is).
+    ``settings`` is the variant's NamedTuple of validated settings, with at least ``size``,
+    ``sign``, ``swim_batch`` and ``chemotaxis_steps`` (the cycle's period). ``plan`` takes
+    ``cycles``: False where the driver knows that no cycle ends (:func:`at_step`).
     """
-    update_takes, tell_takes = takes or (None, None)
-    fixed = settings_digest((name, size, sign, settings))
+
+    name: str
+    state_type: type
+    init: Callable[..., Any]  # init(settings, params, *, key) -> state
+    plan: Callable[..., Plan]  # plan(settings, state, cycles, **given): the update before losses
+    finish: Callable[..., Any]  # finish(settings, state, plan, result): the state after the swim
+    evaluation: Callable[..., Callable]  # (settings, state, plan, loss_fn, args) -> rows scorer
+    told_aux: Callable[..., Any] | None = None  # (settings, state, asked, **given): tell's aux
+    update_takes: str | None = None  # the keyword update takes beyond the contract
+    tell_takes: str | None = None  # and tell (hybrid_bfo's grad= and grads=)
+
+
+# Settings that leave a round's candidates as they are: an Ask is told across them.
+NOT_OF_THE_ROUND = ("swim_batch", "evaluator", "chunk_size", "hyper")
+
+
+def swim_optimizer(variant: Variant, settings: Any) -> Optimizer:
+    """The variant's ``init``, ``update``, ``ask`` and ``tell``, and its twin for at_step."""
+    fixed = settings_digest((variant.name, {k: v for k, v in settings._asdict().items()
+                                            if k not in NOT_OF_THE_ROUND}))
+    opt = _build(variant, settings, fixed, True)
+    return opt._replace(twin=_build(variant, settings, fixed, False),
+                        period=settings.chemotaxis_steps)
+
+
+def _build(variant: Variant, settings: Any, fixed: int, cycles: bool) -> Optimizer:
+    """``update``, ``ask`` and ``tell`` over one plan, with or without the cycle events."""
+    name, size, sign = variant.name, settings.size, settings.sign
+
+    def init(params: Params, *, key: Key) -> Any:
+        return variant.init(settings, params, key=key)
 
     def update(state: Any, loss_fn: LossFn, *args: Any, **given: Any) -> Any:
-        check_state(state, size, state_type, name)
+        check_state(state, size, variant.state_type, name)
         if not callable(loss_fn):
             raise TypeError(f"Invalid loss_fn: {loss_fn!r}; expected a callable "
                             "loss_fn(params, *args) -> 0-d tensor (call update(state, loss_fn)).")
-        refuse_keywords(given, update_takes, f"{name}.update")
-        steps = plan(state, **given)
-        result, disagreed = steps.swim(evaluation(state, steps, loss_fn, args), swim_batch)
-        new = finish(state, steps, result)
+        refuse_keywords(given, variant.update_takes, f"{name}.update")
+        steps = variant.plan(settings, state, cycles, **given)
+        result, disagreed = steps.swim(variant.evaluation(settings, state, steps, loss_fn, args),
+                                       settings.swim_batch)
+        new = variant.finish(settings, state, steps, result)
         if disagreed is None:  # a local evaluator: nothing to record
             return new
         return new._replace(disagreeing_ranks=state.disagreeing_ranks | disagreed)
 
     def ask(state: Any) -> Ask:
-        check_state(state, size, state_type, name)
-        steps = plan(state)
+        check_state(state, size, variant.state_type, name)
+        steps = variant.plan(settings, state, cycles)
         return Ask(unravel(steps.shape, steps.ray.points(steps.ray.distances)), steps.needed(),
                    round_tag(state, fixed))
 
     def tell(state: Any, asked: Ask, losses: Any, *, check: bool = True, **given: Any) -> Any:
-        check_state(state, size, state_type, name)
-        refuse_keywords(given, tell_takes, f"{name}.tell")
+        check_state(state, size, variant.state_type, name)
+        refuse_keywords(given, variant.tell_takes, f"{name}.tell")
         check_ask(asked, name)
-        steps = plan(state)
+        steps = variant.plan(settings, state, cycles)
         check_rows(asked, steps.ray.distances.numel(), name)
         if check:
             check_tag(round_tag(state, fixed), asked.tag, name)
         costs = told_costs(state, asked, losses, sign, name, check)
-        aux = None if told_aux is None else told_aux(state, asked, **given)
-        return finish(state, steps, steps.told(costs, aux))
+        aux = None if variant.told_aux is None else variant.told_aux(settings, state, asked,
+                                                                     **given)
+        return variant.finish(settings, state, steps, steps.told(costs, aux))
 
     return Optimizer(taking_key(init, name), update, sign < 0, ask, tell)
 

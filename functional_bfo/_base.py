@@ -67,7 +67,8 @@ class Optimizer(NamedTuple):
     ``update(state, loss_fn)`` is ``tell(state, ask(state), losses)`` with the losses of
     ``loss_fn``, evaluated a few swim points at a time. ``maximize`` says which way the
     losses in its states are better; drivers such as :func:`functional_bfo.run` read it, so
-    it is set once, in the factory.
+    it is set once, in the factory. ``twin`` is the same optimizer without the cycle events
+    that fire every ``period`` updates, for a driver that knows the step on the host.
     """
 
     init: InitFn
@@ -75,3 +76,5 @@ class Optimizer(NamedTuple):
     maximize: bool = False
     ask: AskFn | None = None
     tell: TellFn | None = None
+    twin: Optimizer | None = None  # where no cycle ends: bitwise the same, fewer ops
+    period: int = 0  # a cycle ends at every step > 0 that this divides

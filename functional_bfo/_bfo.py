@@ -9,12 +9,12 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ._ask_tell import swim_optimizer
+from ._ask_tell import Variant, swim_optimizer
 from ._base import Key, Optimizer, Params
 from ._bounds import BOUNDARY_MODES, LeafBounds, check_bounds, is_closed, update_box
 from ._checks import check_bool, check_choice, check_float, check_int
-from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_by, tumble_directions, walk
-from ._cycle import cycle_ends, with_twin
+from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_evaluation, tumble_directions, walk
+from ._cycle import cycle_ends
 from ._layout import layout, ravel, unravel
 from ._population import bacterium_noise, disperse, initial_population, per_run, reproduce
 from .evaluate import Evaluator, check_evaluator
@@ -182,7 +182,6 @@ def bfo(
     """
     size = check_int("population_size", population_size, 1)
     swims = check_int("swim_length", swim_length, 0)
-    check_int("swim_batch", swim_batch, 1)
     n_c = check_int("chemotaxis_steps", chemotaxis_steps, 1)
     n_re = check_int("reproduction_steps", reproduction_steps, 1)
     given = dict(step_size=step_size, elimination_prob=elimination_prob, init_scale=init_scale,
@@ -195,22 +194,14 @@ def bfo(
     check_bool("swarming", swarming)
     check_bool("maximize", maximize)
     bounds = check_bounds(bounds)
-    static = BFOStatic(size, swims, n_c, n_re, swarming, tumble, bounds, boundary,
-                       is_closed(bounds), -1.0 if maximize else 1.0)
-
-    def init_fn(params: Params, *, key: Key) -> BFOState:
-        start = initial_population(params, key, size, bounds, hyper["init_scale"])
-        return per_run(BFOState(**start.state_fields(static.sign, hyper, BFOHyperparams)))
-
-    evaluation = costs_by(check_evaluator(evaluator), static.sign)
-    return with_twin(lambda cycles: swim_optimizer(
-        "bfo", BFOState, size, static.sign, init_fn, partial(bfo_plan, static._replace(
-            cycles=cycles)), partial(bfo_finish, static), evaluation, swim_batch,
-        settings=static), n_c)
+    return swim_optimizer(BFO, BFOSettings(
+        size, swims, n_c, n_re, swarming, tumble, bounds, boundary, is_closed(bounds),
+        -1.0 if maximize else 1.0, check_int("swim_batch", swim_batch, 1),
+        check_evaluator(evaluator), hyper))
 
 
-class BFOStatic(NamedTuple):
-    """The structural (Python) settings of a :func:`bfo` update."""
+class BFOSettings(NamedTuple):
+    """The validated settings of a :func:`bfo` optimizer (its tensors' initial values too)."""
 
     size: int
     swims: int
@@ -222,10 +213,19 @@ class BFOStatic(NamedTuple):
     boundary: str
     closed: bool  # every side of the box is finite (is_closed)
     sign: float
-    cycles: bool = True  # False: no cycle ends in these updates (at_step)
+    swim_batch: int
+    evaluator: Evaluator
+    hyper: dict[str, float]  # BFOHyperparams' initial values
 
 
-def bfo_plan(static: BFOStatic, state: BFOState) -> Plan:
+def bfo_init(static: BFOSettings, params: Params, *, key: Key) -> BFOState:
+    """The params as bacterium 0, the rest spread around them (or over the box)."""
+    start = initial_population(params, key, static.size, static.bounds,
+                               static.hyper["init_scale"])
+    return per_run(BFOState(**start.state_fields(static.sign, static.hyper, BFOHyperparams)))
+
+
+def bfo_plan(static: BFOSettings, state: BFOState, cycles: bool) -> Plan:
     """Reproduction, dispersal and the tumble: the update's swim, before any loss."""
     hp, dtype, shape = state.hyperparams, state.losses.dtype, layout(state.best_params)
     box = update_box(state.box, static.bounds, static.closed)
@@ -235,12 +235,12 @@ def bfo_plan(static: BFOStatic, state: BFOState) -> Plan:
     # Reproduction and elimination–dispersal happen on cycle boundaries, by counter.
     n_c, n_re = static.chemotaxis_steps, static.reproduction_steps
     population, losses, health = state.population, state.losses, state.health
-    if static.cycles:  # else the driver knows that no cycle ends here (at_step)
+    if cycles:  # else the driver knows that no cycle ends here (at_step)
         ends = cycle_ends(state.step, n_c)
         population, losses, health = reproduce(ends, population, losses, health)
     cost = static.sign * losses  # NaN where never evaluated
     known = ~torch.isnan(cost)
-    if static.cycles:
+    if cycles:
         population, known = disperse(ends & (state.step % (n_c * n_re) == 0), population,
                                      known, noise.coin, noise.place, hp.elimination_prob,
                                      hp.init_scale, best, box)
@@ -261,7 +261,7 @@ def bfo_plan(static: BFOStatic, state: BFOState) -> Plan:
     return Plan(ray, carry, None, health, shape)
 
 
-def bfo_finish(static: BFOStatic, state: BFOState, plan: Plan, result: SwimResult) -> BFOState:
+def bfo_finish(static: BFOSettings, state: BFOState, plan: Plan, result: SwimResult) -> BFOState:
     """The state after the swim: where each bacterium ended, its health, the counters."""
     return BFOState(
         population=result.population,
@@ -289,3 +289,6 @@ def cell_to_cell(positions: Tensor, swarm: Tensor, swarm_sq: Tensor, hp: BFOHype
     d2 = (a.square().sum(1).unsqueeze(1) + swarm_sq.unsqueeze(0) - 2 * cross).clamp_min(0)
     return (-hp.d_attract * torch.exp(-hp.w_attract * d2)
             + hp.h_repel * torch.exp(-hp.w_repel * d2)).sum(dim=1)
+
+
+BFO = Variant("bfo", BFOState, bfo_init, bfo_plan, bfo_finish, costs_evaluation)

@@ -23,8 +23,17 @@ from . import _metric as metric
 from . import _moves as moves
 from . import _walker as walker
 from . import random
-from ._adaptive import AdaptiveBFOState, adaptive_bfo, adaptive_static
-from ._ask_tell import Ask, check_ask, check_tag, round_tag, settings_digest, taking_key, told_costs
+from ._adaptive import ADAPTIVE, AdaptiveBFOState, adaptive_bfo, adaptive_settings
+from ._ask_tell import (
+    Ask,
+    check_ask,
+    check_tag,
+    round_tag,
+    settings_digest,
+    swim_optimizer,
+    taking_key,
+    told_costs,
+)
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import LeafBounds, check_bounds, flat_box, project, sample_domain
 from ._checks import check_float, check_int, check_losses, check_params, check_state
@@ -33,7 +42,6 @@ from ._cycle import at_step
 from ._layout import Layout, layout, ravel, unravel
 from ._run import _info, _reporter
 from ._state import with_hyperparams
-from .evaluate import check_evaluator
 
 # Tuned constants; docs/variants.md ("Every default") has the numbers that chose each.
 HOLDING_PATIENCE = 3  # a swarm holding the best waits this many times as long to restart
@@ -45,6 +53,7 @@ BEHIND_BUDGET = 2  # a swarm behind stops at this many times the best's swarm's 
 # fold_in data; restarts use 0, 1, ..
 EXPLORER_STREAM, POLISHER_STREAM, WALKER_STREAM = 2**31 - 1, 2**31 - 2, 2**31 - 3
 PHASES = ("converge", "explore", "faces", "polish", "done")
+DEFAULTS: dict[str, Any] = adaptive_bfo.__kwdefaults__ or {}  # its swarms' other settings
 
 
 class BlackBoxState(NamedTuple):
@@ -144,9 +153,10 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
     settings = dict(bounds=bounds, relative_steps=True, swim_length=swim_length,
                     chemotaxis_steps=chemotaxis_steps, step_size_min=step_size_min,
                     **{"swim_batch": swim_length + 1, **adaptive_kwargs})
-    plain = adaptive_bfo(population_size, **settings)  # isotropic tumbles
-    learner = adaptive_bfo(population_size, metric_rate=rate, **settings) if rate else plain
-    sign, evaluator = -1.0 if plain.maximize else 1.0, check_evaluator(settings.get("evaluator"))
+    swarms = adaptive_settings(**{**DEFAULTS, **settings, "population_size": population_size})
+    plain = swim_optimizer(ADAPTIVE, swarms)  # isotropic tumbles
+    learner = swim_optimizer(ADAPTIVE, swarms._replace(metric_rate=rate)) if rate else plain
+    sign, evaluator = swarms.sign, swarms.evaluator
     bounds = check_bounds(bounds)
     per_round = population_size * (swim_length + 1)
     if budget < per_round:
@@ -160,7 +170,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
                              rate, polish_share, population_size, shared))
     search = _Search(budget, main_budget, per_round, stall_limit, rtol, hand_over, kick, rate,
                      population_size, chemotaxis_steps, sign, bounds,
-                     adaptive_static(plain).boundary, evaluator, plain, learner, fixed)
+                     swarms.boundary, evaluator, plain, learner, fixed)
     return Optimizer(taking_key(search.init, "black_box_search"), search.update,
                      bool(plain.maximize), search.ask, search.tell)
 

@@ -238,30 +238,28 @@ def point_rows(stacked: Any, g: int, size: int) -> Any:
     return optree.tree_map(lambda x: x[g * size:(g + 1) * size], stacked)
 
 
-def costs_by(evaluator, sign: float) -> Callable[..., Callable]:
-    """``evaluation(state, plan, loss_fn, args) -> evaluate(rows) -> (costs, None, ranks)``.
+def costs_evaluation(settings: Any, state: Any, plan: Plan, loss_fn, args: tuple) -> Callable:
+    """``evaluate(rows) -> (costs, None, ranks)`` by ``settings.evaluator``.
 
     Costs are sign-adjusted losses, non-finite as +inf. The rows go to the evaluator as
-    params, or as rows with a loss of a row to an evaluator that takes any structure.
+    params, or as rows with a loss of a row to an evaluator that ``takes_rows``; ranks are
+    those a distributed evaluator found disagreeing (None: a local one).
     """
+    evaluator, sign = settings.evaluator, settings.sign
+    dtype, shape = state.losses.dtype, plan.shape
     report = getattr(evaluator, "with_disagreement", None)  # fb.distributed's: ranks too
+    by_rows = getattr(evaluator, "takes_rows", False)  # rows batched as one tensor
+    loss = functools.partial(loss_of_row, loss_fn, shape) if by_rows else loss_fn
 
-    def evaluation(state: Any, plan: Plan, loss_fn, args: tuple) -> Callable:
-        dtype, shape = state.losses.dtype, plan.shape
-        by_rows = getattr(evaluator, "any_structure", False)  # rows batched as one tensor
-        loss = functools.partial(loss_of_row, loss_fn, shape) if by_rows else loss_fn
+    def evaluate(candidates: Tensor) -> tuple[Tensor, None, Tensor | None]:
+        with torch.no_grad():
+            population = candidates if by_rows else unravel(shape, candidates)
+            losses, differing = (evaluator(loss, population, *args), None) if (
+                report is None) else report(loss, population, *args)
+            losses = check_losses(losses, candidates.shape[0]).to(dtype)
+        return rank_costs(losses, sign), None, differing
 
-        def evaluate(candidates: Tensor) -> tuple[Tensor, None, Tensor | None]:
-            with torch.no_grad():
-                population = candidates if by_rows else unravel(shape, candidates)
-                losses, differing = (evaluator(loss, population, *args), None) if (
-                    report is None) else report(loss, population, *args)
-                losses = check_losses(losses, candidates.shape[0]).to(dtype)
-            return rank_costs(losses, sign), None, differing
-
-        return evaluate
-
-    return evaluation
+    return evaluate
 
 
 def loss_of_row(loss_fn: Callable[..., Tensor], shape: Layout, row: Tensor, *args: Any) -> Tensor:

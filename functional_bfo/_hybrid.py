@@ -12,18 +12,18 @@ from torch import Tensor
 
 from ._adaptive import (
     AdaptiveBFOHyperparams,
-    AdaptiveStatic,
+    AdaptiveSettings,
     adaptive_bfo,
     adaptive_fields,
+    adaptive_init,
     adaptive_plan,
-    adaptive_static,
+    adaptive_settings,
 )
-from ._ask_tell import Ask, swim_optimizer, told_grads
+from ._ask_tell import Ask, Variant, swim_optimizer, told_grads
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import LeafBounds
 from ._checks import check_float, check_int, check_loss, check_losses
 from ._chemotaxis import Plan, SwimResult, loss_of_row, rank_costs
-from ._cycle import with_twin
 from ._layout import Layout, layout, ravel, strided, unravel
 from ._population import per_run
 from .evaluate import batched, check_evaluator
@@ -181,39 +181,44 @@ def hybrid_bfo(
     if "metric_rate" in adaptive_kwargs:
         raise TypeError("hybrid_bfo got metric_rate=: its tumbles follow the gradients, not a "
                         "learned metric. For a learned metric use fb.adaptive_bfo.")
-    base = adaptive_bfo(population_size, **adaptive_kwargs)  # validates the rest
-    static = adaptive_static(base)
-    size = static.size
-
-    def init_fn(params: Params, *, key: Key) -> HybridBFOState:
-        state = base.init(params, key=key)
-        device, dtype = state.losses.device, state.losses.dtype
-        hp = HybridBFOHyperparams(**state.hyperparams._asdict(), **{
-            k: torch.tensor(v, dtype=dtype, device=device) for k, v in mix.items()})
-        return per_run(HybridBFOState(
-            **{k: v for k, v in state._asdict().items() if k not in ("hyperparams", "metric")},
-            grads=torch.zeros_like(state.population),
-            grad_known=torch.zeros(size, dtype=torch.bool, device=device),
-            grad_mask=_mask_row(params, grad_mask),
-            grad_norms=torch.full((size,), torch.nan, dtype=dtype, device=device),
-            grad_nonfinite=torch.zeros((), dtype=torch.int64, device=device),
-            grad_vanishing=torch.zeros((), dtype=torch.int64, device=device),
-            grad_exploding=torch.zeros((), dtype=torch.int64, device=device),
-            hyperparams=hp,
-        ))
-
-    def build(cycles: bool) -> Optimizer:
-        steps, limits = static._replace(cycles=cycles), (vanishing_threshold, exploding_threshold)
-        return swim_optimizer("hybrid_bfo", HybridBFOState, size, static.sign, init_fn,
-                              partial(hybrid_plan, steps), partial(hybrid_finish, steps, limits),
-                              partial(hybrid_evaluation, evaluator, chunk_size, static.sign),
-                              static.swim_batch, told_aux, ("grad", "grads"),
-                              (static._replace(swim_batch=1), limits))
-
-    return with_twin(build, static.chemotaxis_steps)
+    defaults = adaptive_bfo.__kwdefaults__ or {}
+    base = adaptive_settings(**{**defaults, **adaptive_kwargs,
+                                "population_size": population_size})  # validates the rest
+    gradient = GradientSettings(mix, (vanishing_threshold, exploding_threshold), grad_mask,
+                                chunk_size)
+    return swim_optimizer(HYBRID, base._replace(evaluator=evaluator, gradient=gradient))
 
 
-def hybrid_plan(static: AdaptiveStatic, state: HybridBFOState, grad: Params | None = None) -> Plan:
+class GradientSettings(NamedTuple):
+    """What :func:`hybrid_bfo` adds to the adaptive settings."""
+
+    mix: dict[str, float]  # gradient_weight and momentum's initial values
+    limits: tuple[float, float]  # vanishing and exploding thresholds of the gradient norm
+    grad_mask: Any  # as given: None (requires_grad), a bool, or a pytree of bools
+    chunk_size: int | None  # the default evaluation's
+
+
+def hybrid_init(static: AdaptiveSettings, params: Params, *, key: Key) -> HybridBFOState:
+    """The adaptive start, no gradient known yet, the mask from ``grad_mask``."""
+    state = adaptive_init(static, params, key=key)
+    size, device, dtype = static.size, state.losses.device, state.losses.dtype
+    hp = HybridBFOHyperparams(**state.hyperparams._asdict(), **{
+        k: torch.tensor(v, dtype=dtype, device=device) for k, v in static.gradient.mix.items()})
+    return per_run(HybridBFOState(
+        **{k: v for k, v in state._asdict().items() if k not in ("hyperparams", "metric")},
+        grads=torch.zeros_like(state.population),
+        grad_known=torch.zeros(size, dtype=torch.bool, device=device),
+        grad_mask=_mask_row(params, static.gradient.grad_mask),
+        grad_norms=torch.full((size,), torch.nan, dtype=dtype, device=device),
+        grad_nonfinite=torch.zeros((), dtype=torch.int64, device=device),
+        grad_vanishing=torch.zeros((), dtype=torch.int64, device=device),
+        grad_exploding=torch.zeros((), dtype=torch.int64, device=device),
+        hyperparams=hp,
+    ))
+
+
+def hybrid_plan(static: AdaptiveSettings, state: HybridBFOState, cycles: bool,
+                grad: Params | None = None) -> Plan:
     """The adaptive plan, its tumbles bent toward each bacterium's gradient (or ``grad``)."""
     hp, given = state.hyperparams, None
     if grad is not None:  # the caller's, at the best params: every bacterium follows it
@@ -231,14 +236,14 @@ def hybrid_plan(static: AdaptiveStatic, state: HybridBFOState, grad: Params | No
     def start_aux(source: Tensor, known: Tensor):
         return None if given is not None else state.grads.index_select(0, source)
 
-    return adaptive_plan(state, static, steer, start_aux)._replace(given=given)
+    return adaptive_plan(static, state, cycles, steer, start_aux)._replace(given=given)
 
 
-def hybrid_finish(static: AdaptiveStatic, limits: tuple[float, float], state: HybridBFOState,
-                  plan: Plan, result: SwimResult) -> HybridBFOState:
+def hybrid_finish(static: AdaptiveSettings, state: HybridBFOState, plan: Plan,
+                  result: SwimResult) -> HybridBFOState:
     """The adaptive fields, and each bacterium's gradient where it ends, averaged."""
     hp, dtype, mask = state.hyperparams, state.losses.dtype, state.grad_mask
-    step = adaptive_fields(state, static, plan, result)
+    step = adaptive_fields(static, state, plan, result)
     if plan.given is not None:  # the caller's gradient: the state's are kept
         seen, grads, finite = plan.given.expand_as(state.grads), state.grads, state.grad_known
     else:  # gradients at the final positions (sign: of the loss as given)
@@ -247,30 +252,32 @@ def hybrid_finish(static: AdaptiveStatic, limits: tuple[float, float], state: Hy
         averaged = hp.momentum * state.grads.index_select(0, step.source) + (1 - hp.momentum) * new
         known = state.grad_known.index_select(0, step.source) & step.known
         grads = torch.where(known[:, None], averaged, new)
-    stats = _grad_stats(seen, mask, dtype, *limits)
+    stats = _grad_stats(seen, mask, dtype, *static.gradient.limits)
     return HybridBFOState(**step.fields, grads=grads, grad_known=finite, grad_mask=mask, **stats)
 
 
-def told_aux(state: HybridBFOState, asked: Ask, *, grads: Params | None = None) -> Tensor:
+def told_aux(static: AdaptiveSettings, state: HybridBFOState, asked: Ask, *,
+             grads: Params | None = None) -> Tensor:
     """``tell``'s gradient rows: only the marked leaves, as ``update`` differentiates."""
     given = ravel(layout(state.best_params), told_grads(asked, grads, "hybrid_bfo"))
     return torch.where(state.grad_mask, given, 0.0)
 
 
-def hybrid_evaluation(evaluator: Any, chunk_size: int | None, sign: float, state: HybridBFOState,
-                      plan: Plan, loss_fn: LossFn, args: tuple
+def hybrid_evaluation(static: AdaptiveSettings, state: HybridBFOState, plan: Plan,
+                      loss_fn: LossFn, args: tuple
                       ) -> Callable[[Tensor], tuple[Tensor, Tensor | None, Tensor | None]]:
     """Costs of candidate rows, their gradient rows, and the ranks that disagreed.
 
     Gradients are None where ``grad=`` serves; the ranks None for a local evaluator.
     """
     mask, shape, given = state.grad_mask, plan.shape, plan.given is not None
+    evaluator, chunk_size, sign = static.evaluator, static.gradient.chunk_size, static.sign
     report = getattr(evaluator, "with_disagreement", None)  # fb.distributed's: ranks too
 
     def evaluate(rows: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
         differing = None
         if evaluator is not None:
-            by_rows = getattr(evaluator, "any_structure", False)  # takes rows
+            by_rows = getattr(evaluator, "takes_rows", False)
             if given:
                 differentiable = partial(loss_of_row, loss_fn, shape) if by_rows else loss_fn
             elif by_rows:
@@ -388,3 +395,7 @@ def _grad_stats(grads: Tensor, mask: Tensor, dtype: torch.dtype, vanishing: floa
     return dict(grad_norms=norms, grad_nonfinite=(~torch.isfinite(masked)).sum(),
                 grad_vanishing=(norms < vanishing).sum(), grad_exploding=(norms > exploding).sum())
 
+
+
+HYBRID = Variant("hybrid_bfo", HybridBFOState, hybrid_init, hybrid_plan, hybrid_finish,
+                 hybrid_evaluation, told_aux, "grad", "grads")

@@ -57,10 +57,10 @@ class Evaluator(Protocol):
     """``evaluator(loss_fn, population, *args) -> losses`` of shape ``(N,)``, one per row.
 
     ``population`` has a leading bacterium axis on every leaf; ``args`` go to ``loss_fn``
-    unbatched. Must be pure and sync-free to keep ``update`` compilable. An evaluator with
-    ``any_structure = True`` (this module's) treats ``population`` as any pytree: it is
-    handed the population's rows, one ``(N, D)`` tensor, and a ``loss_fn`` that takes a row,
-    so that ``vmap`` batches one tensor rather than every leaf of the params. An evaluator
+    unbatched. Must be pure and sync-free to keep ``update`` compilable. An evaluator whose
+    class has ``takes_rows = True`` (this module's) treats ``population`` as any pytree: it
+    is handed the population's rows, one ``(N, D)`` tensor, and a ``loss_fn`` that takes a
+    row, so that ``vmap`` batches one tensor rather than every leaf of the params. An evaluator
     with a ``with_disagreement`` method (:mod:`functional_bfo.distributed`'s) is called by
     it, returning also the mask of the ranks whose candidates were not rank 0's, which the
     optimizers keep in ``state.disagreeing_ranks``.
@@ -107,13 +107,7 @@ def vmap(chunk_size: int | None = None) -> Evaluator:
     """
     if chunk_size is not None:
         check_int("chunk_size", chunk_size, 1)
-
-    def evaluate(loss_fn: LossFn, population: Params, *args: Any) -> Tensor:
-        losses = batched(loss_fn, population, args, chunk_size)
-        return check_losses(losses, _population_size(population))
-
-    evaluate.any_structure = True  # type: ignore[attr-defined]  # see Evaluator
-    return evaluate
+    return _Vmap(chunk_size)
 
 
 def loop() -> Evaluator:
@@ -122,12 +116,29 @@ def loop() -> Evaluator:
     For losses that ``vmap`` cannot batch. Under ``torch.compile`` the loop is unrolled, so
     prefer small populations there.
     """
+    return _Loop()
 
-    def evaluate(loss_fn: LossFn, population: Params, *args: Any) -> Tensor:
+
+class _Vmap:
+    """:func:`vmap`'s evaluator."""
+
+    takes_rows = True  # see Evaluator
+
+    def __init__(self, chunk_size: int | None) -> None:
+        self.chunk_size = chunk_size
+
+    def __call__(self, loss_fn: LossFn, population: Params, *args: Any) -> Tensor:
+        losses = batched(loss_fn, population, args, self.chunk_size)
+        return check_losses(losses, _population_size(population))
+
+
+class _Loop:
+    """:func:`loop`'s evaluator."""
+
+    takes_rows = True  # see Evaluator
+
+    def __call__(self, loss_fn: LossFn, population: Params, *args: Any) -> Tensor:
         size = _population_size(population)
         losses = [check_loss(loss_fn(optree.tree_map(lambda x, i=i: x[i], population), *args))
                   for i in range(size)]
         return check_losses(torch.stack(losses), size)
-
-    evaluate.any_structure = True  # type: ignore[attr-defined]  # see Evaluator
-    return evaluate

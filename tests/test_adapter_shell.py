@@ -588,9 +588,9 @@ def test_the_fast_path_takes_the_groups_rows_and_a_closure_its_params(cls):
     w, b = two_params()
     opt = make(cls, w, b, 1)
     opt.step(loss_fn=lambda p: loss_of(*p))
-    assert opt._swarms[0].evaluator.any_structure
+    assert opt._swarms[0].evaluator.takes_rows
     opt._swarms[0].evaluator.closure = lambda: 0.0
-    assert not opt._swarms[0].evaluator.any_structure
+    assert not opt._swarms[0].evaluator.takes_rows
 
 
 def test_a_tensor_lr_works():
@@ -789,7 +789,7 @@ def test_steps_between_cycles_leave_the_events_out_with_the_same_parameters(cls,
         for _ in range(5):
             opt.step(loss_fn=lambda p: loss_of(*p)) if fast else opt.step(closure_for(opt, w, b))
         runs.append((w.detach().clone(), b.detach().clone(), core_state(opt).health))
-    twins = [not hasattr(p.update, "between") for p in picked]  # a twin has none of its own
+    twins = [p.twin is None for p in picked]  # a twin has none of its own
     assert twins == [True, True, False, True, False]  # steps 0 to 4: cycles end at 2 and 4
     for a, b in zip(*runs):
         assert torch.equal(a, b)

@@ -65,7 +65,7 @@ def test_at_step_leaves_out_the_cycle_events_only_where_none_ends(variant, setti
         assert_trees_equal(picked.tell(state, asked, losses, **given),
                            opt.tell(state, asked, losses, **given))
         if picked is opt:  # left out, the events would be missed: health would not restart
-            assert not torch.equal(opt.update.between.update(state, sq).health, new.health)
+            assert not torch.equal(opt.twin.update(state, sq).health, new.health)
         state = new
 
 

@@ -201,7 +201,7 @@ def test_an_evaluator_of_rows_is_handed_the_rows_and_gives_gradients_as_rows():
         grads, losses = torch.func.vmap(torch.func.grad_and_value(loss_fn))(population, *args)
         return losses, grads
 
-    by_rows.any_structure = True
+    by_rows.takes_rows = True
     kwargs = dict(population_size=6, gradient_weight=0.7, grad_mask={"a": True, "b": False})
     default, rowwise = fb.hybrid_bfo(**kwargs), fb.hybrid_bfo(**kwargs, evaluator=by_rows)
     a = default.init(params(), key=fb.random.key(3))
