@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import time
 import warnings
 from typing import Any, NamedTuple
 
@@ -40,7 +39,8 @@ from ._checks import check_float, check_int, check_losses, check_params, check_s
 from ._chemotaxis import rank_costs
 from ._cycle import at_step
 from ._layout import Layout, layout, ravel, unravel
-from ._run import _info, _reporter
+from ._progress import reporter
+from ._run import run
 from ._state import with_hyperparams
 
 # Tuned constants; docs/variants.md ("Every default") has the numbers that chose each.
@@ -471,7 +471,8 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
               key: Key, progress: bool = False, **settings: Any) -> BlackBoxResult:
     """Minimize ``loss_fn`` over the box ``bounds`` in at most ``max_evals`` evaluations.
 
-    Drives :func:`black_box_search` round after round. Swarm ``r`` is a
+    Runs :func:`black_box_search` with :func:`functional_bfo.run`, round after round,
+    keeping each round's best as ``history``. Swarm ``r`` is a
     :func:`functional_bfo.adaptive_bfo` with ``relative_steps=True`` and key
     ``fold_in(key, 2 r)``; the first has ``params`` as bacterium 0 and the rest uniform in
     the box, the others start from a uniform point (key ``fold_in(key, 2 r - 1)``).
@@ -522,40 +523,37 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
         (True, True)
     """
     search = black_box_search(bounds, max_evals=max_evals, **settings)
-    state = search.init(params, key=key)
-    given = layout(params)
+    state, given = search.init(params, key=key), layout(params)
     history: list[tuple[int, float]] = []
-    report, started = _reporter(progress, max_evals), time.perf_counter()
+    show = reporter(progress, max_evals)
 
-    def result() -> BlackBoxResult:
-        found = as_given(state.best_params, given, state.given_box)  # the point its loss is of
-        return BlackBoxResult(found, state.best_loss, int(state.num_evals),
-                              int(state.restarts), int(state.explorer_updates), history)
-
-    def info(**stopped: str) -> dict:
-        return {**_info(state, int(state.step), int(state.num_evals), float(state.best_loss),
-                        math.nan, started), **stopped}
+    def record(info: dict) -> None:  # run reports every round, and once more when it stops
+        history.append((info["num_evals"], info["best_loss"]))
+        if show is not None and (info["updates"] % 10 == 0 or "stopped" in info):
+            show(info)
 
     try:
-        while state.phase != "done":
-            state = search.update(state, loss_fn, *args)
-            history.append((int(state.num_evals), float(state.best_loss)))
-            if report is not None and int(state.step) % 10 == 0:
-                report(info())
+        state = run(search, state, loss_fn, *args, progress=record, log_every=1)
     except BaseException as e:  # the user's exception (or Ctrl-C), with what was found
+        last = getattr(e, "last_good_state", state)
         with contextlib.suppress(AttributeError):  # an exception type without a __dict__
-            e.partial_result = result()  # type: ignore[attr-defined]
-        e.add_note(f"functional_bfo.black_box: interrupted after {int(state.num_evals)} "
+            e.partial_result = _result(last, given, history)  # type: ignore[attr-defined]
+        e.add_note(f"functional_bfo.black_box: interrupted after {int(last.num_evals)} "
                    "evaluations; the best point found before is this exception's "
                    ".partial_result.")
         raise
-    if report is not None:
-        report(info(stopped="max_evals"))
     if not math.isfinite(float(state.best_loss)):
         warnings.warn(f"functional_bfo.black_box: every loss evaluated ({int(state.num_evals)}) is "
                       "NaN or infinite, so the search had nothing to follow; check loss_fn and "
                       "the bounds.", RuntimeWarning, stacklevel=2)
-    return result()
+    return _result(state, given, history)
+
+
+def _result(state: BlackBoxState, given: Layout, history: list) -> BlackBoxResult:
+    """What :func:`black_box` found, the best point in the params' own dtypes."""
+    found = as_given(state.best_params, given, state.given_box)  # the point its loss is of
+    return BlackBoxResult(found, state.best_loss, int(state.num_evals), int(state.restarts),
+                          int(state.explorer_updates), history)
 
 
 def copied_params(rows: Tensor, template: Params) -> Params:

@@ -7,7 +7,6 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -15,12 +14,11 @@ import torch
 from ._base import LossFn, Optimizer
 from ._checks import check_bool, check_int
 from ._cycle import at_step
+from ._progress import Progress, progress_info, reporter
 from ._state import save
 from ._stopping import Stopping
 from .distributed import DISAGREE, disagreeing
 from .telemetry import disagreeing_ranks, materialize, metrics
-
-Progress = bool | Callable[[dict[str, float]], None]
 
 
 def run(
@@ -120,7 +118,7 @@ def run(
                          f"{tuple(best_loss.shape)}): loop over "
                          "torch.func.vmap(opt.update, in_dims=(0, None)) yourself, or run "
                          "each state of the batch.")
-    report = _reporter(progress, max_evals if max_evals is not None else max_steps,
+    report = reporter(progress, max_evals if max_evals is not None else max_steps,
                        "evals" if max_evals is not None else "updates")
     evals, best = _read(state)[:2]
     rules = Stopping(maximize=opt.maximize, budget=max_evals, max_steps=max_steps,
@@ -159,7 +157,7 @@ def run(
             if rules.record(evals, best, per_update) is None and search and new.phase == "done":
                 rules.reason = "max_evals"  # the search's own
             if rules.reason is None and report and log_now:
-                report(_info(state, steps, evals, best, mean, started))
+                report(progress_info(state, steps, evals, best, mean, started))
     except BaseException as e:
         with contextlib.suppress(AttributeError):  # an exception type without a __dict__
             e.last_good_state = state  # type: ignore[attr-defined]
@@ -177,7 +175,8 @@ def run(
     if checkpoint is not None and saved_at != steps:
         save(state, checkpoint)
     if report is not None:
-        info = _info(state, steps, evals, best, _read(state, with_mean=not search)[2], started)
+        mean = _read(state, with_mean=not search)[2]
+        info = progress_info(state, steps, evals, best, mean, started)
         report({**info, "stopped": rules.reason})
     return state
 
@@ -199,48 +198,6 @@ def _read(state: Any, with_mean: bool = False) -> tuple[int, float, float, int]:
         raise RuntimeError(DISAGREE.format(ranks=differing))
     active = int(out.get("active_size", _slots(state)))
     return int(out["num_evals"]), out["best_loss"], out.get("mean_loss", math.nan), max(active, 1)
-
-
-def _info(state: Any, steps: int, evals: int, best: float, mean: float, started: float) -> dict:
-    return {"step": int(state.step), "updates": steps, "num_evals": evals, "best_loss": best,
-            "mean_loss": mean, "seconds": time.perf_counter() - started}
-
-
-def _reporter(progress: Progress, total: int | None = None,
-              unit: str = "evals") -> Callable[[dict], None] | None:
-    """What reports progress: None, the user's callable, a tqdm bar, or printed lines."""
-    if progress is False or progress is None:
-        return None
-    if callable(progress):
-        return progress
-    if progress is not True:
-        raise TypeError(f"Invalid progress: {progress!r}; expected a bool or a callable(dict).")
-    try:
-        from tqdm import tqdm
-    except ImportError:  # lines instead: tqdm is optional
-        return _print_line
-    bar = tqdm(total=total, unit=f" {unit}", dynamic_ncols=True)
-
-    def show(info: dict) -> None:
-        bar.n = info["num_evals"] if unit == "evals" else info["updates"]
-        bar.set_postfix(best=f"{info['best_loss']:.6g}", refresh=False)
-        if "stopped" not in info:
-            bar.refresh()
-            return
-        bar.close()
-        _print_line(info)
-
-    return show
-
-
-def _print_line(info: dict) -> None:
-    if "stopped" in info:
-        print(f"stopped by {info['stopped']} after {info['updates']} updates ({info['num_evals']} "
-              f"evaluations, {info['seconds']:.1f}s): best {info['best_loss']:.6g}", flush=True)
-        return
-    print(f"step {info['step']:6d}  evals {info['num_evals']:9d}  "
-          f"best {info['best_loss']:.6g}  mean {info['mean_loss']:.6g}  "
-          f"{info['seconds']:.1f}s", flush=True)
 
 
 def _slots(state: Any) -> int:
