@@ -292,18 +292,32 @@ class AdaptiveStep(NamedTuple):
     aux: Any  # the evaluation's auxiliary output at each final point
 
 
+class Cycled(NamedTuple):
+    """The population after a cycle's events: reproduction, then dispersal under pressure."""
+
+    population: Tensor  # (P, D)
+    losses: Tensor  # (P,) the reproduced losses (a dispersed bacterium's is not read)
+    step_sizes: Tensor  # (P,)
+    health: Tensor  # (P,) restarted where the cycle ended
+    active_size: Tensor  # ()
+    source: Tensor  # (P,) int64: the slot each bacterium was copied from
+    dispersed: Tensor  # (P,) bool
+
+
+def no_cycle(state: Any, slots: Tensor, health: Tensor | None = None) -> Cycled:
+    """The population as it stands: no event fired (``health`` replaced if given)."""
+    return Cycled(state.population, state.losses, state.step_sizes,
+                  state.health if health is None else health, state.active_size, slots,
+                  torch.zeros_like(slots, dtype=torch.bool))
+
+
 def cycle_event(static: AdaptiveSettings, flag: Tensor, state: Any, slots: Tensor,
                 coins: Tensor, places: Tensor, best: Tensor, box: LeafBounds | None,
-                dtype: torch.dtype) -> tuple:
-    """Reproduction, then dispersal under pressure, where ``flag`` (0-d bool) holds.
-
-    Returns ``(population, losses, step_sizes, health, active_size, source, dispersed)``.
-    """
+                dtype: torch.dtype) -> Cycled:
+    """Reproduction, then dispersal under pressure, where ``flag`` (0-d bool) holds."""
     hp, stall, count, size = state.hyperparams, state.stall, state.active_size, static.size
     if size == 1:  # reproduction copies a lone bacterium, and as the leader it stays
-        return (state.population, state.losses, state.step_sizes,
-                torch.where(flag, 0.0, state.health), count, slots,
-                torch.zeros_like(slots, dtype=torch.bool))
+        return no_cycle(state, slots, torch.where(flag, 0.0, state.health))
     varying = static.min_size < size
     source = reproduction_index(state.health, flag, count if varying else None)
     population, losses, step_sizes = (x.index_select(0, source) for x in (
@@ -326,7 +340,7 @@ def cycle_event(static: AdaptiveSettings, flag: Tensor, state: Any, slots: Tenso
         dispersed = (dispersed & (slots < count)) | woken
     population = where(dispersed, sample_domain(best, places, box, hp.init_scale), population)
     step_sizes = torch.where(dispersed, hp.step_size, step_sizes)
-    return population, losses, step_sizes, health, count, source, dispersed
+    return Cycled(population, losses, step_sizes, health, count, source, dispersed)
 
 
 class AdaptiveKeep(NamedTuple):
@@ -354,14 +368,9 @@ def adaptive_plan(static: AdaptiveSettings, state: Any, cycles: bool, steer=None
     noise = bacterium_noise(state.key, state.step, size, shape.size, dtype)
 
     slots = torch.arange(size, device=state.step.device)
-    if cycles:  # reproduction, then dispersal under pressure (cycle_event)
-        population, losses, step_sizes, health, count, source, dispersed = cycle_event(
-            static, cycle_ends(state.step, static.chemotaxis_steps), state, slots, noise.coin,
-            noise.place, best, box, dtype)
-    else:  # the driver knows that no cycle ends here (at_step)
-        population, losses, step_sizes, health, count, source, dispersed = (
-            state.population, state.losses, state.step_sizes, state.health,
-            state.active_size, slots, torch.zeros_like(slots, dtype=torch.bool))
+    population, losses, step_sizes, health, count, source, dispersed = cycle_event(
+        static, cycle_ends(state.step, static.chemotaxis_steps), state, slots, noise.coin,
+        noise.place, best, box, dtype) if cycles else no_cycle(state, slots)  # at_step's twin
     # Within the current bounds, the ceiling winning: a lowered step_size_max caps every step.
     step_sizes = step_sizes.clamp(hp.step_size_min, hp.step_size_max)
     cost = sign * losses  # NaN where never evaluated

@@ -168,14 +168,17 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
     shared = {k: v for k, v in settings.items() if k not in ("evaluator", "swim_batch")}
     fixed = settings_digest(("black_box_search", budget, stall_limit, rtol, hand_over, kick,
                              rate, polish_share, population_size, shared))
-    search = _Search(budget, main_budget, per_round, stall_limit, rtol, hand_over, kick, rate,
-                     population_size, chemotaxis_steps, sign, bounds,
-                     swarms.boundary, evaluator, plain, learner, fixed)
+    search = _Search(budget=budget, main_budget=main_budget, per_round=per_round,
+                     stall_limit=stall_limit, rtol=rtol, hand_over=hand_over, kick=kick,
+                     metric_rate=rate, population_size=population_size,
+                     chemotaxis_steps=chemotaxis_steps, sign=sign, bounds=bounds,
+                     boundary=swarms.boundary, evaluator=evaluator, plain=plain,
+                     learner=learner, fixed=fixed)
     return Optimizer(taking_key(search.init, "black_box_search"), search.update,
                      bool(plain.maximize), search.ask, search.tell)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class _Search:
     """:func:`black_box_search`'s settings, and the steps its rounds are made of."""
 
@@ -354,7 +357,7 @@ class _Search:
                                           int(s.stalled) + spent, float(s.gain))
         behind = progress > entry_best
         valley = was_valley or (bool(s.swarm_learns) and int(new.step) % self.chemotaxis_steps == 0
-                                and metric.condition(new.metric) > VALLEY_CONDITION)
+                                and found_valley(metric.condition(new.metric)))
         if valley and not was_valley:  # the valley's own descent starts here, a walker's
             # where the rounds are large enough for one, else the swarm's as it is
             first, progress, stalled, gain = now, now, 0, 0.0
@@ -363,8 +366,7 @@ class _Search:
         if not math.isfinite(progress):  # its first finite loss is progress
             if now < progress:
                 first, progress, stalled = now, now, 0
-        elif (progress - now > self.rtol * (progress - entry_best if behind else first - progress)
-              or (valley and not behind and progress - now > self.rtol * gain)):
+        elif progressed(now, progress, entry_best, first, gain, valley, self.rtol):
             progress, stalled, gain = now, 0, progress - now
         spent_all, best_before = int(new.num_evals), float(s.converged_best)
         found_after = spent_all if now < best_before else int(s.found_after)
@@ -372,9 +374,9 @@ class _Search:
             "walker": new}
         s = _with(s, **held, valley=valley, converged_best=min(best_before, now), gain=gain,
                   found_after=found_after, first=first, progress=progress, stalled=stalled)
-        patience = self.per_round * (1 if behind else HOLDING_PATIENCE)
-        late = behind and spent_all > BEHIND_BUDGET * found_after
-        if self.stall_limit is None or (stalled < self.stall_limit * patience and not late):
+        if self.stall_limit is None or not (
+                stalled_out(stalled, self.stall_limit * self.per_round, behind)
+                or overspent(spent_all, found_after, behind)):
             return s
         restarts = int(s.restarts)
         shape = layout(s.start)  # a point uniform in the box (the start where a side is open)
@@ -554,6 +556,38 @@ def _result(state: BlackBoxState, given: Layout, history: list) -> BlackBoxResul
     found = as_given(state.best_params, given, state.given_box)  # the point its loss is of
     return BlackBoxResult(found, state.best_loss, int(state.num_evals), int(state.restarts),
                           int(state.explorer_updates), history)
+
+
+# A converging swarm's restart rules, each a named condition (docs/variants.md, "Restarts").
+# Costs are losses with the sign that makes lower better; ``behind``: its progress has not
+# reached the best of the swarms before it (``entry_best``).
+
+
+def found_valley(condition: float) -> bool:
+    """Its learned metric (read once a cycle) is stretched: the swarm is in a valley."""
+    return condition > VALLEY_CONDITION
+
+
+def progressed(now: float, progress: float, entry_best: float, first: float, gain: float,
+               valley: bool, rtol: float) -> bool:
+    """A gain of ``rtol`` of the way still to the best before, or of its own descent.
+
+    Behind, the way to ``entry_best``; ahead, its descent from ``first``, or in a valley
+    its last gain.
+    """
+    behind = progress > entry_best
+    return (progress - now > rtol * (progress - entry_best if behind else first - progress)
+            or (valley and not behind and progress - now > rtol * gain))
+
+
+def stalled_out(stalled: int, limit: int, behind: bool) -> bool:
+    """``limit`` evaluations without progress, ``HOLDING_PATIENCE`` times that while ahead."""
+    return stalled >= limit * (1 if behind else HOLDING_PATIENCE)
+
+
+def overspent(spent: int, found_after: int, behind: bool) -> bool:
+    """Behind, it spent ``BEHIND_BUDGET`` times what the best's swarm took to find it."""
+    return behind and spent > BEHIND_BUDGET * found_after
 
 
 def copied_params(rows: Tensor, template: Params) -> Params:

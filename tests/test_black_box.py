@@ -947,3 +947,23 @@ def test_metrics_of_a_search_state_report_its_swarm_and_its_counters():
             "mean_loss", "step_length_max"} <= got.keys()
     with pytest.raises(TypeError, match="metrics takes the state of an optimizer"):
         fb.metrics({"x": torch.zeros(2)})
+
+
+def test_the_restart_rules_read_one_at_a_time():
+    """Each named condition of a converging swarm's restart, on numbers a reader can check."""
+    from functional_bfo import _black_box as bb
+
+    assert bb.found_valley(bb.VALLEY_CONDITION * 2) and not bb.found_valley(1.0)
+    # behind (progress 10 above the best before, 0): a gain of 1% of the 10 still to go
+    assert bb.progressed(9.8, 10.0, 0.0, 50.0, 0.0, False, 0.01)
+    assert not bb.progressed(9.95, 10.0, 0.0, 50.0, 0.0, False, 0.01)
+    # ahead (best before 20): 1% of its own descent from 50 to 10
+    assert bb.progressed(9.5, 10.0, 20.0, 50.0, 0.0, False, 0.01)
+    assert not bb.progressed(9.7, 10.0, 20.0, 50.0, 0.0, False, 0.01)
+    # ahead in a valley: 1% of its last gain counts too
+    assert bb.progressed(9.95, 10.0, 20.0, 50.0, 1.0, True, 0.01)
+    assert bb.stalled_out(30, 30, behind=True) and not bb.stalled_out(29, 30, behind=True)
+    assert not bb.stalled_out(30, 30, behind=False)
+    assert bb.stalled_out(30 * bb.HOLDING_PATIENCE, 30, behind=False)
+    assert bb.overspent(201, 100, behind=True) and not bb.overspent(200, 100, behind=True)
+    assert not bb.overspent(10_000, 100, behind=False)
