@@ -25,7 +25,7 @@ import torch
 from common import machine, parser, write
 
 import functional_bfo as fb
-from functional_bfo import _walker
+from functional_bfo._black_box import walker as _walker
 from functional_bfo._bounds import check_bounds, flat_box
 from functional_bfo._layout import layout
 from functional_bfo._metric import isotropic

@@ -86,7 +86,7 @@ def test_swarm_rounds_between_cycles_leave_the_events_out_with_the_same_states(m
         states.append(state)
         state = search.update(state, shifted_sphere)
     assert phases == {"converge", "explore", "faces", "polish"}
-    monkeypatch.setattr("functional_bfo._black_box.at_step", lambda opt, step: opt)
+    monkeypatch.setattr("functional_bfo._black_box.search.at_step", lambda opt, step: opt)
     for before, after in zip(states, states[1:] + [state]):
         assert_trees_equal(search.update(before, shifted_sphere), after)
 
@@ -581,9 +581,9 @@ def test_a_best_no_swarm_holds_is_polished_by_a_swarm_started_there():
 
 
 def test_an_explorer_kick_moves_even_bacteria_a_little_and_odd_ones_along_one_coordinate():
+    from functional_bfo._black_box.moves import kicked
     from functional_bfo._bounds import flat_box
     from functional_bfo._layout import layout
-    from functional_bfo._moves import kicked
 
     params = {"w": torch.zeros(3, 2, dtype=torch.float64), "b": torch.zeros(2, dtype=torch.float64)}
     bounds = {"w": (-2.0, 2.0), "b": (torch.tensor(-1.0), torch.tensor(float("inf")))}
@@ -670,7 +670,7 @@ def test_face_moves_cut_short_by_their_room_have_no_union():
 def test_a_coordinate_on_the_far_face_is_moved_over_and_helping_moves_are_combined():
     """From (1, 1, 1, -0.2) the corner (1, -1, 1, -1) needs coordinate 1 moved across the
     box and coordinate 3 to a face: two single moves and their union do."""
-    from functional_bfo._moves import face_moves, face_union, moved
+    from functional_bfo._black_box.moves import face_moves, face_union, moved
 
     x = torch.tensor([1.0, 1.0, 1.0, -0.2], dtype=torch.float64)
     low, high = -torch.ones(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64)
@@ -688,7 +688,7 @@ def test_a_coordinate_on_the_far_face_is_moved_over_and_helping_moves_are_combin
 
 def test_no_face_moves_on_open_sides_or_at_an_infinite_best():
     """Open coordinates never move; a best that is not finite is not moved at all."""
-    from functional_bfo._moves import face_moves, moved
+    from functional_bfo._black_box.moves import face_moves, moved
 
     x = torch.tensor([0.0, 0.0, 0.999, 0.0], dtype=torch.float64)
     low = torch.tensor([-torch.inf, -torch.inf, -1.0, -1.0], dtype=torch.float64)
@@ -891,7 +891,7 @@ def test_a_black_box_checkpoint_no_search_makes_is_refused_by_its_values(tmp_pat
 def test_the_face_moves_are_made_by_ask_and_only_the_best_one_again_by_tell(monkeypatch):
     """The state keeps what a round of face moves is made from, not its points: ``ask``
     makes them, as copies the caller may edit, and ``tell`` makes only the best one."""
-    import functional_bfo._moves as moves
+    import functional_bfo._black_box.moves as moves
 
     made = []
     real = moves.moved
@@ -951,7 +951,7 @@ def test_metrics_of_a_search_state_report_its_swarm_and_its_counters():
 
 def test_the_restart_rules_read_one_at_a_time():
     """Each named condition of a converging swarm's restart, on numbers a reader can check."""
-    from functional_bfo import _black_box as bb
+    from functional_bfo._black_box import search as bb
 
     assert bb.found_valley(bb.VALLEY_CONDITION * 2) and not bb.found_valley(1.0)
     # behind (progress 10 above the best before, 0): a gain of 1% of the 10 still to go

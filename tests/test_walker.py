@@ -1,4 +1,4 @@
-"""The black box's walker (``_walker.py``): CMA-ES's recombination over a learned metric."""
+"""The black box's walker (``_black_box/walker.py``): CMA-ES's recombination, a learned metric."""
 
 import math
 
@@ -9,7 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import functional_bfo as fb
-from functional_bfo import _walker as walker
+from functional_bfo._black_box import walker
 from functional_bfo._bounds import check_bounds, flat_box
 from functional_bfo._layout import layout
 from functional_bfo._metric import condition, isotropic

@@ -7,10 +7,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import random
-from ._adaptive import AdaptiveBFOState
-from ._base import Key
-from ._bounds import LeafBounds, box_relative, project, sample_domain
+from .. import random
+from .._adaptive import AdaptiveBFOState
+from .._base import Key
+from .._bounds import LeafBounds, box_relative, project, sample_domain
 
 
 def kicked(state: AdaptiveBFOState, box: LeafBounds | None, jitter: float,

@@ -14,10 +14,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import random
-from ._base import Key
-from ._bounds import LeafBounds, project
-from ._metric import TumbleMetric
+from .. import random
+from .._base import Key
+from .._bounds import LeafBounds, project
+from .._metric import TumbleMetric
 
 MIN_ROUND = 4  # fewer: the best half is one point (mu_eff 1), and C learns nothing
 

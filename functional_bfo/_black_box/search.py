@@ -18,12 +18,10 @@ import optree
 import torch
 from torch import Tensor
 
-from . import _metric as metric
-from . import _moves as moves
-from . import _walker as walker
-from . import random
-from ._adaptive import ADAPTIVE, AdaptiveBFOState, adaptive_bfo, adaptive_settings
-from ._ask_tell import (
+from .. import _metric as metric
+from .. import random
+from .._adaptive import ADAPTIVE, AdaptiveBFOState, adaptive_bfo, adaptive_settings
+from .._ask_tell import (
     Ask,
     check_ask,
     check_tag,
@@ -33,15 +31,16 @@ from ._ask_tell import (
     taking_key,
     told_costs,
 )
-from ._base import Key, LossFn, Optimizer, Params
-from ._bounds import LeafBounds, check_bounds, flat_box, project, sample_domain
-from ._checks import check_float, check_int, check_losses, check_params, check_state
-from ._chemotaxis import rank_costs
-from ._cycle import at_step
-from ._layout import Layout, layout, ravel, unravel
-from ._progress import reporter
-from ._run import run
-from ._state import with_hyperparams
+from .._base import Key, LossFn, Optimizer, Params
+from .._bounds import LeafBounds, check_bounds, flat_box, project, sample_domain
+from .._checks import check_float, check_int, check_losses, check_params, check_state
+from .._chemotaxis import rank_costs
+from .._cycle import at_step
+from .._layout import Layout, layout, ravel, unravel
+from .._progress import reporter
+from .._run import run
+from .._state import with_hyperparams
+from . import moves, walker
 
 # Tuned constants; docs/variants.md ("Every default") has the numbers that chose each.
 HOLDING_PATIENCE = 3  # a swarm holding the best waits this many times as long to restart
