@@ -27,7 +27,7 @@ from ._bounds import (
 from ._checks import check_bool, check_choice, check_float, check_int, check_ordered
 from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_evaluation, tumble_directions, walk
 from ._cycle import cycle_ends
-from ._layout import layout, ravel, unravel
+from ._layout import layout, ravel
 from ._population import bacterium_noise, initial_population, per_run, reproduction_index
 from ._tree import diversity, first_min, where
 from .evaluate import Evaluator, check_evaluator
@@ -251,15 +251,15 @@ def adaptive_init(static: AdaptiveSettings, params: Params, *, key: Key) -> Adap
 
 
 def adaptive_finish(static: AdaptiveSettings, state: AdaptiveBFOState, plan: Plan,
-                    result: SwimResult) -> AdaptiveBFOState:
-    """The new fields, and the metric learned from the tumbles that moved a known bacterium."""
+                    result: SwimResult) -> dict:
+    """Its own fields, and the metric learned from the tumbles that moved a known bacterium."""
     step, learned = adaptive_fields(static, state, plan, result), state.metric
     if static.metric_rate > 0:  # in float64, each side cast first, as the metric sees it
         steps = (step.fields["population"].to(torch.float64)
                  - state.population.index_select(0, step.source).to(torch.float64))
         learned = metric.learn(state.metric, steps, step.known & (steps != 0).any(dim=1),
                                static.metric_rate, step.known)
-    return AdaptiveBFOState(**step.fields, metric=learned)
+    return dict(**step.fields, metric=learned)
 
 
 class AdaptiveSettings(NamedTuple):
@@ -286,7 +286,7 @@ class AdaptiveSettings(NamedTuple):
 class AdaptiveStep(NamedTuple):
     """One adaptive step's outcome: the new common state fields, and what variants extend."""
 
-    fields: dict[str, Any]  # AdaptiveBFOState's fields, new values
+    fields: dict[str, Any]  # the adaptive fields' new values (the scaffold's aside)
     source: Tensor  # (P,) reproduction source of each slot
     known: Tensor  # (P,) whether each bacterium knew its loss before the swim
     aux: Any  # the evaluation's auxiliary output at each final point
@@ -395,7 +395,7 @@ def adaptive_plan(static: AdaptiveSettings, state: Any, cycles: bool, steer=None
                boundary=static.boundary, swims=static.swims, greedy=True, ties=True)
     carry = ray.begin(last, (last, stay_aux), best, sign * state.best_loss)
     keep = AdaptiveKeep(cost, step_sizes, health, count, source, known)
-    return Plan(ray, carry, active, keep, shape)
+    return Plan(ray, carry, active, keep, shape, count * (static.swims + 1))
 
 
 def adaptive_fields(static: AdaptiveSettings, state: Any, plan: Plan,
@@ -410,18 +410,10 @@ def adaptive_fields(static: AdaptiveSettings, state: Any, plan: Plan,
         population=result.population,
         losses=sign * _on_active(active, result.raw_cost, keep.cost),
         health=keep.health + _on_active(active, result.cost, 0),
-        best_params=unravel(plan.shape, result.best_params),
-        best_loss=sign * result.best_cost,
-        key=state.key,
-        step=state.step + 1,
-        num_evals=state.num_evals + keep.active_size * (static.swims + 1),
         step_sizes=torch.where(keep.known, adapted, keep.step_sizes),
         stall=torch.where(improved, torch.zeros_like(state.stall), state.stall + 1),
         reference_diversity=state.reference_diversity,
         active_size=keep.active_size,
-        box=state.box,
-        disagreeing_ranks=state.disagreeing_ranks,
-        hyperparams=hp,
     )
     return AdaptiveStep(fields, keep.source, keep.known, result.aux)
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ._base import Key, LossFn, Optimizer, Params
 from ._checks import check_state
-from ._chemotaxis import Plan, rank_costs
+from ._chemotaxis import Plan, SwimResult, rank_costs
 from ._layout import strided, unravel
 
 # The integer type whose bits a float of each width is read as, for a state's digest.
@@ -91,20 +91,24 @@ class Variant(NamedTuple):
 
     ``settings`` is the variant's NamedTuple of validated settings, with at least ``size``,
     ``sign``, ``swim_batch`` and ``chemotaxis_steps`` (the cycle's period). ``plan`` takes
-    ``cycles``: False where the driver knows that no cycle ends (:func:`at_step`).
+    ``cycles``: False where the driver knows that no cycle ends (:func:`at_step`). The
+    scaffold writes the fields every state shares (:data:`SHARED`); ``finish`` the rest.
     """
 
     name: str
     state_type: type
     init: Callable[..., Any]  # init(settings, params, *, key) -> state
     plan: Callable[..., Plan]  # plan(settings, state, cycles, **given): the update before losses
-    finish: Callable[..., Any]  # finish(settings, state, plan, result): the state after the swim
+    finish: Callable[..., dict]  # finish(settings, state, plan, result): its own new fields
     evaluation: Callable[..., Callable]  # (settings, state, plan, loss_fn, args) -> rows scorer
     told_aux: Callable[..., Any] | None = None  # (settings, state, asked, **given): tell's aux
     update_takes: str | None = None  # the keyword update takes beyond the contract
     tell_takes: str | None = None  # and tell (hybrid_bfo's grad= and grads=)
 
 
+# The fields every variant's state has, written by the scaffold after each round.
+SHARED = ("best_params", "best_loss", "key", "step", "num_evals", "box", "disagreeing_ranks",
+          "hyperparams")
 # Settings that leave a round's candidates as they are: an Ask is told across them.
 NOT_OF_THE_ROUND = ("swim_batch", "evaluator", "chunk_size", "hyper")
 
@@ -134,10 +138,7 @@ def _build(variant: Variant, settings: Any, fixed: int, cycles: bool) -> Optimiz
         steps = variant.plan(settings, state, cycles, **given)
         result, disagreed = steps.swim(variant.evaluation(settings, state, steps, loss_fn, args),
                                        settings.swim_batch)
-        new = variant.finish(settings, state, steps, result)
-        if disagreed is None:  # a local evaluator: nothing to record
-            return new
-        return new._replace(disagreeing_ranks=state.disagreeing_ranks | disagreed)
+        return finished(variant, settings, state, steps, result, disagreed)
 
     def ask(state: Any) -> Ask:
         check_state(state, size, variant.state_type, name)
@@ -156,9 +157,22 @@ def _build(variant: Variant, settings: Any, fixed: int, cycles: bool) -> Optimiz
         costs = told_costs(state, asked, losses, sign, name, check)
         aux = None if variant.told_aux is None else variant.told_aux(settings, state, asked,
                                                                      **given)
-        return variant.finish(settings, state, steps, steps.told(costs, aux))
+        return finished(variant, settings, state, steps, steps.told(costs, aux))
 
     return Optimizer(taking_key(init, name), update, sign < 0, ask, tell)
+
+
+def finished(variant: Variant, settings: Any, state: Any, plan: Plan, result: SwimResult,
+             disagreed: Tensor | None = None) -> Any:
+    """The state after a round: the variant's own fields, and the shared ones."""
+    ranks = state.disagreeing_ranks if disagreed is None else (  # None: a local evaluator
+        state.disagreeing_ranks | disagreed)
+    return variant.state_type(
+        **variant.finish(settings, state, plan, result),
+        best_params=unravel(plan.shape, result.best_params),
+        best_loss=settings.sign * result.best_cost, key=state.key, step=state.step + 1,
+        num_evals=state.num_evals + plan.evaluations, box=state.box, disagreeing_ranks=ranks,
+        hyperparams=state.hyperparams)
 
 
 def taking_key(init: Callable[..., Any], variant: str) -> Any:

@@ -15,7 +15,7 @@ from ._bounds import BOUNDARY_MODES, LeafBounds, check_bounds, is_closed, update
 from ._checks import check_bool, check_choice, check_float, check_int
 from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_evaluation, tumble_directions, walk
 from ._cycle import cycle_ends
-from ._layout import layout, ravel, unravel
+from ._layout import layout, ravel
 from ._population import bacterium_noise, disperse, initial_population, per_run, reproduce
 from .evaluate import Evaluator, check_evaluator
 
@@ -258,24 +258,13 @@ def bfo_plan(static: BFOSettings, state: BFOState, cycles: bool) -> Plan:
                boundary=static.boundary, swims=static.swims, swarm_cost=swarm_cost)
     carry = ray.begin(torch.where(known, cost, torch.inf), None, best,
                       static.sign * state.best_loss)
-    return Plan(ray, carry, None, health, shape)
+    return Plan(ray, carry, None, health, shape, static.size * (static.swims + 1))
 
 
-def bfo_finish(static: BFOSettings, state: BFOState, plan: Plan, result: SwimResult) -> BFOState:
-    """The state after the swim: where each bacterium ended, its health, the counters."""
-    return BFOState(
-        population=result.population,
-        losses=static.sign * result.raw_cost,
-        health=plan.keep + result.cost,
-        best_params=unravel(plan.shape, result.best_params),
-        best_loss=static.sign * result.best_cost,
-        key=state.key,
-        step=state.step + 1,
-        num_evals=state.num_evals + static.size * (static.swims + 1),
-        box=state.box,
-        disagreeing_ranks=state.disagreeing_ranks,
-        hyperparams=state.hyperparams,
-    )
+def bfo_finish(static: BFOSettings, state: BFOState, plan: Plan, result: SwimResult) -> dict:
+    """Its own fields after the swim: where each bacterium ended, and its health."""
+    return dict(population=result.population, losses=static.sign * result.raw_cost,
+                health=plan.keep + result.cost)
 
 
 def cell_to_cell(positions: Tensor, swarm: Tensor, swarm_sq: Tensor, hp: BFOHyperparams,

@@ -89,6 +89,7 @@ class Plan(NamedTuple):
     active: Tensor | None
     keep: Any
     shape: Layout
+    evaluations: Any  # () int64 tensor or int: what the round adds to num_evals
     given: Any = None  # what the caller gave update beyond the contract (the hybrid's grad)
 
     def needed(self) -> Tensor:

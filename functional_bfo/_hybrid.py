@@ -240,7 +240,7 @@ def hybrid_plan(static: AdaptiveSettings, state: HybridBFOState, cycles: bool,
 
 
 def hybrid_finish(static: AdaptiveSettings, state: HybridBFOState, plan: Plan,
-                  result: SwimResult) -> HybridBFOState:
+                  result: SwimResult) -> dict:
     """The adaptive fields, and each bacterium's gradient where it ends, averaged."""
     hp, dtype, mask = state.hyperparams, state.losses.dtype, state.grad_mask
     step = adaptive_fields(static, state, plan, result)
@@ -253,7 +253,7 @@ def hybrid_finish(static: AdaptiveSettings, state: HybridBFOState, plan: Plan,
         known = state.grad_known.index_select(0, step.source) & step.known
         grads = torch.where(known[:, None], averaged, new)
     stats = _grad_stats(seen, mask, dtype, *static.gradient.limits)
-    return HybridBFOState(**step.fields, grads=grads, grad_known=finite, grad_mask=mask, **stats)
+    return dict(**step.fields, grads=grads, grad_known=finite, grad_mask=mask, **stats)
 
 
 def told_aux(static: AdaptiveSettings, state: HybridBFOState, asked: Ask, *,
