@@ -1,10 +1,13 @@
-"""Ask/tell: one update as a round of all ``(N_s + 1) P`` candidates, evaluated by the caller.
+"""The scaffold: a variant's plan, evaluation and finish as update, ask and tell.
+
+Ask/tell is one update as a round of all ``(N_s + 1) P`` candidates, evaluated by the caller.
 
 Both halves recompute the plan from the state, which neither changes (docs/design.md).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import warnings
 from collections.abc import Callable
@@ -16,13 +19,70 @@ import torch
 from torch import Tensor
 
 from ._base import Key, LossFn, Optimizer, Params
-from ._checks import check_state
-from ._chemotaxis import Plan, SwimResult, rank_costs
-from ._layout import strided, unravel
+from ._checks import check_losses, check_state
+from ._chemotaxis import Ray, SwimCarry, SwimResult, after
+from ._layout import Layout, strided, unravel
 
 # The integer type whose bits a float of each width is read as, for a state's digest.
 BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as an int64: spreads each position's weight
+
+
+class Plan(NamedTuple):
+    """One update before any loss: the ray, the swim's start, and what the variant keeps.
+
+    ``active`` (P,) marks the bacteria in play (None: all); the rest are padding scored +inf.
+    """
+
+    ray: Ray
+    carry: SwimCarry
+    active: Tensor | None
+    keep: Any
+    layout: Layout  # the params' structure: rows <-> params
+    evaluations: Any  # () int64 tensor or int: what the round adds to num_evals
+    given: Any = None  # what the caller gave update beyond the contract (the hybrid's grad)
+
+    def needed(self) -> Tensor:
+        """(N_s + 1) P bools, point-major: the candidates whose loss the update reads."""
+        if self.active is None:
+            return torch.ones(self.ray.distances.numel(), dtype=torch.bool,
+                              device=self.ray.distances.device)
+        return self.active.repeat(self.ray.distances.shape[0])
+
+    def padded(self, costs: Tensor) -> Tensor:
+        """``costs`` of stacked points, the padding rows at +inf (their aux is never read)."""
+        if self.active is None:
+            return costs
+        return torch.where(self.active, costs.reshape(-1, self.active.shape[0]),
+                           torch.inf).reshape(-1)
+
+    def swim(self, evaluate: Callable[[Params], tuple[Tensor, Any, Tensor | None]],
+             per_call: int) -> tuple[SwimResult, Tensor | None]:
+        """``update``'s swim, and the ranks that disagreed in any evaluation (None: local).
+
+        ``per_call`` points at a time go to ``evaluate`` (rows -> cost, aux, ranks or None).
+        """
+        ray, carry = self.ray, self.carry
+        raw: Tensor | None = None
+        aux: Any = None
+        disagreed: Tensor | None = None
+        for first in range(0, ray.distances.shape[0], per_call):
+            along = ray.distances[first:first + per_call]  # (G, P)
+            if ray.built is None and raw is not None:  # after the previous points' outcome
+                along = after(along, raw, *optree.tree_leaves(aux))
+            candidates = ray.points(along, first)
+            raw, aux, differing = evaluate(candidates)
+            if differing is not None:
+                disagreed = differing if disagreed is None else disagreed | differing
+            raw = self.padded(raw)
+            carry = ray.take(carry, candidates, raw, aux)
+        return ray.finish(carry), disagreed
+
+    def told(self, costs: Tensor, aux: Any) -> SwimResult:
+        """``tell``'s swim: every point's cost (and aux) at once, candidates rebuilt."""
+        ray = self.ray
+        candidates = ray.points(ray.distances) if ray.swarm_cost is not None else None
+        return ray.finish(ray.take(self.carry, candidates, self.padded(costs), aux))
 
 
 class Ask(NamedTuple):
@@ -143,7 +203,7 @@ def _build(variant: Variant, settings: Any, fixed: int, cycles: bool) -> Optimiz
     def ask(state: Any) -> Ask:
         check_state(state, size, variant.state_type, name)
         steps = variant.plan(settings, state, cycles)
-        return Ask(unravel(steps.shape, steps.ray.points(steps.ray.distances)), steps.needed(),
+        return Ask(unravel(steps.layout, steps.ray.points(steps.ray.distances)), steps.needed(),
                    round_tag(state, fixed))
 
     def tell(state: Any, asked: Ask, losses: Any, *, check: bool = True, **given: Any) -> Any:
@@ -169,7 +229,7 @@ def finished(variant: Variant, settings: Any, state: Any, plan: Plan, result: Sw
         state.disagreeing_ranks | disagreed)
     return variant.state_type(
         **variant.finish(settings, state, plan, result),
-        best_params=unravel(plan.shape, result.best_params),
+        best_params=unravel(plan.layout, result.best_params),
         best_loss=settings.sign * result.best_cost, key=state.key, step=state.step + 1,
         num_evals=state.num_evals + plan.evaluations, box=state.box, disagreeing_ranks=ranks,
         hyperparams=state.hyperparams)
@@ -295,3 +355,38 @@ def check_tag(expected: Tensor, tag: Tensor, variant: str) -> None:
                      "hyperparameters than the one told, or a state edited between ask and "
                      "tell: a hyperparameter or gradient mask changed?): tell takes the state "
                      "that ask was called on; change hyperparameters before ask or after tell.")
+
+
+def costs_evaluation(settings: Any, state: Any, plan: Plan, loss_fn, args: tuple) -> Callable:
+    """``evaluate(rows) -> (costs, None, ranks)`` by ``settings.evaluator``.
+
+    Costs are sign-adjusted losses, non-finite as +inf. The rows go to the evaluator as
+    params, or as rows with a loss of a row to an evaluator that ``takes_rows``; ranks are
+    those a distributed evaluator found disagreeing (None: a local one).
+    """
+    evaluator, sign = settings.evaluator, settings.sign
+    dtype, shape = state.losses.dtype, plan.layout
+    report = getattr(evaluator, "with_disagreement", None)  # fb.distributed's: ranks too
+    by_rows = getattr(evaluator, "takes_rows", False)  # rows batched as one tensor
+    loss = functools.partial(loss_of_row, loss_fn, shape) if by_rows else loss_fn
+
+    def evaluate(candidates: Tensor) -> tuple[Tensor, None, Tensor | None]:
+        with torch.no_grad():
+            population = candidates if by_rows else unravel(shape, candidates)
+            losses, differing = (evaluator(loss, population, *args), None) if (
+                report is None) else report(loss, population, *args)
+            losses = check_losses(losses, candidates.shape[0]).to(dtype)
+        return rank_costs(losses, sign), None, differing
+
+    return evaluate
+
+
+def loss_of_row(loss_fn: Callable[..., Tensor], shape: Layout, row: Tensor, *args: Any) -> Tensor:
+    """``loss_fn`` of the params that ``row`` holds."""
+    return loss_fn(unravel(shape, row), *args)
+
+
+def rank_costs(losses: Tensor, sign: float) -> Tensor:
+    """Losses as costs to minimize; non-finite ones +inf (one ``nan_to_num``: fewer eager ops)."""
+    costs = losses if sign == 1 else -losses
+    return costs.nan_to_num(nan=torch.inf, posinf=torch.inf, neginf=torch.inf)

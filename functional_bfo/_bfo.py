@@ -9,11 +9,11 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ._ask_tell import Variant, swim_optimizer
+from ._ask_tell import Plan, Variant, costs_evaluation, swim_optimizer
 from ._base import Key, Optimizer, Params
 from ._bounds import BOUNDARY_MODES, LeafBounds, check_bounds, is_closed, update_box
 from ._checks import check_bool, check_choice, check_float, check_int
-from ._chemotaxis import TUMBLES, Plan, SwimResult, costs_evaluation, tumble_directions, walk
+from ._chemotaxis import TUMBLES, SwimResult, tumble_directions, walk
 from ._cycle import cycle_ends
 from ._layout import layout, ravel
 from ._population import bacterium_noise, disperse, initial_population, per_run, reproduce

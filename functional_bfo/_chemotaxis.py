@@ -7,7 +7,6 @@ the trajectory does not depend on the batching (docs/design.md, "The algorithm")
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -18,8 +17,6 @@ from torch import Tensor
 
 from ._base import Params
 from ._bounds import LeafBounds, project
-from ._checks import check_losses
-from ._layout import Layout, unravel
 from ._tree import first_min, where
 
 TUMBLES = ("gaussian", "levy")
@@ -76,63 +73,6 @@ def walk(population: Tensor, direction: Tensor, step_length: Tensor, start: Tens
     built = (ray_point(population, direction, distances, bounds, boundary)
              if population.numel() < ORDER_POINTS_FROM else None)
     return Ray(population, direction, distances, built, bounds, boundary, swarm_cost, greedy, ties)
-
-
-class Plan(NamedTuple):
-    """One update before any loss: the ray, the swim's start, and what the variant keeps.
-
-    ``active`` (P,) marks the bacteria in play (None: all); the rest are padding scored +inf.
-    """
-
-    ray: Ray
-    carry: SwimCarry
-    active: Tensor | None
-    keep: Any
-    shape: Layout
-    evaluations: Any  # () int64 tensor or int: what the round adds to num_evals
-    given: Any = None  # what the caller gave update beyond the contract (the hybrid's grad)
-
-    def needed(self) -> Tensor:
-        """(N_s + 1) P bools, point-major: the candidates whose loss the update reads."""
-        if self.active is None:
-            return torch.ones(self.ray.distances.numel(), dtype=torch.bool,
-                              device=self.ray.distances.device)
-        return self.active.repeat(self.ray.distances.shape[0])
-
-    def padded(self, costs: Tensor) -> Tensor:
-        """``costs`` of stacked points, the padding rows at +inf (their aux is never read)."""
-        if self.active is None:
-            return costs
-        return torch.where(self.active, costs.reshape(-1, self.active.shape[0]),
-                           torch.inf).reshape(-1)
-
-    def swim(self, evaluate: Callable[[Params], tuple[Tensor, Any, Tensor | None]],
-             per_call: int) -> tuple[SwimResult, Tensor | None]:
-        """``update``'s swim, and the ranks that disagreed in any evaluation (None: local).
-
-        ``per_call`` points at a time go to ``evaluate`` (rows -> cost, aux, ranks or None).
-        """
-        ray, carry = self.ray, self.carry
-        raw: Tensor | None = None
-        aux: Any = None
-        disagreed: Tensor | None = None
-        for first in range(0, ray.distances.shape[0], per_call):
-            along = ray.distances[first:first + per_call]  # (G, P)
-            if ray.built is None and raw is not None:  # after the previous points' outcome
-                along = after(along, raw, *optree.tree_leaves(aux))
-            candidates = ray.points(along, first)
-            raw, aux, differing = evaluate(candidates)
-            if differing is not None:
-                disagreed = differing if disagreed is None else disagreed | differing
-            raw = self.padded(raw)
-            carry = ray.take(carry, candidates, raw, aux)
-        return ray.finish(carry), disagreed
-
-    def told(self, costs: Tensor, aux: Any) -> SwimResult:
-        """``tell``'s swim: every point's cost (and aux) at once, candidates rebuilt."""
-        ray = self.ray
-        candidates = ray.points(ray.distances) if ray.swarm_cost is not None else None
-        return ray.finish(ray.take(self.carry, candidates, self.padded(costs), aux))
 
 
 class SwimCarry(NamedTuple):
@@ -237,38 +177,3 @@ def after(x: Tensor, *events: Tensor) -> Tensor:
 def point_rows(stacked: Any, g: int, size: int) -> Any:
     """Rows of swim point ``g`` (``size`` rows each) of every leaf."""
     return optree.tree_map(lambda x: x[g * size:(g + 1) * size], stacked)
-
-
-def costs_evaluation(settings: Any, state: Any, plan: Plan, loss_fn, args: tuple) -> Callable:
-    """``evaluate(rows) -> (costs, None, ranks)`` by ``settings.evaluator``.
-
-    Costs are sign-adjusted losses, non-finite as +inf. The rows go to the evaluator as
-    params, or as rows with a loss of a row to an evaluator that ``takes_rows``; ranks are
-    those a distributed evaluator found disagreeing (None: a local one).
-    """
-    evaluator, sign = settings.evaluator, settings.sign
-    dtype, shape = state.losses.dtype, plan.shape
-    report = getattr(evaluator, "with_disagreement", None)  # fb.distributed's: ranks too
-    by_rows = getattr(evaluator, "takes_rows", False)  # rows batched as one tensor
-    loss = functools.partial(loss_of_row, loss_fn, shape) if by_rows else loss_fn
-
-    def evaluate(candidates: Tensor) -> tuple[Tensor, None, Tensor | None]:
-        with torch.no_grad():
-            population = candidates if by_rows else unravel(shape, candidates)
-            losses, differing = (evaluator(loss, population, *args), None) if (
-                report is None) else report(loss, population, *args)
-            losses = check_losses(losses, candidates.shape[0]).to(dtype)
-        return rank_costs(losses, sign), None, differing
-
-    return evaluate
-
-
-def loss_of_row(loss_fn: Callable[..., Tensor], shape: Layout, row: Tensor, *args: Any) -> Tensor:
-    """``loss_fn`` of the params that ``row`` holds."""
-    return loss_fn(unravel(shape, row), *args)
-
-
-def rank_costs(losses: Tensor, sign: float) -> Tensor:
-    """Losses as costs to minimize; non-finite ones +inf (one ``nan_to_num``: fewer eager ops)."""
-    costs = losses if sign == 1 else -losses
-    return costs.nan_to_num(nan=torch.inf, posinf=torch.inf, neginf=torch.inf)

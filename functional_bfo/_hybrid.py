@@ -19,11 +19,11 @@ from ._adaptive import (
     adaptive_plan,
     adaptive_settings,
 )
-from ._ask_tell import Ask, Variant, swim_optimizer, told_grads
+from ._ask_tell import Ask, Plan, Variant, loss_of_row, rank_costs, swim_optimizer, told_grads
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import LeafBounds
 from ._checks import check_float, check_int, check_loss, check_losses
-from ._chemotaxis import Plan, SwimResult, loss_of_row, rank_costs
+from ._chemotaxis import SwimResult
 from ._layout import Layout, layout, ravel, strided, unravel
 from ._population import per_run
 from .evaluate import batched, check_evaluator
@@ -270,7 +270,7 @@ def hybrid_evaluation(static: AdaptiveSettings, state: HybridBFOState, plan: Pla
 
     Gradients are None where ``grad=`` serves; the ranks None for a local evaluator.
     """
-    mask, shape, given = state.grad_mask, plan.shape, plan.given is not None
+    mask, shape, given = state.grad_mask, plan.layout, plan.given is not None
     evaluator, chunk_size, sign = static.evaluator, static.gradient.chunk_size, static.sign
     report = getattr(evaluator, "with_disagreement", None)  # fb.distributed's: ranks too
 

@@ -25,6 +25,7 @@ from .._ask_tell import (
     Ask,
     check_ask,
     check_tag,
+    rank_costs,
     round_tag,
     settings_digest,
     swim_optimizer,
@@ -34,7 +35,6 @@ from .._ask_tell import (
 from .._base import Key, LossFn, Optimizer, Params
 from .._bounds import LeafBounds, check_bounds, flat_box, project, sample_domain
 from .._checks import check_float, check_int, check_losses, check_params, check_state
-from .._chemotaxis import rank_costs
 from .._cycle import at_step
 from .._layout import Layout, layout, ravel, unravel
 from .._progress import reporter
