@@ -20,7 +20,7 @@ import statistics
 import time
 
 from common import machine, parser, write
-from update_overhead import mlp_problem
+from problems import mlp_problem
 
 import functional_bfo as fb
 

@@ -7,18 +7,22 @@ Each script takes ``--quick`` (a smoke run of about a minute, executed by a CI t
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import pathlib
 import platform
 import statistics
 import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable
 
 import torch
 import torch._inductor.config
+
+from functional_bfo import random as fbr
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 
@@ -138,3 +142,25 @@ def commit() -> str:
     except OSError:  # no git
         return "unknown"
     return out.stdout.strip() or "unknown"
+
+
+def baseline_core(root: pathlib.Path):
+    """The ``functional_bfo`` package of another checkout, imported beside ours.
+
+    Both draw with this checkout's ``random`` module (one custom op can be registered once
+    per process), so ROOT's must be the same file: only the update differs.
+    """
+    folder = root / "functional_bfo"
+    if not (folder / "__init__.py").exists():
+        raise SystemExit(f"--baseline {root}: no functional_bfo/__init__.py there.")
+    if (folder / "random.py").read_text() != pathlib.Path(fbr.__file__).read_text():
+        raise SystemExit(f"--baseline {root}: its functional_bfo/random.py differs from this "
+                         "checkout's; the two cannot share one process.")
+    spec = importlib.util.spec_from_file_location(
+        "baseline_functional_bfo", folder / "__init__.py",
+        submodule_search_locations=[str(folder)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    sys.modules[f"{spec.name}.random"] = fbr
+    spec.loader.exec_module(module)
+    return module

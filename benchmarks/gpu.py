@@ -46,7 +46,7 @@ from common import (
     sync,
     write,
 )
-from update_overhead import CYCLE, rastrigin_problem
+from problems import CYCLE, rastrigin_problem
 
 import functional_bfo as fb
 from functional_bfo import random as fbr

@@ -32,7 +32,7 @@ import warnings
 
 import torch
 from common import commit, machine, median_ms, parser, sync, write
-from update_overhead import CYCLE, FACTORIES, rastrigin_problem
+from problems import CYCLE, FACTORIES, rastrigin_problem
 
 import functional_bfo as fb
 

@@ -65,9 +65,8 @@ import sys
 import time
 
 import torch
-from common import machine, parser, sync, write
+from common import baseline_core, machine, parser, sync, write
 from torch.utils._python_dispatch import TorchDispatchMode
-from update_overhead import baseline_core
 
 import functional_bfo as fb
 

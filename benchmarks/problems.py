@@ -20,6 +20,8 @@ import math
 
 import torch
 
+import functional_bfo as fb
+
 BOXES = {"sphere": 5.0, "ellipsoid": 5.0, "rosenbrock": 2.0, "rastrigin": 5.12,
          "ackley": 32.0, "griewank": 600.0, "schwefel": 500.0, "styblinski_tang": 5.0}
 ROTATABLE = ("ellipsoid", "rosenbrock", "rastrigin", "ackley", "griewank")
@@ -133,3 +135,26 @@ def make_bbob(name: str, dim: int, seed: int, offset: bool = False):
         return float(problem(x)) - shift
 
     return f, (-BBOB_BOX, BBOB_BOX), problem.best_value() - shift
+
+
+# The speed scripts' problems: a shifted Rastrigin in a box and a small MLP classifier.
+FACTORIES = {"bfo": fb.bfo, "adaptive_bfo": fb.adaptive_bfo, "hybrid_bfo": fb.hybrid_bfo}
+CYCLE = 10  # chemotaxis_steps: updates per reproduction
+
+
+def rastrigin_problem(dim: int, device: str):
+    def loss(params: dict) -> torch.Tensor:
+        x = params["x"] - 0.5
+        return 10 * x.numel() + (x.square() - 10 * torch.cos(2 * math.pi * x)).sum()
+
+    return {"x": torch.zeros(dim, device=device)}, loss, dict(bounds=(-5.12, 5.12))
+
+
+def mlp_problem(widths: tuple[int, ...], samples: int, device: str):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(widths[0], widths[1]), torch.nn.Tanh(),
+                                torch.nn.Linear(widths[1], widths[2])).to(device)
+    x = torch.randn(samples, widths[0], device=device)
+    y = torch.randint(0, widths[2], (samples,), device=device)
+    params, module_loss = fb.module_loss(model, torch.nn.functional.cross_entropy)
+    return params, lambda p: module_loss(p, x, y), {}

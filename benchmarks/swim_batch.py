@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 from common import compile_cold, machine, paired_ms, parser, write
-from update_overhead import mlp_problem, rastrigin_problem
+from problems import mlp_problem, rastrigin_problem
 
 import functional_bfo as fb
 

@@ -25,16 +25,14 @@ change to the update itself.
 from __future__ import annotations
 
 import functools
-import importlib.util
-import math
 import pathlib
 import subprocess
-import sys
 import time
 
 import optree
 import torch
 from common import (
+    baseline_core,
     compile_cold,
     machine,
     median_ms,
@@ -44,12 +42,10 @@ from common import (
     sync,
     write,
 )
+from problems import CYCLE, FACTORIES, mlp_problem, rastrigin_problem
 
 import functional_bfo as fb
 from functional_bfo import random as fbr
-
-FACTORIES = {"bfo": fb.bfo, "adaptive_bfo": fb.adaptive_bfo, "hybrid_bfo": fb.hybrid_bfo}
-CYCLE = 10  # chemotaxis_steps: updates per reproduction
 
 
 def call_chained(update, mode: str):
@@ -78,24 +74,6 @@ def cycle(update, state, loss):
         current[0] = s
 
     return run
-
-
-def rastrigin_problem(dim: int, device: str):
-    def loss(params: dict) -> torch.Tensor:
-        x = params["x"] - 0.5
-        return 10 * x.numel() + (x.square() - 10 * torch.cos(2 * math.pi * x)).sum()
-
-    return {"x": torch.zeros(dim, device=device)}, loss, dict(bounds=(-5.12, 5.12))
-
-
-def mlp_problem(widths: tuple[int, ...], samples: int, device: str):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(widths[0], widths[1]), torch.nn.Tanh(),
-                                torch.nn.Linear(widths[1], widths[2])).to(device)
-    x = torch.randn(samples, widths[0], device=device)
-    y = torch.randint(0, widths[2], (samples,), device=device)
-    params, module_loss = fb.module_loss(model, torch.nn.functional.cross_entropy)
-    return params, lambda p: module_loss(p, x, y), {}
 
 
 def time_update(name: str, variant: str, population: int, problem, repeats: int,
@@ -223,28 +201,6 @@ def time_block_functions(repeats: int) -> dict:
                                                        repeats)
         out[f"block_lanes_{name}"] = rows * half
     return out
-
-
-def baseline_core(root: pathlib.Path):
-    """The ``functional_bfo`` package of another checkout, imported beside ours.
-
-    Both draw with this checkout's ``random`` module (one custom op can be registered once
-    per process), so ROOT's must be the same file: only the update differs.
-    """
-    folder = root / "functional_bfo"
-    if not (folder / "__init__.py").exists():
-        raise SystemExit(f"--baseline {root}: no functional_bfo/__init__.py there.")
-    if (folder / "random.py").read_text() != pathlib.Path(fbr.__file__).read_text():
-        raise SystemExit(f"--baseline {root}: its functional_bfo/random.py differs from this "
-                         "checkout's; the two cannot share one process.")
-    spec = importlib.util.spec_from_file_location(
-        "baseline_functional_bfo", folder / "__init__.py",
-        submodule_search_locations=[str(folder)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    sys.modules[f"{spec.name}.random"] = fbr
-    spec.loader.exec_module(module)
-    return module
 
 
 def time_against(base, name: str, variant: str, population: int, problem, repeats: int,
