@@ -90,7 +90,7 @@ def _niapy(f: _Counter, dim: int, low: float, high: float, population: int | Non
             return f(x)
 
     task = Task(Wrapped(dim, low, high), max_evals=f.budget)  # niapy honours max_evals itself
-    BacterialForagingOptimization(population_size=population or 50, seed=seed).run_task(task)
+    BacterialForagingOptimization(population_size=population or 50, seed=seed).run(task)
 
 
 def _pymetaheuristic(f: _Counter, dim: int, low: float, high: float, population: int | None,

@@ -217,3 +217,19 @@ def test_the_gpu_script_runs_only_the_rows_asked_for(benchmarks_on_path):
     assert gpu.plan(False, "'hybrid_bfo', 65536") == [
         ("update", ("hybrid_bfo", 65536, mode)) for mode in gpu.MODES]
     assert gpu.plan(True) == gpu.plan(True, "") and ("glue", ()) in gpu.plan(True)
+
+
+@pytest.mark.parametrize("name", ["mealpy.OriginalBFO", "mealpy.ABFO", "niapy.BFO",
+                                  "pymetaheuristic.BFO", "cma.CMAES"])
+def test_each_installed_peer_runs_at_a_tiny_budget(name, benchmarks_on_path):
+    """The peers' adapters call the peers' APIs: the next API change fails here, not in a
+    benchmark run (skipped where the peer is not installed: pip install -e ".[bench]")."""
+    import math
+
+    import peers
+
+    assert name in peers.PEERS
+    if name not in peers.available():
+        pytest.skip(f"{name.split('.')[0]} is not installed")
+    out = peers.run_peer(name, lambda x: float((x**2).sum()), 2, -5.0, 5.0, 300, 10, 0)
+    assert 0 < out["evals"] <= 300 and math.isfinite(out["best"])
