@@ -967,3 +967,29 @@ def test_the_restart_rules_read_one_at_a_time():
     assert bb.stalled_out(30 * bb.HOLDING_PATIENCE, 30, behind=False)
     assert bb.overspent(201, 100, behind=True) and not bb.overspent(200, 100, behind=True)
     assert not bb.overspent(10_000, 100, behind=False)
+
+
+def test_a_walker_or_face_round_records_the_ranks_a_distributed_evaluator_names():
+    """Those rounds call the evaluator themselves: its disagreeing ranks reach the state
+    (fb.metrics, fb.run) as a swarm round's do. The evaluator here is fb.distributed's
+    protocol in one process, reporting rank 1 as disagreeing."""
+
+    class Reporting:
+        takes_rows = False
+
+        def __call__(self, loss_fn, population, *args):
+            return torch.func.vmap(loss_fn)(population, *args)
+
+        def with_disagreement(self, loss_fn, population, *args):
+            return self(loss_fn, population, *args), torch.tensor(0b10)
+
+    opt = fb.black_box_search((-1.0, 1.0), max_evals=16 * 10, polish=0.5, evaluator=Reporting())
+    state = opt.init(start(2), key=fb.random.key(0))
+    while state.phase != "faces":
+        asked = opt.ask(state)
+        state = opt.tell(state, asked, numpy_losses(asked))  # told: no evaluator, no report
+    assert int(fb.metrics(state)["disagreeing_ranks"]) == 0
+    state = opt.update(state, lambda p: p["x"].square().sum())
+    assert int(fb.metrics(state)["disagreeing_ranks"]) == 0b10
+    with pytest.raises(RuntimeError, match=r"ranks \[1\] disagree with rank 0"):
+        fb.distributed.check_agreement(state)

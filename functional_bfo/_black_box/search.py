@@ -268,9 +268,15 @@ class _Search:
             return self.told(state, swarm, self.optimizer(state).update(swarm, loss_fn, *args))
         drawn = None if state.phase == "faces" else self.walker_round(state)
         rows = self.round_rows(state) if drawn is None else drawn[1]
+        report = getattr(self.evaluator, "with_disagreement", None)  # fb.distributed's
         with torch.no_grad():
-            losses = check_losses(self.evaluator(loss_fn, copied_params(rows, state.start),
-                                                 *args), len(rows))
+            given = copied_params(rows, state.start)
+            losses, differing = (self.evaluator(loss_fn, given, *args), None) if (
+                report is None) else report(loss_fn, given, *args)
+            losses = check_losses(losses, len(rows))
+        if differing is not None:  # kept by the explorer, which no restart replaces
+            ranks = state.explorer.disagreeing_ranks | differing
+            state = state._replace(explorer=state.explorer._replace(disagreeing_ranks=ranks))
         costs = rank_costs(losses.to(state.swarm.losses), self.sign)
         return self.after(self.told_faces(state, costs) if drawn is None else
                           self.walked(state, costs, drawn))
