@@ -142,11 +142,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
         return _Swarm(static, core, evaluator, scorer, update)  # hyperparameters set at a step
 
     def _core_names(self, values: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
-        """Dynamic settings in the core's names: ``lr`` is ``LR``.
-
-        Where ``LR`` is the ceiling the floor follows it down: a schedule may take lr below
-        step_size_min, and lr caps every step.
-        """
+        """Dynamic settings in the core's names; the floor follows an lr ceiling down."""
         out = {self.LR if k == "lr" else k: float(v) if k == "lr" else v  # a tensor lr too
                for k, v in values.items()}
         lr = float(group["lr"])
@@ -401,8 +397,7 @@ class HybridBFO(SwarmOptimizer):
     """Hybrid BFO over :func:`functional_bfo.hybrid_bfo`; ``lr`` is ``step_size_max``.
 
     Parameters with ``requires_grad`` (read at each step) bend the tumble toward their negative
-    gradient (``.grad`` after the closure, or ``torch.func``'s); the others move by pure BFO
-    (they are searched, not frozen: leave a frozen layer's parameters out).
+    gradient (``.grad`` after the closure, or ``torch.func``'s); the others move by pure BFO.
     """
 
     factory, Hyperparams = staticmethod(fb.hybrid_bfo), fb.HybridBFOHyperparams

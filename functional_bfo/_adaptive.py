@@ -192,6 +192,12 @@ def adaptive_bfo(
     return swim_optimizer(ADAPTIVE, adaptive_settings(**locals()))  # the arguments above
 
 
+def swarm_settings(population_size: int, **given: Any) -> AdaptiveSettings:
+    """adaptive_bfo's settings for ``given``, its defaults elsewhere (hybrid, black box)."""
+    defaults = adaptive_bfo.__kwdefaults__ or {}
+    return adaptive_settings(**{**defaults, **given, "population_size": population_size})
+
+
 def adaptive_settings(*, population_size: int, step_size: float, step_size_min: float,
                       step_size_max: float, adaptation_rate: float, swim_length: int,
                       swim_batch: int, chemotaxis_steps: int, elimination_prob: float,

@@ -13,11 +13,10 @@ from torch import Tensor
 from ._adaptive import (
     AdaptiveBFOHyperparams,
     AdaptiveSettings,
-    adaptive_bfo,
     adaptive_fields,
     adaptive_init,
     adaptive_plan,
-    adaptive_settings,
+    swarm_settings,
 )
 from ._ask_tell import Ask, Plan, Variant, loss_of_row, rank_costs, swim_optimizer, told_grads
 from ._base import Key, LossFn, Optimizer, Params
@@ -181,9 +180,7 @@ def hybrid_bfo(
     if "metric_rate" in adaptive_kwargs:
         raise TypeError("hybrid_bfo got metric_rate=: its tumbles follow the gradients, not a "
                         "learned metric. For a learned metric use fb.adaptive_bfo.")
-    defaults = adaptive_bfo.__kwdefaults__ or {}
-    base = adaptive_settings(**{**defaults, **adaptive_kwargs,
-                                "population_size": population_size})  # validates the rest
+    base = swarm_settings(population_size, **adaptive_kwargs)  # validates the rest
     gradient = GradientSettings(mix, (vanishing_threshold, exploding_threshold), grad_mask,
                                 chunk_size)
     return swim_optimizer(HYBRID, base._replace(evaluator=evaluator, gradient=gradient))

@@ -17,7 +17,7 @@ from ._cycle import at_step
 from ._progress import Progress, progress_info, reporter
 from ._state import save
 from ._stopping import Stopping
-from .distributed import DISAGREE, disagreeing
+from .distributed import refuse_disagreement
 from .telemetry import disagreeing_ranks, materialize, metrics
 
 
@@ -194,8 +194,7 @@ def _read(state: Any, with_mean: bool = False) -> tuple[int, float, float, int]:
     if (ranks := disagreeing_ranks(state)) is not None:
         values["disagreeing_ranks"] = ranks
     out = materialize(values)
-    if differing := disagreeing(int(out.get("disagreeing_ranks", 0))):
-        raise RuntimeError(DISAGREE.format(ranks=differing))
+    refuse_disagreement(int(out.get("disagreeing_ranks", 0)))
     active = int(out.get("active_size", _slots(state)))
     return int(out["num_evals"]), out["best_loss"], out.get("mean_loss", math.nan), max(active, 1)
 

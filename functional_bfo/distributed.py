@@ -253,8 +253,13 @@ def check_agreement(state: Any) -> None:
     """
     from .telemetry import disagreeing_ranks  # a core module that imports this one's package
 
-    mask = disagreeing_ranks(state)
-    if mask is not None and (ranks := disagreeing(int(mask))):
+    if (mask := disagreeing_ranks(state)) is not None:
+        refuse_disagreement(int(mask))
+
+
+def refuse_disagreement(mask: int) -> None:
+    """A RuntimeError naming the ranks in ``mask``, a ``disagreeing_ranks`` read on the host."""
+    if ranks := disagreeing(mask):
         raise RuntimeError(DISAGREE.format(ranks=ranks))
 
 

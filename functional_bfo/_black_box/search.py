@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .. import _metric as metric
 from .. import random
-from .._adaptive import ADAPTIVE, AdaptiveBFOState, adaptive_bfo, adaptive_settings
+from .._adaptive import ADAPTIVE, AdaptiveBFOState, swarm_settings
 from .._ask_tell import (
     Ask,
     check_ask,
@@ -52,7 +52,6 @@ BEHIND_BUDGET = 2  # a swarm behind stops at this many times the best's swarm's 
 # fold_in data; restarts use 0, 1, ..
 EXPLORER_STREAM, POLISHER_STREAM, WALKER_STREAM = 2**31 - 1, 2**31 - 2, 2**31 - 3
 PHASES = ("converge", "explore", "faces", "polish", "done")
-DEFAULTS: dict[str, Any] = adaptive_bfo.__kwdefaults__ or {}  # its swarms' other settings
 
 
 class BlackBoxState(NamedTuple):
@@ -152,7 +151,7 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
     settings = dict(bounds=bounds, relative_steps=True, swim_length=swim_length,
                     chemotaxis_steps=chemotaxis_steps, step_size_min=step_size_min,
                     **{"swim_batch": swim_length + 1, **adaptive_kwargs})
-    swarms = adaptive_settings(**{**DEFAULTS, **settings, "population_size": population_size})
+    swarms = swarm_settings(population_size, **settings)
     plain = swim_optimizer(ADAPTIVE, swarms)  # isotropic tumbles
     learner = swim_optimizer(ADAPTIVE, swarms._replace(metric_rate=rate)) if rate else plain
     sign, evaluator = swarms.sign, swarms.evaluator
