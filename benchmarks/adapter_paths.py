@@ -1,21 +1,12 @@
 """The torch.optim adapters' two ways to evaluate: a closure per candidate vs vmap(functional_call).
 
-For each adapter class, one ``step`` on an MLP classifier: the closure path (the candidate
-written into the model, ``closure()`` called once per bacterium, as any ``torch.optim``
-loop does), the vmapped fast path ``step(loss_fn=...)`` eager, and compiled
-(``compile=True``) with its compile time and the number of steps after which compiling
-pays off.
+One ``step`` of each adapter class on an MLP classifier: the closure path (``closure()`` once
+per bacterium), the vmapped fast path ``step(loss_fn=...)`` eager, with ``chunk_size=CHUNK``,
+and compiled (its compile time and break-even steps), with page faults a step; on Linux the
+eager paths again once glibc keeps the memory it frees (``mallopt``, as jemalloc does).
 
-On Linux the two eager paths are timed again after asking glibc to keep the memory it
-frees (``mallopt``, as jemalloc and tcmalloc do): by default it returns the vmapped path's
-large temporaries to the system and page-faults them back every step. The eager fast path
-is also timed with ``chunk_size=CHUNK`` (the candidates vmapped CHUNK at a time), whose
-smaller temporaries glibc keeps without being asked.
-
-With ``--baseline ROOT`` it times instead this checkout's shell against the ``adapters/`` of
-another checkout ROOT (say ``git worktree add /tmp/old v0.3``), both over this core, step
-for step in one process: the shell's own cost is the difference, the core's work being
-the same.
+``--baseline ROOT`` times instead this checkout's shell against ROOT's ``adapters/``, both
+over this core, step for step in one process: the shell's own cost.
 
     python benchmarks/adapter_paths.py [--quick] [--device cuda] [--baseline ROOT]
 """
@@ -23,15 +14,23 @@ the same.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import pathlib
 import resource
-import subprocess
-import sys
 import time
 
 import torch
-from common import compile_cold, machine, median_ms, paired_ms, parser, sync, write
+from common import (
+    baseline,
+    commit,
+    compile_cold,
+    machine,
+    median_ms,
+    paired_ms,
+    parser,
+    sync,
+    table,
+    write,
+)
 from torch import nn
 
 from functional_bfo.adapters import BFO, AdaptiveBFO, HybridBFO
@@ -117,19 +116,6 @@ def kept_memory_ms(row, cls, widths, samples, population, repeats, device) -> No
         row[f"{path}_kept_ms"] = median_ms(step, repeats, device, warmup=1)
 
 
-def baseline_shell(root: pathlib.Path):
-    """The ``adapters`` package of another checkout, imported beside ours over this core."""
-    folder = root / "adapters"
-    spec = importlib.util.spec_from_file_location(
-        "baseline_adapters", folder / "__init__.py", submodule_search_locations=[str(folder)])
-    if spec is None or not (folder / "__init__.py").exists():
-        raise SystemExit(f"--baseline {root}: no adapters/__init__.py there.")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def shells(cls, baseline_cls, widths, samples, population, repeats, device) -> dict:
     """One step of each path (the fast one eager) under both shells, timed in turn."""
     row = {"class": cls.__name__}
@@ -167,26 +153,21 @@ def stepper(opt, path, model, x, y, uses_grads):
 
 
 def compare(args, widths, samples, population, repeats, classes) -> None:
-    base = baseline_shell(args.baseline.resolve())
-    commit = subprocess.run(["git", "-C", str(args.baseline), "log", "-1", "--format=%h %s"],
-                            capture_output=True, text=True).stdout.strip()[:60] or "?"
+    base, subject = baseline(args.baseline, "adapters"), commit(args.baseline, "%h %s")
     rows = [shells(c, getattr(base, c.__name__), widths, samples, population, repeats,
                    args.device) for c in classes]
     result = {"machine": machine(args.device), "quick": args.quick, "model": list(widths),
-              "samples": samples, "baseline": commit, "rows": rows}
-    md = [f"# The shell's cost against another's ({'quick' if args.quick else 'full'})", "",
-          f"Baseline: `{commit}`.", "",
+              "samples": samples, "baseline": subject, "rows": rows}
+    md = [f"# The shell's cost against `{subject}`'s", "",
           f"MLP {'-'.join(map(str, widths))} (tanh) on {samples} samples, population "
           f"{population}, both shells over this core, one step each in turn, {repeats} pairs. "
-          f"Machine: {result['machine']}", "",
-          "| class | path | baseline ms | ours ms | ours / baseline | evals (baseline, ours) "
-          "| per evaluation |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        for path in ("closure", "fast"):
-            c = r[path]
-            md.append(f"| {r['class']} | {path} | {c['baseline_ms']:.2f} | {c['ours_ms']:.2f} | "
-                      f"{c['ratio']:.3f} | {c['baseline_evals']:.0f}, {c['ours_evals']:.0f} | "
-                      f"{c['ratio_per_eval']:.3f} |")
+          f"Machine: {result['machine']}", ""]
+    md += table("class | path | baseline ms | ours ms | ours / baseline | evals (baseline, "
+                "ours) | per evaluation", [
+                    [r["class"], path, f"{c['baseline_ms']:.2f}", f"{c['ours_ms']:.2f}",
+                     f"{c['ratio']:.3f}", f"{c['baseline_evals']:.0f}, {c['ours_evals']:.0f}",
+                     f"{c['ratio_per_eval']:.3f}"]
+                    for r in rows for path, c in (("closure", r["closure"]), ("fast", r["fast"]))])
     write(args, "adapter_shells", result, md)
 
 
@@ -200,34 +181,33 @@ def main() -> None:
     repeats = 3 if args.quick else 10
     classes = [BFO] if args.quick else [BFO, AdaptiveBFO, HybridBFO]
     if args.baseline is not None:
-        return compare(args, widths, samples, population, repeats * 6, classes)
+        return compare(args, widths, samples, population, repeats * (1 if args.quick else 6),
+                       classes)
     rows = [bench(c, widths, samples, population, repeats, args.device) for c in classes]
     kept = args.device == "cpu" and keep_freed_memory()
     for row, c in zip(rows, classes) if kept else ():
         kept_memory_ms(row, c, widths, samples, population, repeats, args.device)
     result = {"machine": machine(args.device), "quick": args.quick, "model": list(widths),
               "samples": samples, "rows": rows}
-    md = [f"# Adapter paths: closure vs vmapped fast path ({'quick' if args.quick else 'full'})",
-          "", f"MLP {'-'.join(map(str, widths))} (tanh) on {samples} samples, cross-entropy, "
-          f"population {population}, default swim length. Machine: {result['machine']}", "",
-          "| class | params | evals/step | closure ms | fast eager ms | fast compiled ms | "
-          "closure / fast | compile s | break-even steps | page faults a step (closure, fast) "
-          f"| fast eager, chunk_size={CHUNK} ms | page faults a step | "
-          "memory kept: closure ms | fast eager ms | closure / fast |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        even = "never" if r["break_even_steps"] is None else f"{r['break_even_steps']:.0f}"
-        kept_cells = (f"{r['closure_kept_ms']:.1f} | {r['fast_eager_kept_ms']:.2f} | "
-                      f"{r['closure_kept_ms'] / r['fast_eager_kept_ms']:.2f}x" if kept
-                      else "- | - | -")
-        md.append(f"| {r['class']} | {r['params']} | {r['evals_per_step']:.0f} | "
-                  f"{r['closure_ms']:.1f} | {r['fast_eager_ms']:.2f} | "
-                  f"{r['fast_compiled_ms']:.2f} | {r['closure_over_fast']:.2f}x | "
-                  f"{r['compile_s']:.1f} | {even} | {r['closure_faults']:,.0f}, "
-                  f"{r['fast_eager_faults']:,.0f} | {r['fast_chunked_ms']:.2f} | "
-                  f"{r['fast_chunked_faults']:,.0f} | {kept_cells} |")
-    md += ["", "Memory kept: the eager paths timed again after glibc was asked (`mallopt`) to "
-           "keep the memory it frees, as jemalloc and tcmalloc do."]
+    md = [f"# Adapter paths: closure vs vmapped fast path ({args.device})", "",
+          f"MLP {'-'.join(map(str, widths))} (tanh) on {samples} samples, cross-entropy, "
+          f"population {population}, default swim length. Memory kept: the eager paths again "
+          "once glibc keeps the memory it frees (`mallopt`, as jemalloc and tcmalloc do). "
+          f"Machine: {result['machine']}", ""]
+    md += table("class | params | evals/step | closure ms | fast eager ms | fast compiled ms | "
+                "closure / fast | compile s | break-even steps | page faults a step (closure, "
+                f"fast) | fast eager, chunk_size={CHUNK} ms | page faults a step | memory kept: "
+                "closure ms | fast eager ms | closure / fast", [
+                    [r["class"], r["params"], f"{r['evals_per_step']:.0f}",
+                     f"{r['closure_ms']:.1f}", f"{r['fast_eager_ms']:.2f}",
+                     f"{r['fast_compiled_ms']:.2f}", f"{r['closure_over_fast']:.2f}x",
+                     f"{r['compile_s']:.1f}", "never" if r["break_even_steps"] is None
+                     else f"{r['break_even_steps']:.0f}",
+                     f"{r['closure_faults']:,.0f}, {r['fast_eager_faults']:,.0f}",
+                     f"{r['fast_chunked_ms']:.2f}", f"{r['fast_chunked_faults']:,.0f}"]
+                    + ([f"{r['closure_kept_ms']:.1f}", f"{r['fast_eager_kept_ms']:.2f}",
+                        f"{r['closure_kept_ms'] / r['fast_eager_kept_ms']:.2f}x"] if kept
+                       else ["-"] * 3) for r in rows])
     write(args, "adapter_paths", result, md)
 
 

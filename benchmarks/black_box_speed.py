@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 import torch
-from common import machine, parser, write
+from common import machine, parser, table, write
 
 import functional_bfo as fb
 
@@ -106,16 +106,14 @@ def main() -> None:
               "seeds": seeds, "rows": rows}
     md = [f"# fb.black_box against pycma's BIPOP-CMA-ES ({'quick' if args.quick else 'full'})",
           "", f"D = {DIM}, box [{LOW:g}, {HIGH:g}], {budget} evaluations, medians over "
-          f"{len(seeds)} seeds. Machine: {result['machine']}", "",
-          "| problem | fb evals/s | cma evals/s | fb / cma | fb error | cma error "
-          "| fb whole-swarm share |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        c = r.get("cma")
-        md.append(f"| {r['problem']} | {r['fb']['evals_per_s']:,.0f} | "
-                  f"{c['evals_per_s']:,.0f} | {r['ratio']:.2f}x | " if c else
-                  f"| {r['problem']} | {r['fb']['evals_per_s']:,.0f} | - | - | ")
-        md[-1] += (f"{r['fb']['error']:.3g} | {c['error']:.3g} | " if c else
-                   f"{r['fb']['error']:.3g} | - | ") + f"{r['fb']['whole_share']:.0%} |"
+          f"{len(seeds)} seeds. Machine: {result['machine']}", ""]
+    md += table("problem | fb evals/s | cma evals/s | fb / cma | fb error | cma error | fb "
+                "whole-swarm share", [
+                    [r["problem"], f"{r['fb']['evals_per_s']:,.0f}",
+                     f"{r['cma']['evals_per_s']:,.0f}" if peer else "-",
+                     f"{r['ratio']:.2f}x" if peer else "-", f"{r['fb']['error']:.3g}",
+                     f"{r['cma']['error']:.3g}" if peer else "-",
+                     f"{r['fb']['whole_share']:.0%}"] for r in rows])
     write(args, "black_box_speed", result, md)
 
 

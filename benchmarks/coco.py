@@ -1,28 +1,22 @@
 """COCO's bbob report: runs through cocoex's Observer, runtime ECDFs drawn by cocopp.
 
-The field's standard report for a black-box optimizer: each problem of COCO's noiseless
-``bbob`` suite (24 functions x its 15 standard instances) in D = 2, 3, 5, 10, 20 with
-2000 x D evaluations (``quality.py``'s budget), observed by ``cocoex``'s own Observer into a
-COCO data set, ``<out>/coco/<optimizer>``. ``fb.black_box`` starts from
-``problem.initial_solution`` (the centre of the box [-5, 5]^D; its other bacteria are uniform
-in the box), is seeded from (function, instance, D) and sees COCO's own ``f(x)``, whose
-minimum is not 0. A run stops at the final target ``f_opt + 1e-8`` (COCO's convention).
+Each problem of COCO's noiseless ``bbob`` suite (24 functions x 15 instances) in D = 2, 3, 5,
+10, 20 at 2000 x D evaluations, observed by ``cocoex``'s Observer into a COCO data set,
+``<out>/coco/<optimizer>``. ``fb.black_box`` starts from ``problem.initial_solution`` (the
+box's centre; its other bacteria uniform in the box), is seeded from (function, instance, D)
+and sees COCO's own ``f(x)``; a run stops at the final target ``f_opt + 1e-8``.
 ``--optimizers fb.black_box cma.CMAES`` adds IPOP-CMA-ES (``peers.py``) as a reference.
-``--quick``: f1 and f5, D = 2, two instances, 200 x D evaluations (10 s).
+``--quick``: f1 and f5, D = 2, two instances, 200 x D evaluations.
 
-``cocopp`` draws the runtime ECDFs over all functions per D beside its best-2009 reference
-(``<out>/coco/ppdata``); a full run into ``benchmarks/results`` copies them to
-``docs/figures/coco_ecdf_<D>D.png`` (other runs: to ``<out>/coco``). ``results/coco.{json,md}``
-give per optimizer and D the share of (function, instance, target) triples reached, with
-COCO's 51 targets 10^[-8..2] on f - f_opt.
+``cocopp`` draws the runtime ECDFs per D beside its best-2009 reference; a full run into
+``benchmarks/results`` copies them to ``docs/figures/coco_ecdf_<D>D.png``.
+``results/coco.{json,md}``: per optimizer and D, the share of (function, instance, target)
+triples reached, COCO's 51 targets 10^[-8..2] on f - f_opt.
 
     python benchmarks/coco.py [--quick] [--optimizers NAME ...] [--dims D ...] [--jobs N]
 
-``--jobs`` processes (default: one per core) each run a function at a time, observed into a
-folder of its own; the folders' files are then moved into one data set, the files one
-process writes (tested). On a 2-core machine, two processes took 9 minutes for
-fb.black_box (``results/coco.md``; 59 while a valley's rounds were a lone bacterium's, one
-evaluation each), cocopp 20 s per D.
+``--jobs`` processes (default: one per core) each run a function at a time into a folder of
+its own, then moved into one data set (tested). Two processes on 2 cores: 9 minutes.
 """
 
 from __future__ import annotations
@@ -39,7 +33,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import torch
-from common import RESULTS, machine, parser, write
+from common import RESULTS, machine, parser, table, write
 from peers import run_peer
 
 import functional_bfo as fb
@@ -189,13 +183,11 @@ def markdown(summary: dict, links: dict[int, str], where: object, budget_per_dim
              f"f - f_opt, a run stopped at the final target (solved). Machine: {info}", "",
              f"Wall time in {jobs} processes: " + ", ".join(
                  f"{name} {seconds / 60:.0f} min" for name, seconds in wall.items())
-             + "; the seconds column sums the runs' own.", "",
-             "| optimizer | D | runs | targets reached | solved | seconds |",
-             "|---|---|---|---|---|---|"]
-    for name, by_dim in summary.items():
-        for dim, cell in by_dim.items():
-            lines.append(f"| {name} | {dim} | {cell['runs']} | {cell['reached']:.1%} | "
-                         f"{cell['solved']} | {cell['seconds']:.0f} |")
+             + "; the seconds column sums the runs' own.", ""]
+    lines += table("optimizer | D | runs | targets reached | solved | seconds", [
+        [name, dim, cell["runs"], f"{cell['reached']:.1%}", cell["solved"],
+         f"{cell['seconds']:.0f}"] for name, by_dim in summary.items()
+        for dim, cell in by_dim.items()])
     return lines + ["", f"Runtime ECDFs over all functions, drawn by cocopp, in {where}: "
                     + ", ".join(f"`{link}`" for link in links.values()) + "."]
 

@@ -20,7 +20,6 @@ import warnings
 from collections.abc import Callable
 
 import torch
-import torch._inductor.config
 
 from functional_bfo import random as fbr
 
@@ -41,6 +40,8 @@ def compile_cold() -> None:
     With them on, a rerun (or a variant compiled after one with the same graph) would look
     almost free to compile. Scripts that time compiles call it first thing in ``main``.
     """
+    import torch._inductor.config  # 1.3 s to import: only where a script compiles
+
     torch._inductor.config.force_disable_caches = True
     warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")  # says just that
 
@@ -96,11 +97,12 @@ def machine(device: str) -> dict:
 
 
 def write(args: argparse.Namespace, name: str, result: dict, markdown: list[str]) -> None:
-    """Write ``<name>.json`` and ``<name>.md`` (suffixed by quick/device) and print the table."""
+    """Write ``<name>.json`` (compact: reruns keep results/ small) and ``<name>.md``, suffixed
+    by quick/device, and print the table."""
     stem = name + ("_quick" if args.quick else "") + (
         "" if args.device == "cpu" else f"_{args.device.split(':')[0]}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{stem}.json").write_text(json.dumps(result, separators=(",", ":")) + "\n")
     text = "\n".join(markdown) + "\n"
     (args.out / f"{stem}.md").write_text(text)
     print(text)
@@ -132,35 +134,45 @@ def peak_bytes(fn: Callable[[], object], device: str = "cpu") -> int:
     return peak
 
 
-def commit() -> str:
-    """``FB_COMMIT`` where the tree travels without its history (a lent GPU), else git's."""
-    if given := os.environ.get("FB_COMMIT"):
+def commit(root: pathlib.Path | None = None, form: str = "%h") -> str:
+    """The last commit of ``root``'s checkout (default this one's) in git's ``form``;
+    ``FB_COMMIT`` for this one where the tree travels without its history (a lent GPU)."""
+    if root is None and (given := os.environ.get("FB_COMMIT")):
         return given
     try:
-        out = subprocess.run(["git", "log", "-1", "--format=%h"], capture_output=True,
-                             text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+        out = subprocess.run(["git", "-C", str(root or RESULTS.parent), "log", "-1",
+                              f"--format={form}"], capture_output=True, text=True)
     except OSError:  # no git
         return "unknown"
-    return out.stdout.strip() or "unknown"
+    return out.stdout.strip()[:72] or "unknown"
 
 
-def baseline_core(root: pathlib.Path):
-    """The ``functional_bfo`` package of another checkout, imported beside ours.
+def baseline(root: pathlib.Path, package: str):
+    """The ``package`` folder (``functional_bfo`` or ``adapters``) of another checkout ROOT,
+    imported beside ours as ``baseline_<package>``.
 
-    Both draw with this checkout's ``random`` module (one custom op can be registered once
-    per process), so ROOT's must be the same file: only the update differs.
+    A core draws with this checkout's ``random`` module (one custom op can be registered once
+    per process), so ROOT's must be the same file: only the update differs. The adapters run
+    over this checkout's core.
     """
-    folder = root / "functional_bfo"
+    folder = root.resolve() / package
     if not (folder / "__init__.py").exists():
-        raise SystemExit(f"--baseline {root}: no functional_bfo/__init__.py there.")
-    if (folder / "random.py").read_text() != pathlib.Path(fbr.__file__).read_text():
-        raise SystemExit(f"--baseline {root}: its functional_bfo/random.py differs from this "
-                         "checkout's; the two cannot share one process.")
-    spec = importlib.util.spec_from_file_location(
-        "baseline_functional_bfo", folder / "__init__.py",
-        submodule_search_locations=[str(folder)])
+        raise SystemExit(f"--baseline {root}: no {package}/__init__.py there.")
+    name = f"baseline_{package}"
+    if package == "functional_bfo":
+        if (folder / "random.py").read_text() != pathlib.Path(fbr.__file__).read_text():
+            raise SystemExit(f"--baseline {root}: its functional_bfo/random.py differs from "
+                             "this checkout's; the two cannot share one process.")
+        sys.modules[f"{name}.random"] = fbr
+    spec = importlib.util.spec_from_file_location(name, folder / "__init__.py",
+                                                  submodule_search_locations=[str(folder)])
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    sys.modules[f"{spec.name}.random"] = fbr
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def table(header: str, rows) -> list[str]:
+    """A Markdown table: ``header`` as ``"a | b | c"``, each row a sequence of cells."""
+    return [f"| {header} |", "|" + "---|" * (header.count("|") + 1)] + [
+        "| " + " | ".join(map(str, row)) + " |" for row in rows]

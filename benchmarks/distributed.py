@@ -1,19 +1,11 @@
 """Sharding the population across processes: time per update against the process count.
 
-An MLP 64-128-10 on the whole digits data set (1797 samples, a few ms per candidate on one
-CPU thread), ``fb.adaptive_bfo`` with 32 bacteria and swim length 4 (160 evaluations per
-update). For each process count N the script launches N ranks with torchrun (gloo, or NCCL
-with ``--device cuda``), each with ``fb.distributed.sharded()``, one thread each, and times
-updates on rank 0. It also times, in the same ranks, the two constants of a model of an
-update,
-
-    t(N) = a / N + b + calls * t_gather(N),
-
-with t_gather one all-gather of the losses (timed in the ranks), a (the work that splits:
-evaluations) and b (what every rank repeats: the update's own work) fitted to the measured
-times, and reports the model next to the measurement, its extrapolation to more processes,
-and the bytes each rank contributes per update. One process with N threads is
-the baseline a CPU user would try first: it is timed too.
+An MLP 64-128-10 on the digits data set (1797 samples), ``fb.adaptive_bfo`` with 32 bacteria
+and swim length 4 (160 evaluations an update). For each process count N, N torchrun ranks
+(gloo, or NCCL with ``--device cuda``, one thread each) with ``fb.distributed.sharded()``;
+rank 0 times updates and one all-gather, and the model t(N) = a / N + b + calls x
+t_gather(N) is fitted (a: the evaluations, which split; b: what every rank repeats) and
+extrapolated. One process with N threads, the first thing a CPU user tries, is timed too.
 
     python benchmarks/distributed.py [--quick] [--device cuda] [--processes 1,2]
 """
@@ -22,14 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from common import machine, parser, write
+from common import machine, median_ms, parser, table, write
 
 PROBLEM = "MLP 64-128-10 on digits (1797 samples), fb.adaptive_bfo(32, swim_length=4)"
 
@@ -49,22 +41,9 @@ def setup(device: torch.device):
     return params, loss_fn, x, y
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(fn, repeats: int, device: torch.device) -> float:
     """Median seconds of ``fn`` over ``repeats`` calls (after one warm-up call)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    return median_ms(fn, repeats, str(device), warmup=1) / 1e3
 
 
 def rank_main(out: str, repeats: int) -> None:
@@ -125,10 +104,10 @@ def single_process(threads: int, repeats: int, device: torch.device) -> float:
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--processes", default="1,2")
+    p.add_argument("--processes", help="process counts, default 1,2 (--quick: 2)")
     args = p.parse_args()
     repeats = 1 if args.quick else 15
-    counts = [int(n) for n in args.processes.split(",")]
+    counts = [int(n) for n in (args.processes or ("2" if args.quick else "1,2")).split(",")]
     device = torch.device("cuda" if args.device == "cuda" else "cpu")
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -141,16 +120,10 @@ def main() -> None:
                            timeout=900)
             rows.append(json.loads(Path(out).read_text()))
     # The model t(N) = a / N + b + calls * t_gather(N), a and b fitted to the measurements
-    # by least squares (exact with two process counts).
+    # by least squares (exact with two process counts; one gives a alone).
     points = [(1 / r["processes"], r["update_s"] - r["calls"] * r["gather_s"]) for r in rows]
-    if len(points) > 1:
-        mean_u = sum(u for u, _ in points) / len(points)
-        mean_t = sum(t for _, t in points) / len(points)
-        a = sum((u - mean_u) * (t - mean_t) for u, t in points) / sum(
-            (u - mean_u) ** 2 for u, _ in points)
-        b = mean_t - a * mean_u
-    else:
-        a, b = points[0][1], 0.0
+    a, b = (statistics.linear_regression(*zip(*points)) if len(points) > 1
+            else (points[0][1] * rows[0]["processes"], 0.0))
     base = rows[0]
     for r in rows:
         r["model_s"] = a / r["processes"] + b + r["calls"] * r["gather_s"]
@@ -161,25 +134,24 @@ def main() -> None:
         device.type == "cpu" and not args.quick) else {}
     result = dict(quick=args.quick, machine=machine(args.device), problem=PROBLEM, rows=rows,
                   shared_s=a, fixed_s=b, predicted_s=predicted, one_process_threads_s=threads)
-    md = [f"# Sharded population across processes ({'quick' if args.quick else 'full'} run, "
-          f"{args.device})", "", f"{PROBLEM}. Machine: {result['machine']}", "",
+    md = [f"# Sharded population across processes ({args.device})", "",
+          f"{PROBLEM}. Machine: {result['machine']}", "",
           "Each rank: one thread, `fb.distributed.sharded()`; the median time per update on "
           "rank 0, and of one all-gather of the losses (5 per update). Model: t(N) = a / N + "
           f"b + 5 t_gather(N), fitted: a = {a * 1e3:.1f} ms (the work that splits: "
           f"evaluations), b = {b * 1e3:.1f} ms (what every rank repeats: the update's own "
           f"work). One process scores the 160 candidates of an update in "
-          f"{base['eval_one_process_s'] * 1e3:.1f} ms.", "",
-          "| processes | ms per update | speedup | model ms | all-gather ms "
-          "| bytes each rank contributes per update |", "|---|---|---|---|---|---|"]
-    md += [f"| {r['processes']} | {r['update_s'] * 1e3:.1f} | {r['speedup']:.2f}x | "
-           f"{r['model_s'] * 1e3:.1f} | {r['gather_s'] * 1e3:.3f} | {r['bytes_sent']} |"
-           for r in rows]
+          f"{base['eval_one_process_s'] * 1e3:.1f} ms.", ""]
+    md += table("processes | ms per update | speedup | model ms | all-gather ms | bytes each "
+                "rank contributes per update", [
+                    [r["processes"], f"{r['update_s'] * 1e3:.1f}", f"{r['speedup']:.2f}x",
+                     f"{r['model_s'] * 1e3:.1f}", f"{r['gather_s'] * 1e3:.3f}", r["bytes_sent"]]
+                    for r in rows])
     md += ["", "The model's extrapolation (all-gather as measured at the largest N): " + ", ".join(
         f"N = {n}: {t * 1e3:.1f} ms" for n, t in predicted.items()) + "."]
     if threads:
-        md += ["", "One process, no evaluator, N intra-op threads (torch.set_num_threads):", "",
-               "| threads | ms per update |", "|---|---|"]
-        md += [f"| {n} | {s * 1e3:.1f} |" for n, s in threads.items()]
+        md += ["", "One process, no evaluator, N intra-op threads (torch.set_num_threads):", ""]
+        md += table("threads | ms per update", [[n, f"{s * 1e3:.1f}"] for n, s in threads.items()])
     write(args, "distributed", result, md)
 
 

@@ -1,25 +1,12 @@
 """Every GPU measurement in one command: updates against the population, a peer, adapters, glue.
 
-- **Updates.** ``fb.bfo``, ``fb.adaptive_bfo`` and ``fb.hybrid_bfo`` on a shifted 30-D
-  Rastrigin (swim length 4: five evaluations per bacterium per update) at populations from
-  256 to 65,536, eager, compiled (``torch.compile(fullgraph=True)``) and compiled with CUDA
-  graphs (``mode="reduce-overhead"``). Time per update over chained updates as a user runs
-  them (each state fed to the next call); evaluations/s; the floor, N_s + 1 vmapped
-  evaluations of as many different populations in one function run the same way, and
-  update / floor; compiled, the GPU time of both (their kernels' durations), with the
-  update's kernel count and longest kernels; peak memory of one update above what was held
-  before it.
-- **Peer.** EvoX's PSO (``pip install evox``; measured only) on the same function and
-  populations, its step compiled as EvoX documents it.
-- **Noise.** The update's random numbers (``fb.random.normal_rows``) from the Triton kernel
-  against the tensor reference every other device runs.
-- **Adapters.** ``adapter_paths.bench``: the closure path and the vmapped fast path (eager
-  and compiled) of ``BFO``, ``AdaptiveBFO`` and ``HybridBFO`` on an MLP.
-- **Glue.** Training steps through Lightning (``precision="bf16-mixed"``) and the
-  Transformers ``BFOTrainer`` (``fp16=True``, which scales the loss by a ``GradScaler``).
-
-Rows run in order of importance until ``--budget`` seconds have passed; the rest are listed
-as skipped. Writes ``results/gpu[_quick]_cuda.{json,md}`` with the commit, torch and device.
+Updates of ``fb.bfo``, ``fb.adaptive_bfo`` and ``fb.hybrid_bfo`` on a shifted 30-D Rastrigin
+(swim length 4) at P = 256 to 65,536, eager, compiled and with CUDA graphs, chained as a user
+runs them, against the floor (N_s + 1 vmapped evaluations of as many populations, run the
+same way), with GPU times, kernels and peak memory; EvoX's compiled PSO (``pip install
+evox``); the adapters (``adapter_paths.bench``); Lightning (bf16-mixed) and Transformers
+(fp16, a ``GradScaler``) steps. Rows run in order of importance until ``--budget`` seconds
+have passed; the rest are listed as skipped. Writes ``results/gpu[_quick]_cuda.{json,md}``.
 
     python benchmarks/gpu.py [--quick] [--budget 480] [--only TEXT]
 """
@@ -27,7 +14,6 @@ as skipped. Writes ``results/gpu[_quick]_cuda.{json,md}`` with the commit, torch
 from __future__ import annotations
 
 import collections
-import functools
 import math
 import tempfile
 import time
@@ -36,20 +22,10 @@ import warnings
 
 import optree
 import torch
-from common import (
-    commit,
-    machine,
-    median_ms,
-    paired_ms,
-    parser,
-    peak_bytes,
-    sync,
-    write,
-)
+from common import commit, machine, median_ms, paired_ms, parser, peak_bytes, sync, table, write
 from problems import CYCLE, rastrigin_problem
 
 import functional_bfo as fb
-from functional_bfo import random as fbr
 
 SWIM = 4
 DEVICE = "cuda"
@@ -161,20 +137,6 @@ def evox_row(population: int, repeats: int) -> dict:
             "best_loss": float(algorithm.global_best_fit)}
 
 
-def noise_row(population: int, repeats: int) -> dict:
-    """One update's noise (P rows of 2n + 3 = 63 normals): Triton kernel vs tensor reference."""
-    key, counter = fb.random.key(0, device=DEVICE), torch.tensor(7, device=DEVICE)
-    draw = functools.partial(fbr._normal_rows_op, key, counter, population, 63, torch.float32)
-    kernels = fbr._cuda_kernels
-    fbr._cuda_kernels = lambda index: None  # the tensor reference all the way down
-    try:
-        reference_ms = median_ms(draw, repeats, DEVICE)
-    finally:
-        fbr._cuda_kernels = kernels
-    return {"population": population, "reference_ms": reference_ms,
-            "kernel_ms": median_ms(draw, repeats, DEVICE)}
-
-
 def glue_rows(steps: int) -> list[dict]:
     """ms per training step through Lightning (bf16-mixed) and Transformers (fp16 + scaler)."""
     import lightning as L
@@ -253,8 +215,7 @@ def glue_rows(steps: int) -> list[dict]:
 def plan(quick: bool, only: str = "") -> list[tuple[str, tuple]]:
     """Every row, the targets' first; with ``only``, the rows whose name holds it."""
     big, small = (4096, 256) if quick else (65536, 256)
-    rows: list[tuple[str, tuple]] = [("noise", (small,)), ("noise", (big,))]
-    rows += [("update", ("bfo", big, m)) for m in MODES]
+    rows: list[tuple[str, tuple]] = [("update", ("bfo", big, m)) for m in MODES]
     rows += [("evox", (big,)), ("evox", (small,))]
     rows += [("update", ("bfo", small, m)) for m in MODES]
     for variant in ("adaptive_bfo", "hybrid_bfo"):
@@ -269,67 +230,52 @@ def plan(quick: bool, only: str = "") -> list[tuple[str, tuple]]:
 
 
 def markdown(result: dict) -> list[str]:
-    m = result["machine"]
+    m, updates = result["machine"], result["updates"]
     floor = ("5 vmapped evaluations of 5 populations in one function (with CUDA graphs, "
-             "copying them in)" if result.get("floor")
-             else "one population's vmapped evaluation 5 times in one function (compiled, inductor "
-             "computes it once)")
+             "copying them in)" if result.get("floor") else "one population's vmapped "
+             "evaluation 5 times in one function (compiled, inductor computes it once)")
     md = [f"# GPU: updates against the population, EvoX's PSO, adapters and glue "
           f"({'quick' if result['quick'] else 'full'} run)", "",
           f"Commit `{result['commit']}`, torch {m['torch']}, {m.get('gpu')}; "
           f"{result['seconds']:.0f} s.", "",
-          "Shifted 30-D Rastrigin, swim length 4 (5 evaluations per bacterium per update). "
-          "ms per update over chained updates (each state fed to the next call); the floor is "
-          f"{floor}, run the same way; "
-          "update / floor is the median of per-repeat ratios. Peak MB: one update above what "
-          "was held (graphs: the pool is held between replays, n/a). Compile s: the first "
-          "calls in this process, whose later rows reuse kernels already built.", "",
-          "| variant | P | mode | ms / update | evaluations/s | floor ms | update / floor | "
-          "peak MB | floor peak MB | compile s |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in result["updates"]:
-        peak = (f"{r['peak_mb']:.1f} | {r['floor_peak_mb']:.1f}" if "peak_mb" in r
-                else "n/a | n/a")
-        md.append(f"| {r['variant']} | {r['population']} | {r['mode']} | {r['ms']:.3f} | "
-                  f"{r['evals_per_s']:,.0f} | {r['floor_ms']:.3f} | {r['over_floor']:.2f} | "
-                  f"{peak} | {r['compile_s']:.0f} |")
-    timed = [r for r in result["updates"] if "gpu_us" in r]
-    if timed:
-        md += ["", "GPU time (compiled rows): the durations of the kernels an update runs, "
-               "summed by torch.profiler, against the floor's; what launches and guards add "
-               "is left out. Kernels: launched per update; the longest: us per update.", "",
-               "| variant | P | update GPU us | floor GPU us | ratio | kernels | longest |",
-               "|---|---|---|---|---|---|---|"]
-        md += [f"| {r['variant']} | {r['population']} | {r['gpu_us']:.1f} | "
-               f"{r['floor_gpu_us']:.1f} | {r['gpu_us'] / r['floor_gpu_us']:.2f} | "
-               f"{r['kernels']:.0f} | "
-               + "; ".join(f"`{name}` {us:.1f}" for name, us in r["longest"]) + " |"
-               for r in timed]
+          "Shifted 30-D Rastrigin, swim length 4. ms per update over chained updates; the "
+          f"floor is {floor}, run the same way; update / floor: the median of per-repeat "
+          "ratios. Peak MB: one update above what was held (graphs: n/a). Compile s: the "
+          "first calls in this process, whose later rows reuse kernels already built.", ""]
+    md += table("variant | P | mode | ms / update | evaluations/s | floor ms | update / floor "
+                "| peak MB | floor peak MB | compile s", [
+                    [r["variant"], r["population"], r["mode"], f"{r['ms']:.3f}",
+                     f"{r['evals_per_s']:,.0f}", f"{r['floor_ms']:.3f}", f"{r['over_floor']:.2f}",
+                     f"{r['peak_mb']:.1f}" if "peak_mb" in r else "n/a",
+                     f"{r['floor_peak_mb']:.1f}" if "peak_mb" in r else "n/a",
+                     f"{r['compile_s']:.0f}"] for r in updates])
+    if timed := [r for r in updates if "gpu_us" in r]:
+        md += ["", "GPU time (compiled rows): the kernels' durations an update runs (launches "
+               "and guards left out) against the floor's; kernels launched per update; the "
+               "longest, us per update.", ""]
+        md += table("variant | P | update GPU us | floor GPU us | ratio | kernels | longest", [
+            [r["variant"], r["population"], f"{r['gpu_us']:.1f}", f"{r['floor_gpu_us']:.1f}",
+             f"{r['gpu_us'] / r['floor_gpu_us']:.2f}", f"{r['kernels']:.0f}",
+             "; ".join(f"`{name}` {us:.1f}" for name, us in r["longest"])] for r in timed])
     if result["peer"]:
-        md += ["", "EvoX's PSO (one evaluation per particle per step), its `workflow.step` "
-               "compiled as EvoX documents it (with `mode=\"reduce-overhead\"` its module-held "
-               "state is a CUDA graph's output that the next replay overwrites, and torch "
-               "raises):", "", "| peer | P | ms / step | evaluations/s | compile s |",
-               "|---|---|---|---|---|"]
-        md += [f"| {r['variant']} | {r['population']} | {r['ms']:.3f} | "
-               f"{r['evals_per_s']:,.0f} | {r['compile_s']:.0f} |" for r in result["peer"]]
-    if result["noise"]:
-        md += ["", "One update's noise, `normal_rows` of P rows of 63 normals:", "",
-               "| P | tensor reference ms | Triton kernel ms |", "|---|---|---|"]
-        md += [f"| {r['population']} | {r['reference_ms']:.3f} | {r['kernel_ms']:.3f} |"
-               for r in result["noise"]]
+        md += ["", "EvoX's PSO (one evaluation per particle per step), `workflow.step` compiled "
+               "as EvoX documents it (with CUDA graphs its module-held state is overwritten by "
+               "the next replay, and torch raises):", ""]
+        md += table("peer | P | ms / step | evaluations/s | compile s", [
+            [r["variant"], r["population"], f"{r['ms']:.3f}", f"{r['evals_per_s']:,.0f}",
+             f"{r['compile_s']:.0f}"] for r in result["peer"]])
     if result["adapters"]:
-        md += ["", "Adapters on an MLP 64-128-10 (256 samples, P = 64), ms per `step`:", "",
-               "| class | closure | fast eager | fast compiled | compile s |",
-               "|---|---|---|---|---|"]
-        md += [f"| {r['class']} | {r['closure_ms']:.1f} | {r['fast_eager_ms']:.2f} | "
-               f"{r['fast_compiled_ms']:.2f} | {r['compile_s']:.0f} |" for r in result["adapters"]]
+        md += ["", "Adapters on an MLP 64-128-10 (256 samples, P = 64), ms per `step`:", ""]
+        md += table("class | closure | fast eager | fast compiled | compile s", [
+            [r["class"], f"{r['closure_ms']:.1f}", f"{r['fast_eager_ms']:.2f}",
+             f"{r['fast_compiled_ms']:.2f}", f"{r['compile_s']:.0f}"]
+            for r in result["adapters"]])
     if result["glue"]:
-        md += ["", "Glue, `HybridBFO` (P = 16) on an MLP 32-64-1, batches of 64: ms per "
-               "step is the whole `fit` / `train` over its steps, the framework's start-up "
-               "included:", "",
-               "| glue | steps | ms / step | last loss |", "|---|---|---|---|"]
-        md += [f"| {r['glue']} | {r['steps']} | {r['ms_per_step']:.1f} | {r['loss']:.4f} |"
-               for r in result["glue"]]
+        md += ["", "Glue, `HybridBFO` (P = 16) on an MLP 32-64-1, batches of 64: ms per step of "
+               "the whole `fit` / `train`, the framework's start-up included:", ""]
+        md += table("glue | steps | ms / step | last loss", [
+            [r["glue"], r["steps"], f"{r['ms_per_step']:.1f}", f"{r['loss']:.4f}"]
+            for r in result["glue"]])
     if result["skipped"] or result["failed"]:
         md += ["", f"Skipped (past the budget): {result['skipped'] or 'none'}. "
                f"Failed: {result['failed'] or 'none'}."]
@@ -349,7 +295,7 @@ def main() -> None:
     start = time.perf_counter()
     result: dict = {"machine": machine(DEVICE), "commit": commit(), "quick": args.quick,
                     "floor": "5 populations",
-                    "updates": [], "peer": [], "noise": [], "adapters": [], "glue": [],
+                    "updates": [], "peer": [], "adapters": [], "glue": [],
                     "skipped": [], "failed": []}
     for kind, what in plan(args.quick, args.only):
         if time.perf_counter() - start > args.budget:
@@ -360,8 +306,6 @@ def main() -> None:
                 result["updates"].append(update_row(*what, repeats))
             elif kind == "evox":
                 result["peer"].append(evox_row(*what, repeats))
-            elif kind == "noise":
-                result["noise"].append(noise_row(*what, repeats))
             elif kind == "glue":
                 result["glue"] = glue_rows(10 if args.quick else 30)
             else:

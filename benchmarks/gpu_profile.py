@@ -1,25 +1,12 @@
-"""Where an eager update's time goes: kernel launches, host syncs, dispatch.
+"""Where an eager update's time goes: ops dispatched, kernel launches, host syncs.
 
-``fb.bfo``, ``fb.adaptive_bfo`` and ``fb.hybrid_bfo`` (``grad_mask=True``) on the shifted
-30-D Rastrigin of ``gpu.py`` (swim length 4), eager, at populations 256 and 65,536. Per
-update, over a reproduction cycle of chained updates (each state fed to the next):
-
-- ms: wall time, the device synchronized at the cycle's end (median of repeats);
-- host ms: the same cycle's time before that synchronization, what Python and dispatch
-  spend while the device runs behind (equal to ms where the host is the bottleneck);
-- ops: the ops dispatched (``torch.profiler``'s aten events at the top of their stack);
-- launches: kernel launches (``cudaLaunchKernel``, ``cuLaunchKernel*``);
-- syncs: runtime calls that wait for the device (``cudaStreamSynchronize``,
-  ``cudaDeviceSynchronize``, ``cudaEventSynchronize``, blocking ``cudaMemcpy``), less those
-  of profiling an empty cycle (the benchmark's own);
-- copies: host-device copies (``cudaMemcpyAsync``);
-- GPU us: its kernels' durations summed;
-- sync sites: the lines of ``functional_bfo`` where ``torch.cuda.set_sync_debug_mode``
-  warns (an op that makes the host wait), with their counts per cycle;
-- op floor: ops x the time of one small eager op (``x.add_(1)``) on the device: what the
-  update would cost if dispatch were all it did.
-
-Writes ``results/gpu_profile[_quick]_<device>.{json,md}``.
+``fb.bfo``, ``fb.adaptive_bfo`` and ``fb.hybrid_bfo`` (``grad_mask=True``) on ``gpu.py``'s
+Rastrigin (swim length 4), eager, P = 256 and 65,536, per update over a cycle of chained
+updates: wall ms; host ms (before the final sync: equal to ms where the host is the
+bottleneck); ops (profiler's aten events at the top of their stack); kernel launches; syncing
+runtime calls (less an empty cycle's); host-device copies; the GPU's kernel time; on CUDA the
+``functional_bfo`` lines where the sync debug mode warns; and the op floor, ops x the time of
+one small eager op. On the CPU it counts the ops and the host's time.
 
     python benchmarks/gpu_profile.py --device cuda [--quick]
 """
@@ -182,8 +169,8 @@ def markdown(result: dict) -> list[str]:
 def main() -> None:
     args = parser(__doc__).parse_args()
     repeats = 3 if args.quick else 15
-    populations = (256,) if args.quick else (256, 65536)
-    result = {"commit": commit(), "machine": machine(args.device),
+    populations = (32,) if args.quick else (256, 65536)
+    result = {"commit": commit(), "machine": machine(args.device), "quick": args.quick,
               "op_us": op_us(args.device, repeats),
               "rows": [row(v, p, args.device, repeats) for p in populations for v in FACTORIES]}
     write(args, "gpu_profile", result, markdown(result))

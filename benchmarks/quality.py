@@ -1,30 +1,22 @@
 """Quality vs peers: final error at equal evaluation budgets (2000 x D), median over seeds.
 
-Two suites: eight textbook functions (``problems.py``: shifted, rotated where a rotation is
-defined), and with ``--suite bbob`` COCO's 24 noiseless BBOB functions (``cocoex`` from the
-``coco-experiment`` package; instance seed + 1, box [-5, 5]; numpy functions, so our
-optimizers evaluate them through a row-by-row evaluator). D in {2, 10, 30}, 5 seeds, for
-our optimizers and every installed peer (``peers.py``). Every run
-starts from the same kind of point: our bacterium 0 and CMA-ES's mean are uniform in the box
-(seeded), the peers' populations as their libraries draw them. Errors below 1e-8 count as
-1e-8 (COCO's final precision), so no cell is decided by rounding noise.
+Two suites: eight textbook functions (``problems.py``: shifted, rotated where defined) and,
+with ``--suite bbob``, COCO's 24 noiseless BBOB functions (``cocoex``, instance seed + 1, box
+[-5, 5]; numpy functions, evaluated row by row). D in {2, 10, 30}, 5 seeds, our optimizers
+and every installed peer (``peers.py``). Our bacterium 0 and CMA-ES's mean start uniform in
+the box (seeded), the peers' populations as their libraries draw them. Errors below 1e-8
+count as 1e-8 (COCO's final precision). Runs are deterministic per seed.
 
-Each run appends one line to ``results/quality[_bbob]_runs.jsonl`` (error, evaluations,
-seconds and the best-so-far curve at fixed fractions of the budget; a local file, not kept
-in git: the summaries are); the tables are built from that file, the last line per
-(optimizer, function, D, seed) winning. Runs already in
-the file are skipped unless ``--rerun`` is given (rerun our optimizers after changing
-them), so an interrupted run resumes and the optimizers can run in separate processes
+Each run appends a line to ``results/quality[_bbob]_runs.jsonl`` (error, evaluations,
+seconds, the best-so-far curve; local, not kept in git), from which the tables are built,
+the last line per (optimizer, function, D, seed) winning. Logged runs are skipped unless
+``--rerun``, so a run resumes and optimizers can run in separate processes
 (``--optimizers``).
-Runs are deterministic per seed.
 
-The optimizers see losses whose minimum is not 0, as a user's losses are: the BBOB suite
-hands them COCO's own ``f(x)`` (its minimum ``f(x*)`` lies in [-1000, 1000]), and each of
-the eight functions gets a constant in [-1000, 1000] added; the errors reported are
-``f(x) - min f``. ``--at-zero`` hands them the errors themselves instead (minimum 0, as
-most benchmark tables do), logged and reported apart as ``quality[_bbob]_at_zero``: an
-optimizer that compares losses only gets the same errors, one whose rules read the loss's
-size does better there than a user will.
+The optimizers see losses whose minimum is not 0, as a user's are: COCO's own ``f(x)`` (its
+minimum in [-1000, 1000]), the eight functions plus a constant in [-1000, 1000]; errors are
+``f(x) - min f``. ``--at-zero`` hands them the errors themselves (minimum 0, as most tables
+do), logged and reported apart as ``quality[_bbob]_at_zero``.
 
     python benchmarks/quality.py [--suite bbob] [--at-zero] [--quick] [--optimizers NAME ...]
                                  [--rerun] [--report-only]
@@ -43,7 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from common import machine, parser, write
+from common import machine, parser, table, write
 from peers import PEERS, available, run_peer
 from problems import BBOB_NAMES, BOXES, make, make_bbob
 
@@ -227,24 +219,21 @@ def markdown(summary: dict, labels: list[str], names: list[str], dims: list[int]
              "evaluations", "",
              f"{what}; errors below {FLOOR:g} count as {FLOOR:g}; bold is the best median of "
              f"the row. Machine: {info}"]
+    def row(cell: dict) -> list[str]:
+        best = min((c["median"] for c in cell.values()), default=None)
+        return [("**{:.3g}**" if cell[x]["median"] == best else "{:.3g}").format(
+            cell[x]["median"]) if x in cell else "-" for x in labels]
+
     for dim in dims:
-        lines += ["", f"D = {dim}:", "", "| function | " + " | ".join(labels) + " |",
-                  "|---|" + "---|" * len(labels)]
-        for name in names:
-            cell = summary["cells"][f"{name}|{dim}"]
-            row = [f"{cell[x]['median']:.3g}" if x in cell else "-" for x in labels]
-            best = min((cell[x]["median"] for x in labels if x in cell), default=None)
-            row = [f"**{v}**" if x in cell and cell[x]["median"] == best else v
-                   for x, v in zip(labels, row)]
-            lines.append(f"| {name} | " + " | ".join(row) + " |")
-    lines += ["", "| optimizer | cells beating every BFO peer's median | cells where CMA-ES "
-              "is better | mean log10 error, D = 10 |", "|---|---|---|---|"]
-    for label, v in summary["verdict"].items():
-        mean = v["mean_log10_error_d10"]
-        share = (f"{v['cells_beating_every_bfo_peer']} / {v['cells_with_bfo_peers']}"
-                 if v.get("cells_with_bfo_peers") else "-")
-        cma = v.get("cells_where_cma_es_is_better", "-")
-        lines.append(f"| {label} | {share} | {cma} | {'-' if mean is None else f'{mean:.2f}'} |")
+        lines += ["", f"D = {dim}:", ""] + table("function | " + " | ".join(labels), [
+            [name, *row({x: c for x, c in summary["cells"][f"{name}|{dim}"].items()
+                         if x in labels})] for name in names])
+    lines += [""] + table("optimizer | cells beating every BFO peer's median | cells where "
+                          "CMA-ES is better | mean log10 error, D = 10", [
+        [label, f"{v['cells_beating_every_bfo_peer']} / {v['cells_with_bfo_peers']}"
+         if v.get("cells_with_bfo_peers") else "-", v.get("cells_where_cma_es_is_better", "-"),
+         "-" if v["mean_log10_error_d10"] is None else f"{v['mean_log10_error_d10']:.2f}"]
+        for label, v in summary["verdict"].items()])
     v = summary["verdict"].get(DEFAULT_OURS, {})
     if v.get("cells_with_bfo_peers") and v["mean_log10_error_d10"] is not None:
         share = v["cells_beating_every_bfo_peer"] / v["cells_with_bfo_peers"]

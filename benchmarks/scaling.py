@@ -1,16 +1,11 @@
 """How an update's cost grows with the population and with the number of parameters.
 
-Eager ``fb.bfo`` / ``fb.adaptive_bfo`` updates on shifted Rastrigin, one sweep over the
-population size at 30 parameters and one over the parameter count at population 64:
-milliseconds per update, evaluations per second, the update's share over the vmapped
-evaluation floor, and the peak memory of one update (on CUDA from the allocator's peak; on
-the CPU from the process's peak resident set, each point measured in a fresh process so
-that no earlier, larger point's freed memory hides it).
-
-A third sweep finds where chunked evaluation is needed: an MLP whose activations dominate
-memory, evaluated whole and with ``fb.evaluate.vmap(chunk_size=...)``; it reports the time
-and peak of each, the peak per bacterium, and the population at which an unchunked update
-would outgrow the device's memory.
+Eager ``fb.bfo`` / ``fb.adaptive_bfo`` on shifted Rastrigin, swept over P at D = 30 and over
+D at P = 64: ms an update, evaluations/s, update / vmapped-evaluation floor and the peak
+memory of one update (CUDA: the allocator's peak; CPU: the peak resident set, each point in a
+fresh process so that no larger freed memory hides it). Then an MLP whose activations
+dominate memory, whole and with ``fb.evaluate.vmap(chunk_size=...)``: time, peak, and the
+population at which an unchunked update would outgrow the device's memory.
 
     python benchmarks/scaling.py [--quick] [--device cuda]
 """
@@ -18,22 +13,17 @@ would outgrow the device's memory.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
 
 import torch
-from common import machine, median_ms, parser, sync, write
+from common import machine, median_ms, parser, sync, table, write
+from problems import FACTORIES, mlp_problem, rastrigin_problem
 
 import functional_bfo as fb
 
-FACTORIES = {"bfo": fb.bfo, "adaptive_bfo": fb.adaptive_bfo}
-
-
-def rastrigin(params: dict) -> torch.Tensor:
-    x = params["x"] - 0.5
-    return 10 * x.numel() + (x.square() - 10 * torch.cos(2 * math.pi * x)).sum()
+MLP_WIDTHS, MLP_SAMPLES = (64, 256, 10), 1024  # 1 MiB of hidden activations per bacterium
 
 
 def _proc_kib(field: str) -> int:
@@ -76,11 +66,11 @@ def peak_mib_cpu_fresh(spec: dict) -> float | None:
 def _updater(spec: dict, device: str):
     """(initial state, optimizer, loss) for a spec: rastrigin or the chunk-sweep MLP."""
     if spec["problem"] == "rastrigin":
+        params, loss, box = rastrigin_problem(spec["dim"], device)
         opt = FACTORIES[spec["variant"]](population_size=spec["population"], swim_length=4,
-                                         bounds=(-5.12, 5.12))
-        params, loss = {"x": torch.zeros(spec["dim"], device=device)}, rastrigin
+                                         **box)
     else:
-        params, loss = mlp_problem(device)
+        params, loss, _ = mlp_problem(MLP_WIDTHS, MLP_SAMPLES, device)
         opt = fb.bfo(population_size=spec["population"], swim_length=4,
                      evaluator=fb.evaluate.vmap(chunk_size=spec["chunk_size"]))
     return opt.init(params, key=fb.random.key(0)), opt, loss
@@ -99,28 +89,13 @@ def _timed(spec: dict, repeats: int, device: str):
 def measure(variant: str, population: int, dim: int, repeats: int, device: str) -> dict:
     spec = {"problem": "rastrigin", "variant": variant, "population": population, "dim": dim}
     state, ms, peak = _timed(spec, repeats, device)
-    evaluate = torch.func.vmap(rastrigin)
+    evaluate = torch.func.vmap(rastrigin_problem(dim, device)[1])
     candidates = fb.as_params(state, state.population)
     floor = median_ms(lambda: [evaluate(candidates) for _ in range(5)], repeats, device)
     evals = population * 5
     return {"variant": variant, "population": population, "dim": dim, "ms": ms,
             "floor_ms": floor, "over_floor": ms / floor, "evals_per_s": evals / (ms / 1e3),
             "peak_mib": peak}
-
-
-MLP_WIDTHS, MLP_SAMPLES = (64, 256, 10), 1024
-
-
-def mlp_problem(device: str):
-    """An MLP 64-256-10 on 1024 samples: 1 MiB of hidden activations per bacterium."""
-    torch.manual_seed(0)
-    a, h, c = MLP_WIDTHS
-    model = torch.nn.Sequential(torch.nn.Linear(a, h), torch.nn.Tanh(),
-                                torch.nn.Linear(h, c)).to(device)
-    x = torch.randn(MLP_SAMPLES, a, device=device)
-    y = torch.randint(0, c, (MLP_SAMPLES,), device=device)
-    params, module_loss = fb.module_loss(model, torch.nn.functional.cross_entropy)
-    return params, lambda p: module_loss(p, x, y)
 
 
 def device_memory_mib(device: str) -> float:
@@ -149,7 +124,7 @@ def main() -> None:
     args = parser(__doc__).parse_args()
     device = args.device
     populations = [16] if args.quick else [16, 64, 256, 1024, 4096]
-    dims = [10] if args.quick else [10, 100, 1_000, 10_000, 100_000]
+    dims = [] if args.quick else [10, 100, 1_000, 10_000, 100_000]
     variants = ["bfo"] if args.quick else ["bfo", "adaptive_bfo"]
     repeats = 3 if args.quick else 10
     rows = [measure(v, p, 30, repeats, device) for v in variants for p in populations]
@@ -165,26 +140,19 @@ def main() -> None:
               "device_memory_mib": capacity,
               "unchunked_population_limit": (int(capacity / per_bacterium)
                                              if per_bacterium else None)}
-    md = [f"# Scaling of one eager update ({'quick' if args.quick else 'full'} run, {device})",
-          "", f"Shifted Rastrigin, swim length 4 (5 evaluations per bacterium per update). "
-          f"Machine: {result['machine']}", "",
-          "| variant | P | D | ms / update | evaluations/s | update / floor | peak MiB |",
-          "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        peak = "n/a" if r["peak_mib"] is None else f"{r['peak_mib']:.2f}"
-        md.append(f"| {r['variant']} | {r['population']} | {r['dim']} | {r['ms']:.2f} | "
-                  f"{r['evals_per_s']:,.0f} | {r['over_floor']:.1f} | {peak} |")
-    a, h, c = MLP_WIDTHS
-    md += ["", f"### Chunked evaluation: MLP {a}-{h}-{c} on {MLP_SAMPLES} samples, "
-           f"P = {chunk_population}, fb.bfo, swim length 4", "",
-           "| chunk size | ms / update | x unchunked time | peak MiB | x unchunked peak |",
-           "|---|---|---|---|---|"]
-    for r in chunks:
-        peak = "n/a" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
-        peak_ratio = ("n/a" if not (r["peak_mib"] and whole["peak_mib"])
-                      else f"{r['peak_mib'] / whole['peak_mib']:.2f}")
-        md.append(f"| {r['chunk_size'] or 'none (whole population)'} | {r['ms']:.1f} | "
-                  f"{r['ms'] / whole['ms']:.2f} | {peak} | {peak_ratio} |")
+    md = [f"# Scaling of one eager update ({device})", "", "Shifted Rastrigin, swim length 4 "
+          f"(5 evaluations per bacterium per update). Machine: {result['machine']}", ""]
+    md += table("variant | P | D | ms / update | evaluations/s | update / floor | peak MiB", [
+        [r["variant"], r["population"], r["dim"], f"{r['ms']:.2f}", f"{r['evals_per_s']:,.0f}",
+         f"{r['over_floor']:.1f}", "n/a" if r["peak_mib"] is None else f"{r['peak_mib']:.2f}"]
+        for r in rows])
+    md += ["", f"Chunked evaluation: MLP {'-'.join(map(str, MLP_WIDTHS))} on {MLP_SAMPLES} "
+           f"samples, P = {chunk_population}, fb.bfo, swim length 4:", ""]
+    md += table("chunk size | ms / update | x unchunked time | peak MiB | x unchunked peak", [
+        [r["chunk_size"] or "none (whole population)", f"{r['ms']:.1f}",
+         f"{r['ms'] / whole['ms']:.2f}", "n/a" if r["peak_mib"] is None else
+         f"{r['peak_mib']:.0f}", f"{r['peak_mib'] / whole['peak_mib']:.2f}"
+         if r["peak_mib"] and whole["peak_mib"] else "n/a"] for r in chunks])
     if per_bacterium:
         md += ["", f"Unchunked, an update peaks at {per_bacterium:.2f} MiB per bacterium for "
                f"this model, so past about {result['unchunked_population_limit']:,} bacteria "

@@ -1,13 +1,13 @@
 """Speed vs peers, side by side in one run: evaluations per second and time to a target.
 
-The same shifted Rastrigin (30-D, population 256 by default) for: our functional ``fb.bfo``
-eager and compiled (eager also given the loss as a batched function, as EvoX is, with an
-evaluator that calls it on the whole population instead of ``vmap``), ``fb.adaptive_bfo``
-compiled, the ``torch.optim`` adapter's closure path
-and vmapped fast path, and every peer of ``peers.py`` that is installed (``pip install -e
-".[bench]"``), each given a numpy implementation of the function so that the peer's own
-speed is what is measured, and EvoX's PSO (``pip install evox``), eager and compiled, on the
-same function in torch. Ratios are against the fastest BFO peer of the same run.
+One shifted Rastrigin (30-D, population 256) for ``fb.bfo`` eager (also with
+``swim_batch=5``, and given the loss as a batched function, as EvoX is) and compiled,
+``fb.adaptive_bfo`` compiled, the ``torch.optim`` adapter's closure and fast paths, every
+installed peer of ``peers.py`` (``pip install -e ".[bench]"``; a numpy implementation of the
+function, so that the peer's own speed is measured) and EvoX's PSO (``pip install evox``),
+eager and compiled. Ratios are to the fastest BFO peer of the run. With EvoX, eager
+``fb.bfo`` (a loop of ``update``, ``fb.run``, the batched loss) and EvoX's eager PSO are
+timed in turn, the median of their ratios over repeats.
 
     python benchmarks/speed.py [--quick] [--device cuda]
 """
@@ -25,7 +25,7 @@ import numpy as np
 import optree
 import peers
 import torch
-from common import compile_cold, machine, parser, sync, write
+from common import compile_cold, machine, parser, sync, table, write
 from problems import BOXES, shift_of
 
 import functional_bfo as fb
@@ -267,26 +267,26 @@ def main() -> None:
               "population": population, "budget": budget, "target": target,
               "fastest_bfo_peer": fastest["name"] if fastest else None,
               "rows": [{k: v for k, v in r.items() if k != "history"} for r in rows],
-              "histories": {r["name"]: r["history"] for r in rows}}
-    md = [f"# Speed vs peers ({'quick' if args.quick else 'full'} run, {device})", "",
-          f"Shifted Rastrigin, D={dim}, population {population}, {budget} evaluations each "
-          f"(the adapter's closure path {budget // (1 if args.quick else 10)}; our functional "
-          "updates at least 100 updates, to time the steady state); target "
+              # Every improvement of every run would be 100s of KB: 100 points each.
+              "histories": {r["name"]: r["history"][:-1:max(1, len(r["history"]) // 100)]
+                            + r["history"][-1:] for r in rows}}
+    md = [f"# Speed vs peers ({device})", "", f"Shifted Rastrigin, D={dim}, population "
+          f"{population}, {budget} evaluations each (the adapter's closure path "
+          f"{budget // (1 if args.quick else 10)}; our updates at least 100); target "
           f"{target:.1f} (start {start_loss:.1f}). Peers run on the CPU with a numpy "
-          f"objective. Machine: {result['machine']}", "",
-          "| optimizer | evaluations/s | x fastest BFO peer | best | s to target | compile s |",
-          "|---|---|---|---|---|---|"]
-    for r in rows:
-        ratio = "" if r["x_fastest_bfo_peer"] is None else f"{r['x_fastest_bfo_peer']:.1f}x"
-        reach = "not reached" if r["seconds_to_target"] is None else (
-            f"{r['seconds_to_target']:.2f}")
-        md.append(f"| {r['name']} | {r['evals_per_s']:,.0f} | {ratio} | {r['best']:.1f} | "
-                  f"{reach} | {r['compile_s']:.1f} |")
+          f"objective. Machine: {result['machine']}", ""]
+    md += table("optimizer | evaluations/s | x fastest BFO peer | best | s to target | "
+                "compile s", [
+                    [r["name"], f"{r['evals_per_s']:,.0f}", "" if r["x_fastest_bfo_peer"] is None
+                     else f"{r['x_fastest_bfo_peer']:.1f}x", f"{r['best']:.1f}",
+                     "not reached" if r["seconds_to_target"] is None
+                     else f"{r['seconds_to_target']:.2f}", f"{r['compile_s']:.1f}"]
+                    for r in rows])
     if not bfo_peers:
         md += ["", "No BFO peer is installed (pip install -e \".[bench]\"): no ratios."]
     if importlib.util.find_spec("evox") is not None:
         pair = result["eager_against_evox"] = eager_against_evox(
-            loss, dim, population, budget, device, 3 if args.quick else 7)
+            loss, dim, population, budget, device, 1 if args.quick else 7)
         md += ["", f"Eager `fb.bfo` (its defaults) in a loop of `update` and under `fb.run`, "
                "eager `fb.bfo` given the batched loss EvoX is given, and EvoX's eager PSO "
                f"in turn, {pair['repeats']} times: medians {pair['ours']:,.0f}, "

@@ -1,4 +1,9 @@
-"""The benchmark scripts' --quick smoke runs work and write JSON + Markdown (timings unchecked)."""
+"""The benchmark scripts' --quick smoke runs work and write JSON + Markdown (timings unchecked).
+
+The smoke runs are marked ``bench``: README's test command leaves them out and CI runs them
+as a step of their own (``python -m pytest -q -m bench``, .ci/run). The other tests here
+(the problems, the tables, the peers' adapters) run with the rest of the suite.
+"""
 
 import json
 import os
@@ -13,23 +18,18 @@ pytestmark = pytest.mark.xdist_group("benchmarks")
 
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
 
-
 QUICK = {"adapter_paths.py": "adapter_paths_quick",
          "adapter_paths.py --baseline ..": "adapter_shells_quick",  # the shell against itself
          "update_overhead.py": "update_overhead_quick",
-         "leaves.py": "leaves_quick",
-         "leaves.py --baseline ..": "leaves_baseline_quick",  # the core against itself
+         "update_overhead.py --baseline ..": "update_overhead_baseline_quick",  # the core too
+         "gpu_profile.py": "gpu_profile_quick",  # on the CPU: ops and host time, no kernels
          "speed.py": "speed_quick",
          "scaling.py": "scaling_quick",
-         "swim_batch.py": "swim_batch_quick",
          "distributed.py": "distributed_quick",
          "quality.py": "quality_quick",
          "quality.py --suite bbob": "quality_bbob_quick",
          "coco.py": "coco_quick",
-         "black_box_speed.py": "black_box_speed_quick",
-         "lone_metric.py": "lone_metric_quick",
-         "run_driver.py": "run_driver_quick",
-         "eager_breakdown.py": "eager_breakdown_quick"}
+         "black_box_speed.py": "black_box_speed_quick"}
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +61,7 @@ def finished(runs, script):
     return out
 
 
+@pytest.mark.bench
 @pytest.mark.parametrize("script", [s for s in QUICK
                                     if not s.startswith(("quality.py", "coco.py"))])
 def test_quick_run_writes_results(script, quick_runs):
@@ -71,6 +72,7 @@ def test_quick_run_writes_results(script, quick_runs):
     assert (out / f"{stem}.md").read_text().startswith("# ")
 
 
+@pytest.mark.bench
 def test_quality_quick_run_writes_results(quick_runs):
     """Ours only where no peer is installed; the tables are built from the run log."""
     tmp_path = finished(quick_runs, "quality.py")
@@ -87,6 +89,7 @@ def test_quality_quick_run_writes_results(quick_runs):
     assert (tmp_path / "quality_quick_runs.jsonl").read_text().splitlines() == runs
 
 
+@pytest.mark.bench
 def test_coco_quick_run_writes_a_coco_data_set_and_its_ecdf(quick_runs):
     """cocoex's observer logs every run, a function per process, merged into one data set;
     cocopp draws the ECDF; docs/figures is untouched."""
@@ -147,6 +150,7 @@ def test_quality_summary_counts_cells_beaten_against_bfo_peers_only(benchmarks_o
     assert summary["verdict"]["mealpy.ABFO"]["mean_log10_error_d10"] == pytest.approx(-5)
 
 
+@pytest.mark.bench
 def test_quality_bbob_quick_run_scores_coco_problems(quick_runs):
     """The BBOB suite runs through cocoex; errors are f - f_opt, so never below 0."""
     tmp_path = finished(quick_runs, "quality.py --suite bbob")
@@ -178,6 +182,7 @@ def test_bbob_offsets_hand_over_coco_values_and_report_the_same_errors(benchmark
         assert float(offset.loss({"x": torch.from_numpy(x)})) == pytest.approx(offset.f(x))
 
 
+@pytest.mark.bench
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="runs where there is none")
 def test_the_gpu_script_says_it_needs_cuda():
     run = subprocess.run([sys.executable, "gpu.py", "--quick"], cwd=BENCHMARKS, text=True,
