@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 import functional_bfo as fb
+from functional_bfo._ask_tell import at_step
 from functional_bfo._checks import check_bool, check_int, check_params
-from functional_bfo._cycle import at_step
 from functional_bfo._state import from_dict, to_dict
 from functional_bfo._stopping import Stopping
 from functional_bfo._tree import diversity

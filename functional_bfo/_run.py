@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
+from ._ask_tell import at_step
 from ._base import LossFn, Optimizer
 from ._checks import check_bool, check_int
-from ._cycle import at_step
 from ._progress import Progress, progress_info, reporter
 from ._state import save
 from ._stopping import Stopping

@@ -780,7 +780,7 @@ def test_the_state_keeps_its_own_copy_of_the_params():
     params = start(2)
     state = fb.black_box_search((-1.0, 1.0), max_evals=100).init(params, key=fb.random.key(0))
     params["x"].add_(0.5)
-    assert state.start["x"].eq(0).all() and state.best_params["x"].eq(0).all()
+    assert state.start.eq(0).all() and state.best_params["x"].eq(0).all()
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(

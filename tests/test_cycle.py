@@ -6,7 +6,8 @@ import torch
 from helpers import assert_trees_equal
 
 import functional_bfo as fb
-from functional_bfo._cycle import at_step, cycle_ends
+from functional_bfo._ask_tell import at_step
+from functional_bfo._cycle import cycle_ends
 
 
 def sq(p):

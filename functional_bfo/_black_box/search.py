@@ -23,6 +23,7 @@ from .. import random
 from .._adaptive import ADAPTIVE, AdaptiveBFOState, swarm_settings
 from .._ask_tell import (
     Ask,
+    at_step,
     check_ask,
     check_tag,
     rank_costs,
@@ -34,12 +35,10 @@ from .._ask_tell import (
 )
 from .._base import Key, LossFn, Optimizer, Params
 from .._bounds import LeafBounds, check_bounds, flat_box, project, sample_domain
-from .._checks import check_float, check_int, check_losses, check_params, check_state
-from .._cycle import at_step
+from .._checks import check_float, check_int, check_losses, check_params
 from .._layout import Layout, layout, ravel, unravel
 from .._progress import reporter
 from .._run import run
-from .._state import with_hyperparams
 from . import moves, walker
 
 # Tuned constants; docs/variants.md ("Every default") has the numbers that chose each.
@@ -58,9 +57,10 @@ class BlackBoxState(NamedTuple):
     """The state of :func:`black_box_search`: its swarms, the best point, the counters.
 
     Tensors only, in shapes that ``init`` fixes, so that :func:`functional_bfo.save` and
-    :func:`functional_bfo.load` take it in every phase. The converging swarm is kept with
-    a learner's metric whatever its kind (an isotropic swarm's is unused), and the walker
-    whether it walks or not.
+    :func:`functional_bfo.load` take it in every phase. Its own points are rows of the
+    params' ``D`` coordinates in float64; ``given`` holds the params' structure. The
+    converging swarm is kept with a learner's metric whatever its kind (an isotropic swarm's
+    is unused), and the walker whether it walks or not.
     """
 
     stage: Tensor  # () int64: the next round's phase, an index into PHASES
@@ -69,7 +69,7 @@ class BlackBoxState(NamedTuple):
     explorer: AdaptiveBFOState  # the exploring swarm (it runs after explore_after failures)
     faces: moves.FaceScan  # the polish's face moves
     walker: walker.Walker  # the converging swarm's walker, once its metric found a valley
-    best_params: Params  # the best point evaluated (float64)
+    best_row: Tensor  # (D,) float64: the best point evaluated
     best_loss: Tensor  # () float64 (inf, or -inf when maximizing, before a finite loss)
     num_evals: Tensor  # () int64, like every counter below
     step: Tensor  # rounds told (its updates)
@@ -84,8 +84,8 @@ class BlackBoxState(NamedTuple):
     gain: Tensor  # () float64: the gain of its last progress (0 before any)
     valley: Tensor  # () bool: its metric found a valley, so it goes on as the walker
     explorer_updates: Tensor
-    start: Params  # the given params (float64): the explorer's start, open sides' place
-    dtypes: Params  # an empty tensor per leaf in the given params' dtype
+    start: Tensor  # (D,) float64: the given params, the explorer's start, open sides' place
+    given: Params  # the given params as given: their structure, shapes and dtypes
     given_box: LeafBounds  # the box (float64) rounded inward to those dtypes, for the loss
     key: Key
 
@@ -95,6 +95,11 @@ class BlackBoxState(NamedTuple):
     def phase(self) -> str:
         """The next round's phase, one of ``PHASES``."""
         return PHASES[int(self.stage)]
+
+    @property
+    def best_params(self) -> Params:
+        """The best point evaluated, like the given params in float64."""
+        return as_params(self.best_row, self.given)
 
 
 class BlackBoxResult(NamedTuple):
@@ -203,7 +208,7 @@ class _Search:
 
     def sides(self, s: BlackBoxState) -> tuple[Tensor, Tensor]:
         """Each coordinate's low and high face, (D,) rows of the swarms' box (float64)."""
-        box, size = s.explorer.box, layout(s.start).size
+        box, size = s.explorer.box, s.start.shape[-1]
         return box.low.expand(size), box.high.expand(size)
 
     def optimizer(self, s: BlackBoxState) -> Optimizer:
@@ -213,49 +218,49 @@ class _Search:
 
     def init(self, params: Params, *, key: Key) -> BlackBoxState:
         check_params(params)
-        start = optree.tree_map(lambda x: x.detach().to(torch.float64, copy=True), params)
-        row = ravel(layout(start), start)
+        given = optree.tree_map(lambda x: x.detach().clone(), params)
+        row = ravel(in_float64(layout(given)), given)
         no, zero, inf = torch.tensor(False), torch.tensor(0), torch.tensor(math.inf).double()
         s = BlackBoxState(  # type: ignore[call-arg]  # RANGES is a class constant
             stage=zero, swarm=None, swarm_learns=no,  # type: ignore[arg-type]  # set below
-            explorer=self.plain.init(start, key=random.fold_in(key, EXPLORER_STREAM)),
-            faces=None, walker=None, best_params=start,  # type: ignore[arg-type]
+            explorer=self.plain.init(as_params(row, given), key=random.fold_in(
+                key, EXPLORER_STREAM)),
+            faces=None, walker=None, best_row=row,  # type: ignore[arg-type]
             best_loss=torch.tensor(self.sign * math.inf, dtype=torch.float64, device=row.device),
             num_evals=zero, step=zero, restarts=zero, failed=zero, entry_best=inf,
             converged_best=inf, found_after=zero, first=inf, progress=inf, stalled=zero,
-            gain=zero.double(), valley=no, explorer_updates=zero, start=start,
-            dtypes=optree.tree_map(lambda x: x.new_empty(0), params), key=key.to(row.device),
-            given_box=flat_box(self.bounds, layout(params), row.device,  # never None: a box
-                               torch.float64))  # type: ignore[arg-type]
+            gain=zero.double(), valley=no, explorer_updates=zero, start=row, given=given,
+            key=key.to(row.device), given_box=flat_box(self.bounds, layout(params), row.device,
+                                                       torch.float64))  # never None: a box
         closed = moves.face_scan(row, math.inf, *self.sides(s), 0)._replace(
             stage=torch.tensor(moves.CLOSED))
-        s = self.restarted(s._replace(faces=closed), start, 0)
+        s = self.restarted(s._replace(faces=closed), row, 0)
         return self.after(s._replace(walker=self.narrowed(s.swarm)))  # idle until a valley
 
     def ask(self, state: BlackBoxState) -> Ask:
         swarm = self.round_swarm(state)
         if swarm is not None:
             return self.optimizer(state).ask(swarm)._replace(  # type: ignore[misc]
-                tag=self.tag(state))
+                tag=round_tag(state, self.fixed))
         rows = self.round_rows(state)
-        return Ask(copied_params(rows, state.start),
-                   torch.ones(len(rows), dtype=torch.bool, device=rows.device), self.tag(state))
+        return Ask(as_params(rows.clone(), state.given), torch.ones(
+            len(rows), dtype=torch.bool, device=rows.device), round_tag(state, self.fixed))
 
     def tell(self, state: BlackBoxState, asked: Ask, losses: Any, *,
              check: bool = True) -> BlackBoxState:
         swarm = self.round_swarm(state)
         check_ask(asked, "black_box_search")
         if check:
-            check_tag(self.tag(state), asked.tag, "black_box_search")
+            check_tag(round_tag(state, self.fixed), asked.tag, "black_box_search")
+        if swarm is not None:  # its tell checks the swarm and the rows
+            return self.told(state, swarm, self.optimizer(state).tell(  # type: ignore[misc]
+                swarm, asked, losses, check=False))
         rows = moves.face_count(state.faces, *self.sides(state)) if state.phase == "faces" else (
-            self.per_round)  # a swarm's round or the walker's
+            self.per_round)  # the walker's
         if tuple(asked.mask.shape) != (rows,):  # a stale answer was named as one above
             raise ValueError(f"asked has {len(asked.mask)} rows, but the state's round "
                              f"{int(state.step)} ({state.phase}) has {rows}: tell the Ask "
                              "that ask(state) returned for this state.")
-        if swarm is not None:
-            return self.told(state, swarm, self.optimizer(state).tell(  # type: ignore[misc]
-                swarm, asked, losses, check=False))
         costs = told_costs(state.swarm, asked, losses, self.sign, "black_box_search", check=False)
         return self.after(self.told_faces(state, costs) if state.phase == "faces" else
                           self.walked(state, costs, self.walker_round(state)))
@@ -269,7 +274,7 @@ class _Search:
         rows = self.round_rows(state) if drawn is None else drawn[1]
         report = getattr(self.evaluator, "with_disagreement", None)  # fb.distributed's
         with torch.no_grad():
-            given = copied_params(rows, state.start)
+            given = as_params(rows.clone(), state.given)  # the loss may edit it, not the state
             losses, differing = (self.evaluator(loss_fn, given, *args), None) if (
                 report is None) else report(loss_fn, given, *args)
             losses = check_losses(losses, len(rows))
@@ -280,16 +285,12 @@ class _Search:
         return self.after(self.told_faces(state, costs) if drawn is None else
                           self.walked(state, costs, drawn))
 
-    def tag(self, s: BlackBoxState) -> Tensor:
-        """The round ``s`` is in: its counters, key and digest, and the settings'."""
-        return round_tag(s, self.fixed)
-
     def in_given_dtypes(self, s: BlackBoxState, loss_fn: LossFn) -> LossFn:
         """``loss_fn`` taking its params in the given dtypes, as :func:`black_box` does."""
-        if all(x.dtype == torch.float64 for x in optree.tree_leaves(s.dtypes)):
+        like = layout(s.given)
+        if like.dtypes == (torch.float64,) * len(like.dtypes):  # the swarms' already
             return loss_fn
-        like = layout(optree.tree_map(lambda x, d: x.to(d.dtype), s.start, s.dtypes))
-        return lambda p, *args: loss_fn(as_given(p, like, s.given_box), *args)
+        return lambda p, *args: loss_fn(as_given(ravel(layout(p), p), like, s.given_box), *args)
 
     def walking(self, s: BlackBoxState) -> bool:
         """Whether the converging search is the walker: a swarm in a valley, large enough."""
@@ -314,14 +315,14 @@ class _Search:
             raise ValueError(f"black_box_search has spent its budget ({int(state.num_evals)} "
                              f"of {self.budget} evaluations; no round fits): the best point "
                              "is state.best_params, its loss state.best_loss.")
-        check_state(state.swarm, self.population_size, AdaptiveBFOState, "black_box_search")
         walks = state.phase == "converge" and self.walking(state)
         return None if state.phase == "faces" or walks else _swarm(state)
 
     def told(self, state: BlackBoxState, swarm: AdaptiveBFOState,
              new: AdaptiveBFOState) -> BlackBoxState:
         """After ``swarm``'s round (``new``): the best point, the counters, the phase's rule."""
-        s = _with(self.better(state, new.best_params, new.best_loss), step=int(state.step) + 1,
+        found = ravel(layout(new.best_params), new.best_params)
+        s = _with(self.better(state, found, new.best_loss), step=int(state.step) + 1,
                   num_evals=int(state.num_evals) + int(new.num_evals - swarm.num_evals))
         if state.phase == "converge":
             return self.after(self.converged(s, new))
@@ -337,10 +338,14 @@ class _Search:
         """A round's converging or polishing swarm as ``s`` keeps it (``BlackBoxState``)."""
         return new if bool(s.swarm_learns) else new._replace(metric=s.swarm.metric)
 
-    def restarted(self, s: BlackBoxState, start: Params, restarts: int) -> BlackBoxState:
+    def new_swarm(self, learns: bool, s: BlackBoxState, row: Tensor,
+                  key: Key) -> AdaptiveBFOState:
+        """A learning or plain swarm with bacterium 0 at ``row``, the rest uniform in the box."""
+        return (self.learner if learns else self.plain).init(as_params(row, s.given), key=key)
+
+    def restarted(self, s: BlackBoxState, start: Tensor, restarts: int) -> BlackBoxState:
         """``s`` with a new swarm at ``start``; even ones learn a metric, odd ones find funnels."""
-        swarm = (self.learner if restarts % 2 == 0 else self.plain).init(
-            start, key=random.fold_in(s.key, 2 * restarts))
+        swarm = self.new_swarm(restarts % 2 == 0, s, start, random.fold_in(s.key, 2 * restarts))
         learns = swarm.metric.width.numel() > 0  # a plain swarm's metric has 0 coordinates
         if not learns and s.swarm is not None:  # a learner's metric, unused
             swarm = swarm._replace(metric=s.swarm.metric)
@@ -382,11 +387,9 @@ class _Search:
                 stalled_out(stalled, self.stall_limit * self.per_round, behind)
                 or overspent(spent_all, found_after, behind)):
             return s
-        restarts = int(s.restarts)
-        shape = layout(s.start)  # a point uniform in the box (the start where a side is open)
-        z = random.normal(random.fold_in(s.key, 2 * restarts + 1), (shape.size,), torch.float64)
-        place = unravel(shape, sample_domain(ravel(shape, s.start), z, s.explorer.box,
-                                             z.new_zeros(())))
+        restarts = int(s.restarts)  # a point uniform in the box (the start where a side is open)
+        z = random.normal(random.fold_in(s.key, 2 * restarts + 1), s.start.shape, torch.float64)
+        place = sample_domain(s.start, z, s.explorer.box, z.new_zeros(()))
         failed = int(s.failed) + 1 if now >= entry_best else 0
         return self.restarted(_with(s, failed=failed), place, restarts + 1)
 
@@ -409,10 +412,9 @@ class _Search:
         """The polish's face moves: the best point's coordinates moved onto the box's faces."""
         room = min(self.budget - int(s.num_evals),
                    int(FACE_SHARE * (self.budget - self.main_budget)))
-        base = ravel(layout(s.best_params), s.best_params)
-        if not math.isfinite(float(s.best_loss)) or len(base) > FACE_SCAN_SIZE:
+        if not math.isfinite(float(s.best_loss)) or len(s.best_row) > FACE_SCAN_SIZE:
             room = 0
-        return moves.face_scan(base, self.cost(s.best_loss), *self.sides(s), room)
+        return moves.face_scan(s.best_row, self.cost(s.best_loss), *self.sides(s), room)
 
     def told_faces(self, s: BlackBoxState, costs: Tensor) -> BlackBoxState:
         """After a round of face moves: the best of them, and the next round."""
@@ -422,8 +424,7 @@ class _Search:
     def counted(self, s: BlackBoxState, best_row: Tensor, costs: Tensor,
                 **fields: Any) -> BlackBoxState:
         """``s`` after a round of rows that cost ``costs``: counted, ``fields`` replaced."""
-        found = optree.tree_map(lambda x: x[0], copied_params(best_row[None], s.start))
-        return _with(self.better(s, found, self.sign * costs.min()),
+        return _with(self.better(s, best_row.clone(), self.sign * costs.min()),
                      num_evals=int(s.num_evals) + len(costs), step=int(s.step) + 1, **fields)
 
     def after(self, s: BlackBoxState) -> BlackBoxState:
@@ -455,21 +456,25 @@ class _Search:
         walked = self.walking(s)
         held = self.cost((s.walker if walked else s.swarm).best_loss) <= self.cost(s.best_loss)
         state, learns = (s.swarm, bool(s.swarm_learns)) if held else (
-            self.plain.init(s.best_params, key=key)._replace(metric=s.swarm.metric), False)
+            self.new_swarm(False, s, s.best_row, key)._replace(metric=s.swarm.metric), False)
         if held and walked:  # the walker's metric
-            state = self.learner.init(s.best_params, key=key)._replace(
+            state = self.new_swarm(True, s, s.best_row, key)._replace(
                 metric=s.walker.metric._replace(path=torch.zeros_like(s.walker.metric.path)))
         steps = self.kick * torch.logspace(0, -POLISH_DECADES, self.population_size,
                                            dtype=torch.float64)
-        population = ravel(layout(s.best_params), s.best_params).expand(self.population_size, -1)
-        state = state._replace(population=population.clone(), step_sizes=steps.to(state.step_sizes),
-                               losses=torch.full_like(state.losses, float(s.best_loss)))
-        return with_hyperparams(state, elimination_prob=0.0, elimination_prob_max=0.0), learns
+        hp = state.hyperparams  # no dispersal
+        return state._replace(
+            population=s.best_row.expand(self.population_size, -1).clone(),
+            step_sizes=steps.to(state.step_sizes),
+            losses=torch.full_like(state.losses, float(s.best_loss)),
+            hyperparams=hp._replace(elimination_prob=torch.zeros_like(hp.elimination_prob),
+                                    elimination_prob_max=torch.zeros_like(
+                                        hp.elimination_prob_max))), learns
 
-    def better(self, s: BlackBoxState, params: Params, loss: Tensor) -> BlackBoxState:
-        """``s`` with ``params`` as its best point if their ``loss`` beats its best."""
+    def better(self, s: BlackBoxState, row: Tensor, loss: Tensor) -> BlackBoxState:
+        """``s`` with ``row`` as its best point if its ``loss`` beats its best."""
         loss = loss.to(torch.float64).reshape(())
-        return s._replace(best_params=params, best_loss=loss) if self.cost(loss) < self.cost(
+        return s._replace(best_row=row, best_loss=loss) if self.cost(loss) < self.cost(
             s.best_loss) else s
 
 
@@ -529,7 +534,7 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
         (True, True)
     """
     search = black_box_search(bounds, max_evals=max_evals, **settings)
-    state, given = search.init(params, key=key), layout(params)
+    state = search.init(params, key=key)
     history: list[tuple[int, float]] = []
     show = reporter(progress, max_evals)
 
@@ -543,7 +548,7 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
     except BaseException as e:  # the user's exception (or Ctrl-C), with what was found
         last = getattr(e, "last_good_state", state)
         with contextlib.suppress(AttributeError):  # an exception type without a __dict__
-            e.partial_result = _result(last, given, history)  # type: ignore[attr-defined]
+            e.partial_result = _result(last, history)  # type: ignore[attr-defined]
         e.add_note(f"functional_bfo.black_box: interrupted after {int(last.num_evals)} "
                    "evaluations; the best point found before is this exception's "
                    ".partial_result.")
@@ -552,12 +557,12 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
         warnings.warn(f"functional_bfo.black_box: every loss evaluated ({int(state.num_evals)}) is "
                       "NaN or infinite, so the search had nothing to follow; check loss_fn and "
                       "the bounds.", RuntimeWarning, stacklevel=2)
-    return _result(state, given, history)
+    return _result(state, history)
 
 
-def _result(state: BlackBoxState, given: Layout, history: list) -> BlackBoxResult:
+def _result(state: BlackBoxState, history: list) -> BlackBoxResult:
     """What :func:`black_box` found, the best point in the params' own dtypes."""
-    found = as_given(state.best_params, given, state.given_box)  # the point its loss is of
+    found = as_given(state.best_row, layout(state.given), state.given_box)  # its loss's point
     return BlackBoxResult(found, state.best_loss, int(state.num_evals), int(state.restarts),
                           int(state.explorer_updates), history)
 
@@ -594,14 +599,19 @@ def overspent(spent: int, found_after: int, behind: bool) -> bool:
     return behind and spent > BEHIND_BUDGET * found_after
 
 
-def copied_params(rows: Tensor, template: Params) -> Params:
-    """Rows as a population like ``template``, copied (an edited Ask must not edit the state)."""
-    return optree.tree_map(torch.clone, unravel(layout(template), rows))
+def as_params(rows: Tensor, given: Params) -> Params:
+    """Rows ``(..., D)`` as params like ``given``, in float64: views of ``rows``."""
+    return unravel(in_float64(layout(given)), rows)
 
 
-def as_given(params: Params, like: Layout, box: LeafBounds | None) -> Params:
-    """Float64 ``params`` in the layout ``like``'s dtypes, clipped into its inward-rounded box."""
-    return unravel(like, project(ravel(layout(params), params), box, "clip"))
+def in_float64(like: Layout) -> Layout:
+    """The layout ``like`` with every leaf float64, as the search's rows hold them."""
+    return like._replace(dtypes=(torch.float64,) * len(like.dtypes), dtype=torch.float64)
+
+
+def as_given(row: Tensor, like: Layout, box: LeafBounds | None) -> Params:
+    """A float64 row in the layout ``like``'s dtypes, clipped into its inward-rounded box."""
+    return unravel(like, project(row, box, "clip"))
 
 
 def _swarm(state: BlackBoxState) -> AdaptiveBFOState:
