@@ -298,7 +298,7 @@ def _check_box(state: Any, like: Any, where: str = "state") -> None:
 # The states a black-box search's state holds, checked as states of their own.
 HELD_STATES = ("swarm", "explorer", "faces", "walker")
 # Fields whose every value is finite in any state that init and update make.
-FINITE_FIELDS = ("population", "best_params", "health", "step_sizes", "grads",
+FINITE_FIELDS = ("population", "best_params", "best_row", "health", "step_sizes", "grads",
                  "reference_diversity", "start", "mean", "sigma_path", "metric")
 # Fields that are never NaN (inf means nothing found yet) and never negative.
 NOT_NAN_FIELDS = ("best_loss", "entry_best", "converged_best", "first", "progress")

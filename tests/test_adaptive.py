@@ -101,7 +101,7 @@ def test_hyperparameter_ranges_apply_to_with_hyperparams():
 
 @pytest.mark.slow
 def test_defaults_beat_canonical_bfo_at_equal_budget():
-    """The full comparison is benchmarks/adaptive_vs_bfo.py; this guards it cheaply."""
+    """The full comparison is benchmarks/quality.py (fb.bfo against fb.adaptive_bfo)."""
     def shifted(name):
         shift = torch.linspace(-1.0, 1.5, 5, dtype=torch.float64)
         if name == "sphere":

@@ -230,8 +230,8 @@ class _Search:
             num_evals=zero, step=zero, restarts=zero, failed=zero, entry_best=inf,
             converged_best=inf, found_after=zero, first=inf, progress=inf, stalled=zero,
             gain=zero.double(), valley=no, explorer_updates=zero, start=row, given=given,
-            key=key.to(row.device), given_box=flat_box(self.bounds, layout(params), row.device,
-                                                       torch.float64))  # never None: a box
+            key=key.to(row.device), given_box=flat_box(  # never None: a box
+                self.bounds, layout(params), row.device, torch.float64))  # type: ignore[arg-type]
         closed = moves.face_scan(row, math.inf, *self.sides(s), 0)._replace(
             stage=torch.tensor(moves.CLOSED))
         s = self.restarted(s._replace(faces=closed), row, 0)
