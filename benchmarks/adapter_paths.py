@@ -16,21 +16,10 @@ from __future__ import annotations
 import ctypes
 import pathlib
 import resource
-import time
 
 import torch
-from common import (
-    baseline,
-    commit,
-    compile_cold,
-    machine,
-    median_ms,
-    paired_ms,
-    parser,
-    sync,
-    table,
-    write,
-)
+from common import baseline, compile_cold, machine, median_ms, paired_ms, parser, table, write
+from problems import mlp
 from torch import nn
 
 from functional_bfo.adapters import BFO, AdaptiveBFO, HybridBFO
@@ -38,48 +27,26 @@ from functional_bfo.adapters import BFO, AdaptiveBFO, HybridBFO
 CHUNK = 16
 
 
-def problem(widths: tuple[int, ...], samples: int, device: str):
-    torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for a, b in zip(widths[:-1], widths[1:]):
-        layers += [nn.Linear(a, b), nn.Tanh()]
-    model = nn.Sequential(*layers[:-1]).to(device)
-    x = torch.randn(samples, widths[0], device=device)
-    y = torch.randint(0, widths[-1], (samples,), device=device)
-    return model, x, y
-
-
 def bench(cls, widths, samples, population, repeats, device) -> dict:
-    model, x, y = problem(widths, samples, device)
+    model, x, y = mlp(widths, samples, device)
     row = {"class": cls.__name__, "population": population,
            "params": sum(p.numel() for p in model.parameters())}
-
-    opt = cls(model.parameters(), population_size=population, seed=0)
-    closure_step = stepper(opt, "closure", model, x, y, cls is HybridBFO)
-    row["closure_ms"] = median_ms(closure_step, repeats, device, warmup=1)
-    evals_per_step = opt.num_evals / (repeats + 1)
-    row["closure_faults"] = faults_per_step(closure_step)
-
-    opt = cls(model.named_parameters(), population_size=population, seed=0)
-    fast_step = stepper(opt, "fast", model, x, y, cls is HybridBFO)
-    row["fast_eager_ms"] = median_ms(fast_step, repeats, device)
-    row["fast_eager_faults"] = faults_per_step(fast_step)
-
-    opt = cls(model.named_parameters(), population_size=population, seed=0, chunk_size=CHUNK)
-    chunked_step = stepper(opt, "fast", model, x, y, cls is HybridBFO)
-    row["fast_chunked_ms"] = median_ms(chunked_step, repeats, device)
-    row["fast_chunked_faults"] = faults_per_step(chunked_step)
+    for path, settings in (("closure", {}), ("fast_eager", {}),
+                           ("fast_chunked", {"chunk_size": CHUNK})):
+        params = model.parameters() if path == "closure" else model.named_parameters()
+        opt = cls(params, population_size=population, seed=0, **settings)
+        step = stepper(opt, path, model, x, y)
+        row[f"{path}_ms"] = median_ms(step, repeats, device, warmup=1 if path == "closure" else 2)
+        if path == "closure":
+            evals_per_step = opt.num_evals / (repeats + 1)
+        row[f"{path}_faults"] = faults_per_step(step)
 
     torch.compiler.reset()
     opt = cls(model.named_parameters(), population_size=population, seed=0, compile=True)
-    compiled_step = stepper(opt, "fast", model, x, y, cls is HybridBFO)
-    sync(device)
-    start = time.perf_counter()
-    compiled_step()
-    sync(device)
-    first = time.perf_counter() - start
+    compiled_step = stepper(opt, "fast", model, x, y)
+    first_ms = median_ms(compiled_step, 1, device, warmup=0)  # the first step compiles
     row["fast_compiled_ms"] = median_ms(compiled_step, repeats, device)
-    row["compile_s"] = first - row["fast_compiled_ms"] / 1e3
+    row["compile_s"] = (first_ms - row["fast_compiled_ms"]) / 1e3
     gain = row["fast_eager_ms"] - row["fast_compiled_ms"]
     row["break_even_steps"] = (1e3 * row["compile_s"] / gain) if gain > 0 else None
     row["evals_per_step"] = evals_per_step
@@ -109,11 +76,11 @@ def keep_freed_memory() -> bool:
 
 def kept_memory_ms(row, cls, widths, samples, population, repeats, device) -> None:
     """The eager paths again, each on a fresh optimizer, once glibc keeps freed memory."""
-    model, x, y = problem(widths, samples, device)
+    model, x, y = mlp(widths, samples, device)
     for path, params in (("closure", model.parameters), ("fast_eager", model.named_parameters)):
         opt = cls(params(), population_size=population, seed=0)
-        step = stepper(opt, path.split("_")[0], model, x, y, cls is HybridBFO)
-        row[f"{path}_kept_ms"] = median_ms(step, repeats, device, warmup=1)
+        row[f"{path}_kept_ms"] = median_ms(stepper(opt, path, model, x, y), repeats, device,
+                                           warmup=1)
 
 
 def shells(cls, baseline_cls, widths, samples, population, repeats, device) -> dict:
@@ -122,10 +89,10 @@ def shells(cls, baseline_cls, widths, samples, population, repeats, device) -> d
     for path in ("closure", "fast"):
         steps, evals = [], []
         for shell in (baseline_cls, cls):
-            model, x, y = problem(widths, samples, device)
+            model, x, y = mlp(widths, samples, device)
             params = model.parameters() if path == "closure" else model.named_parameters()
             opt = shell(params, population_size=population, seed=0)
-            steps.append(stepper(opt, path, model, x, y, uses_grads=cls is HybridBFO))
+            steps.append(stepper(opt, path, model, x, y))
             evals.append(opt)
         base_ms, ours_ms, ratio = paired_ms(steps[0], steps[1], repeats, device)
         count = [opt.num_evals / (repeats + 2) for opt in evals]
@@ -135,13 +102,15 @@ def shells(cls, baseline_cls, widths, samples, population, repeats, device) -> d
     return row
 
 
-def stepper(opt, path, model, x, y, uses_grads):
+def stepper(opt, path: str, model, x, y):
+    """One ``opt.step`` on the closure path or a fast one (``fast...``); the hybrid's
+    closure runs backward, as its gradients need."""
     criterion = nn.CrossEntropyLoss()
 
     def closure():
         opt.zero_grad()
         loss = criterion(model(x), y)
-        if uses_grads:
+        if type(opt).__name__ == "HybridBFO":  # ours or a baseline's
             loss.backward()
         return loss.item()
 
@@ -153,7 +122,7 @@ def stepper(opt, path, model, x, y, uses_grads):
 
 
 def compare(args, widths, samples, population, repeats, classes) -> None:
-    base, subject = baseline(args.baseline, "adapters"), commit(args.baseline, "%h %s")
+    base, subject = baseline(args.baseline, "adapters")
     rows = [shells(c, getattr(base, c.__name__), widths, samples, population, repeats,
                    args.device) for c in classes]
     result = {"machine": machine(args.device), "quick": args.quick, "model": list(widths),

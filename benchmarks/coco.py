@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from common import RESULTS, machine, parser, table, write
 from peers import run_peer
+from problems import numpy_loss, row_by_row
 
 import functional_bfo as fb
 
@@ -61,18 +62,10 @@ def objective(problem) -> Callable[[np.ndarray], float]:
 
 def run_black_box(problem, f: Callable, seed: int, budget: int) -> None:
     """``fb.black_box`` from the initial solution, one ``f`` call per row (all observed)."""
-
-    def loss(params: dict) -> torch.Tensor:
-        return torch.tensor(f(params["x"].detach().numpy()), dtype=torch.float64)
-
-    def rows(loss_fn: Callable, population: dict) -> torch.Tensor:
-        x = population["x"]
-        return torch.tensor([f(row) for row in x.detach().numpy()], dtype=x.dtype)
-
     x0 = torch.tensor(problem.initial_solution, dtype=torch.float64)
     box = (torch.tensor(problem.lower_bounds), torch.tensor(problem.upper_bounds))
-    fb.black_box(loss, {"x": x0}, box, max_evals=budget, key=fb.random.key(seed),
-                 evaluator=rows)
+    fb.black_box(numpy_loss(f), {"x": x0}, box, max_evals=budget, key=fb.random.key(seed),
+                 evaluator=row_by_row(f))
 
 
 def run_cma(problem, f: Callable, seed: int, budget: int) -> None:

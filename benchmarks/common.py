@@ -51,6 +51,15 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def timed(fn: Callable[[], object], device: str = "cpu") -> tuple[object, float]:
+    """``fn()`` and the wall seconds it took, the device synchronized before and after."""
+    sync(device)
+    start = time.perf_counter()
+    out = fn()
+    sync(device)
+    return out, time.perf_counter() - start
+
+
 def median_ms(fn: Callable[[], object], repeats: int, device: str = "cpu",
               warmup: int = 2) -> float:
     """Median wall time of ``fn`` in ms, the device synchronized around every call."""
@@ -108,8 +117,8 @@ def write(args: argparse.Namespace, name: str, result: dict, markdown: list[str]
     print(text)
 
 
-def peak_bytes(fn: Callable[[], object], device: str = "cpu") -> int:
-    """Peak memory allocated while ``fn`` runs, above what was allocated before it.
+def peak_mb(fn: Callable[[], object], device: str = "cpu") -> float:
+    """Peak memory allocated while ``fn`` runs, above what was allocated before it, in MiB.
 
     CUDA: the caching allocator's peak. CPU: every allocation and free torch.profiler records
     (``profile_memory=True``), summed in time order; an estimate, since an op's own
@@ -121,7 +130,7 @@ def peak_bytes(fn: Callable[[], object], device: str = "cpu") -> int:
         base = torch.cuda.memory_allocated()
         fn()
         torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
     activities = [torch.profiler.ProfilerActivity.CPU]
     with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
         fn()
@@ -131,7 +140,7 @@ def peak_bytes(fn: Callable[[], object], device: str = "cpu") -> int:
     for _, change in changes:
         running += change
         peak = max(peak, running)
-    return peak
+    return peak / 2**20
 
 
 def commit(root: pathlib.Path | None = None, form: str = "%h") -> str:
@@ -149,7 +158,7 @@ def commit(root: pathlib.Path | None = None, form: str = "%h") -> str:
 
 def baseline(root: pathlib.Path, package: str):
     """The ``package`` folder (``functional_bfo`` or ``adapters``) of another checkout ROOT,
-    imported beside ours as ``baseline_<package>``.
+    imported beside ours as ``baseline_<package>``, and ROOT's last commit (hash, subject).
 
     A core draws with this checkout's ``random`` module (one custom op can be registered once
     per process), so ROOT's must be the same file: only the update differs. The adapters run
@@ -169,7 +178,7 @@ def baseline(root: pathlib.Path, package: str):
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
-    return module
+    return module, commit(root, "%h %s")
 
 
 def table(header: str, rows) -> list[str]:

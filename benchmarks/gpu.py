@@ -14,7 +14,6 @@ have passed; the rest are listed as skipped. Writes ``results/gpu[_quick]_cuda.{
 from __future__ import annotations
 
 import collections
-import math
 import tempfile
 import time
 import traceback
@@ -22,12 +21,12 @@ import warnings
 
 import optree
 import torch
-from common import commit, machine, median_ms, paired_ms, parser, peak_bytes, sync, table, write
-from problems import CYCLE, rastrigin_problem
+from common import commit, machine, median_ms, paired_ms, parser, peak_mb, sync, table, timed, write
+from peers import evox_pso
+from problems import CYCLE, SWIM, evaluation, rastrigin_problem, started
 
 import functional_bfo as fb
 
-SWIM = 4
 DEVICE = "cuda"
 MODES = {"eager": None, "compiled": "default", "graphs": "reduce-overhead"}
 
@@ -38,13 +37,10 @@ def compiled(fn, mode: str):
 
 def update_row(variant: str, population: int, mode: str, repeats: int) -> dict:
     """One update of ``variant`` at ``population`` in ``mode`` against its floor."""
-    params, loss, extra = rastrigin_problem(30, DEVICE)
-    kwargs = dict(population_size=population, swim_length=SWIM, chemotaxis_steps=CYCLE, **extra)
-    if variant == "hybrid_bfo":
-        kwargs["grad_mask"] = True
-    opt = getattr(fb, variant)(**kwargs)
-    state = opt.update(opt.init(params, key=fb.random.key(0)), loss)
-    one = torch.func.vmap(torch.func.grad_and_value(loss) if variant == "hybrid_bfo" else loss)
+    problem = rastrigin_problem(30, DEVICE)
+    loss = problem[1]
+    opt, state = started(variant, population, problem)
+    one = evaluation(variant, loss)
     candidates = fb.as_params(state, state.population)
     # Five different populations: of one population five times, inductor computes one.
     points = [optree.tree_map(lambda x, k=k: x + k / 64, candidates) for k in range(SWIM + 1)]
@@ -67,12 +63,7 @@ def update_row(variant: str, population: int, mode: str, repeats: int) -> dict:
         # floor's replays (one copy per CYCLE updates).
         current[0] = optree.tree_map(torch.clone, s)
 
-    sync(DEVICE)
-    start = time.perf_counter()
-    floor()
-    chained()  # compiles; CUDA graphs record on the second call
-    sync(DEVICE)
-    compile_s = time.perf_counter() - start
+    _, compile_s = timed(lambda: (floor(), chained()), DEVICE)  # graphs record in 2nd calls
     floor_ms, ms, ratio = paired_ms(floor, chained, repeats, DEVICE, CYCLE)
     row = {"variant": variant, "population": population, "mode": mode, "ms": ms,
            "floor_ms": floor_ms, "over_floor": ratio, "compile_s": compile_s,
@@ -82,10 +73,9 @@ def update_row(variant: str, population: int, mode: str, repeats: int) -> dict:
         row["floor_gpu_us"] = gpu_time(floor, 1)[0]
     if mode != "graphs":  # a graph's memory is its pool, held between replays
         held = sum(x.numel() * x.element_size() for x in optree.tree_leaves(candidates))
-        row["peak_mb"] = peak_bytes(lambda: update(state, loss), DEVICE) / 2**20
-        row["floor_peak_mb"] = (held + peak_bytes(lambda: one(candidates), DEVICE)) / 2**20
-    best = current[0].best_loss
-    row["best_loss"] = float(best)
+        row["peak_mb"] = peak_mb(lambda: update(state, loss), DEVICE)
+        row["floor_peak_mb"] = held / 2**20 + peak_mb(lambda: one(candidates), DEVICE)
+    row["best_loss"] = float(current[0].best_loss)
     return row
 
 
@@ -107,25 +97,10 @@ def gpu_time(fn, calls: int) -> tuple[float, float, list]:
 
 def evox_row(population: int, repeats: int) -> dict:
     """EvoX's PSO step on the same function, compiled as EvoX documents it."""
-    from evox.algorithms import PSO
-    from evox.core import Problem
-    from evox.workflows import StdWorkflow
-
-    class Rastrigin(Problem):
-        def evaluate(self, pop):
-            x = pop - 0.5
-            return 10 * x.shape[1] + (x.square() - 10 * torch.cos(2 * math.pi * x)).sum(1)
-
     torch.compiler.reset()
-    box = torch.full((30,), 5.12, device=DEVICE)
-    algorithm = PSO(population, -box, box, device=DEVICE)
-    workflow = StdWorkflow(algorithm, Rastrigin(), device=DEVICE)
-    workflow.init_step()
+    algorithm, workflow = evox_pso(population, 30, 0.5, DEVICE)
     step = torch.compile(workflow.step)
-    start = time.perf_counter()
-    step()
-    sync(DEVICE)
-    compile_s = time.perf_counter() - start
+    _, compile_s = timed(step, DEVICE)
 
     def steps():
         for _ in range(CYCLE):
@@ -189,11 +164,9 @@ def glue_rows(steps: int) -> list[dict]:
         trainer = L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_epochs=1,
                             logger=False, enable_progress_bar=False, enable_checkpointing=False,
                             enable_model_summary=False, callbacks=[BFOCallback()])
-        start = time.perf_counter()
-        trainer.fit(module, loader)
-        sync(DEVICE)
+        _, seconds = timed(lambda: trainer.fit(module, loader), DEVICE)
         rows.append({"glue": "Lightning, bf16-mixed", "steps": steps,
-                     "ms_per_step": 1e3 * (time.perf_counter() - start) / steps,
+                     "ms_per_step": 1e3 * seconds / steps,
                      "loss": float(trainer.callback_metrics["train_loss"])})
         model = Tiny().to(DEVICE)
         args = transformers.TrainingArguments(
@@ -202,11 +175,9 @@ def glue_rows(steps: int) -> list[dict]:
             disable_tqdm=True, logging_steps=steps)
         optimizer = HybridBFO(model.parameters(), population_size=16, seed=0, module=model)
         hf = BFOTrainer(model=model, args=args, train_dataset=Data(), optimizers=(optimizer, None))
-        start = time.perf_counter()
-        hf.train()
-        sync(DEVICE)
+        _, seconds = timed(hf.train, DEVICE)
         rows.append({"glue": "Transformers, fp16 + GradScaler", "steps": steps,
-                     "ms_per_step": 1e3 * (time.perf_counter() - start) / steps,
+                     "ms_per_step": 1e3 * seconds / steps,
                      "loss": [e["loss"] for e in hf.state.log_history if "loss" in e][-1],
                      "scaler": hf.accelerator.scaler is not None})
     return rows

@@ -129,6 +129,26 @@ PEERS: dict[str, Callable] = {
 }
 
 
+def evox_pso(population: int, dim: int, shift, device: str):
+    """EvoX's PSO (``pip install evox``, a torch peer) on a Rastrigin shifted by ``shift`` in
+    the box +-5.12: ``(algorithm, workflow)``, the workflow initialized."""
+    import torch
+    from evox.algorithms import PSO
+    from evox.core import Problem
+    from evox.workflows import StdWorkflow
+
+    class Rastrigin(Problem):
+        def evaluate(self, pop):
+            z = pop - shift
+            return 10 * dim + (z.square() - 10 * torch.cos(2 * math.pi * z)).sum(1)
+
+    box = torch.full((dim,), 5.12, device=device)
+    algorithm = PSO(population, -box, box, device=device)
+    workflow = StdWorkflow(algorithm, Rastrigin(), device=device)
+    workflow.init_step()
+    return algorithm, workflow
+
+
 def available() -> list[str]:
     """Names of the peers whose package imports here."""
     names = []

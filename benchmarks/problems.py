@@ -137,8 +137,10 @@ def make_bbob(name: str, dim: int, seed: int, offset: bool = False):
     return f, (-BBOB_BOX, BBOB_BOX), problem.best_value() - shift
 
 
-# The speed scripts' problems: a shifted Rastrigin in a box and a small MLP classifier.
+# The update scripts' problems (a shifted Rastrigin in a box and a small MLP classifier) and
+# their setup: swim length SWIM, a reproduction every CYCLE updates, the hybrid with grad_mask.
 FACTORIES = {"bfo": fb.bfo, "adaptive_bfo": fb.adaptive_bfo, "hybrid_bfo": fb.hybrid_bfo}
+SWIM = 4  # swim_length: N_s + 1 = 5 evaluation calls an update
 CYCLE = 10  # chemotaxis_steps: updates per reproduction
 
 
@@ -150,11 +152,67 @@ def rastrigin_problem(dim: int, device: str):
     return {"x": torch.zeros(dim, device=device)}, loss, dict(bounds=(-5.12, 5.12))
 
 
-def mlp_problem(widths: tuple[int, ...], samples: int, device: str):
+def mlp(widths: tuple[int, ...], samples: int, device: str):
+    """A seeded MLP classifier (tanh between its layers) and random inputs and labels."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(widths[0], widths[1]), torch.nn.Tanh(),
-                                torch.nn.Linear(widths[1], widths[2])).to(device)
+    layers: list[torch.nn.Module] = []
+    for a, b in zip(widths[:-1], widths[1:]):
+        layers += [torch.nn.Linear(a, b), torch.nn.Tanh()]
+    model = torch.nn.Sequential(*layers[:-1]).to(device)
     x = torch.randn(samples, widths[0], device=device)
-    y = torch.randint(0, widths[2], (samples,), device=device)
+    y = torch.randint(0, widths[-1], (samples,), device=device)
+    return model, x, y
+
+
+def mlp_problem(widths: tuple[int, ...], samples: int, device: str):
+    model, x, y = mlp(widths, samples, device)
     params, module_loss = fb.module_loss(model, torch.nn.functional.cross_entropy)
     return params, lambda p: module_loss(p, x, y), {}
+
+
+def started(variant: str, population: int, problem, core=fb, **extra):
+    """``variant`` of ``core`` (another checkout's, for an A/B) on ``problem``, a
+    ``*_problem`` triple, and its state after one update."""
+    params, loss, settings = problem
+    if variant == "hybrid_bfo":
+        extra["grad_mask"] = True
+    opt = getattr(core, variant)(population_size=population, swim_length=SWIM,
+                                 chemotaxis_steps=CYCLE, **settings, **extra)
+    return opt, opt.update(opt.init(params, key=core.random.key(0)), loss)
+
+
+def evaluation(variant: str, loss):
+    """What an update of ``variant`` calls on a population: the floor's evaluation."""
+    return torch.func.vmap(torch.func.grad_and_value(loss) if variant == "hybrid_bfo" else loss)
+
+
+def cycle(update, state, loss, mode: str = "eager"):
+    """CYCLE updates chained from ``state`` (one reproduction), as a user runs them."""
+    current = [state]
+
+    def run():
+        s = current[0]
+        for _ in range(CYCLE):
+            if mode == "reduce-overhead":  # CUDA graphs: each call is a new step
+                torch.compiler.cudagraph_mark_step_begin()
+            s = update(s, loss)
+        current[0] = s
+
+    return run
+
+
+# Numpy functions (float64 vector -> float) as our optimizers take them.
+def numpy_loss(f):
+    """A loss of ``{"x": tensor}`` that calls ``f``."""
+    return lambda params: torch.tensor(f(params["x"].detach().numpy()), dtype=torch.float64)
+
+
+def row_by_row(f) -> fb.evaluate.Evaluator:
+    """An evaluator calling ``f`` on each row of the population (the ``loop()`` evaluator
+    does the same through one ``loss_fn`` call per bacterium, more slowly)."""
+
+    def evaluate(loss_fn, population) -> torch.Tensor:
+        x = population["x"]
+        return torch.tensor([f(row) for row in x.detach().numpy()], dtype=x.dtype)
+
+    return evaluate

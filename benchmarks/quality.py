@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from common import machine, parser, table, write
 from peers import PEERS, available, run_peer
-from problems import BBOB_NAMES, BOXES, make, make_bbob
+from problems import BBOB_NAMES, BOXES, make, make_bbob, numpy_loss, row_by_row
 
 import functional_bfo as fb
 
@@ -84,25 +84,10 @@ class Problem(NamedTuple):
     optimum: float = 0.0  # the value at the minimum: errors are values minus it
 
 
-def rows_of(f: Callable) -> fb.evaluate.Evaluator:
-    """An evaluator calling a numpy ``f`` on each row of the population (the ``loop()``
-    evaluator does the same through one ``loss_fn`` call per bacterium, more slowly)."""
-
-    def evaluate(loss_fn, population) -> torch.Tensor:
-        x = population["x"]
-        return torch.tensor([f(row) for row in x.detach().numpy()], dtype=x.dtype)
-
-    return evaluate
-
-
 def problem(suite: str, name: str, dim: int, seed: int, offset: bool = False) -> Problem:
     if suite == "bbob":
         f, box, optimum = make_bbob(name, dim, seed, offset)
-
-        def loss(params):
-            return torch.tensor(f(params["x"].detach().numpy()), dtype=torch.float64)
-
-        return Problem(loss, f, box, rows_of(f), optimum)
+        return Problem(numpy_loss(f), f, box, row_by_row(f), optimum)
     plain, box = make(name, dim, seed, rotate=True)
     # With offsets, a constant in [-1000, 1000] (two decimals, as COCO's f_opt) is added.
     optimum = float(np.round(np.random.default_rng([dim, seed, len(name)]).uniform(-1e3, 1e3),

@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 import torch
-from common import machine, median_ms, parser, sync, table, write
+from common import machine, median_ms, parser, peak_mb, table, write
 from problems import FACTORIES, mlp_problem, rastrigin_problem
 
 import functional_bfo as fb
@@ -32,20 +32,11 @@ def _proc_kib(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
-def peak_mib(run, device: str) -> float | None:
-    """Memory one call of ``run`` adds at its peak, in MiB, over what was live before it.
-
-    CUDA: the caching allocator's peak. CPU: the peak resident set (VmHWM, reset through
-    /proc/self/clear_refs) over the resident set before the call; only meaningful in a
-    process that has not yet freed anything larger (see ``peak_mib_cpu_fresh``).
+def peak_mib(run) -> float | None:
+    """Memory one call of ``run`` adds at its peak on the CPU, in MiB: the peak resident set
+    (VmHWM, reset through /proc/self/clear_refs) over the resident set before the call; only
+    meaningful in a process that has not yet freed anything larger (``peak_mib_cpu_fresh``).
     """
-    sync(device)
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        run()
-        sync(device)
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM to the current resident set
@@ -81,7 +72,7 @@ def _timed(spec: dict, repeats: int, device: str):
     state, opt, loss = _updater(spec, device)
     state = opt.update(state, loss)
     ms = median_ms(lambda: opt.update(state, loss), repeats, device)
-    peak = (peak_mib(lambda: opt.update(state, loss), device) if device.startswith("cuda")
+    peak = (peak_mb(lambda: opt.update(state, loss), device) if device.startswith("cuda")
             else peak_mib_cpu_fresh(spec))
     return state, ms, peak
 
@@ -119,7 +110,7 @@ def main() -> None:
         warm, opt, loss = _updater({**spec, "population": 2, "dim": 2}, "cpu")
         opt.update(warm, loss)
         state, opt, loss = _updater(spec, "cpu")
-        print(json.dumps(peak_mib(lambda: opt.update(state, loss), "cpu")))
+        print(json.dumps(peak_mib(lambda: opt.update(state, loss))))
         return
     args = parser(__doc__).parse_args()
     device = args.device

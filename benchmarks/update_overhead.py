@@ -21,51 +21,13 @@ from __future__ import annotations
 
 import functools
 import pathlib
-import time
 
 import optree
 import torch
-from common import (
-    baseline,
-    commit,
-    compile_cold,
-    machine,
-    paired_ms,
-    parser,
-    peak_bytes,
-    sync,
-    table,
-    write,
-)
-from problems import CYCLE, mlp_problem, rastrigin_problem
+from common import baseline, compile_cold, machine, paired_ms, parser, peak_mb, table, timed, write
+from problems import CYCLE, SWIM, cycle, evaluation, mlp_problem, rastrigin_problem, started
 
 import functional_bfo as fb
-
-SWIM = 4
-
-
-def start(core, variant: str, population: int, problem, **extra):
-    """``variant`` of ``core`` on ``problem`` and its state after one update."""
-    params, loss, settings = problem
-    opt = getattr(core, variant)(population_size=population, swim_length=SWIM,
-                                 chemotaxis_steps=CYCLE, **settings, **extra,
-                                 **({"grad_mask": True} if variant == "hybrid_bfo" else {}))
-    return opt, opt.update(opt.init(params, key=core.random.key(0)), loss)
-
-
-def cycle(update, state, loss, mode: str = "eager"):
-    """CYCLE updates chained from ``state`` (one reproduction), as a user runs them."""
-    current = [state]
-
-    def run():
-        s = current[0]
-        for _ in range(CYCLE):
-            if mode == "reduce-overhead":  # CUDA graphs: each call is a new step
-                torch.compiler.cudagraph_mark_step_begin()
-            s = update(s, loss)
-        current[0] = s
-
-    return run
 
 
 def compiled(fn, mode: str):
@@ -75,10 +37,9 @@ def compiled(fn, mode: str):
 def time_update(name: str, variant: str, population: int, problem, repeats: int,
                 device: str, modes: list[str]) -> dict:
     loss = problem[1]
-    opt, state = start(fb, variant, population, problem)
+    opt, state = started(variant, population, problem)
     candidates = fb.as_params(state, state.population)
-    evaluate = torch.func.vmap(torch.func.grad_and_value(loss) if variant == "hybrid_bfo"
-                               else loss)
+    evaluate = evaluation(variant, loss)
     row = {"problem": name, "variant": variant, "population": population,
            "params": sum(x.numel() for x in problem[0].values()), "swim_length": SWIM}
     for mode in modes:
@@ -93,12 +54,9 @@ def time_update(name: str, variant: str, population: int, problem, repeats: int,
 
         floor()
         update = opt.update if mode == "eager" else compiled(opt.update, mode)
-        sync(device)
-        started = time.perf_counter()
-        update(state, loss)
-        update(state, loss)  # reduce-overhead records its CUDA graph on the second call
-        sync(device)
-        row[f"{mode}_compile_s"] = 0.0 if mode == "eager" else time.perf_counter() - started
+        # Compiles; reduce-overhead records its CUDA graph on the second call.
+        _, took = timed(lambda update=update: [update(state, loss) for _ in range(2)], device)
+        row[f"{mode}_compile_s"] = 0.0 if mode == "eager" else took
         floor_ms, ms, ratio = paired_ms(floor, cycle(update, state, loss, mode), repeats,
                                         device, CYCLE)
         row["floor_ms" if mode == "eager" else f"floor_{mode}_ms"] = floor_ms
@@ -106,17 +64,15 @@ def time_update(name: str, variant: str, population: int, problem, repeats: int,
         row[f"{mode}_over_floor" if mode == "eager" else f"{mode}_over_own_floor"] = ratio
         row[f"{mode}_evals_per_s"] = population * (SWIM + 1) / (ms / 1e3)
         if mode == "eager" or device != "cpu":  # inductor's CPU buffers bypass the profiler
-            row[f"{mode}_peak_mb"] = peak_bytes(functools.partial(update, state, loss),
-                                                device) / 2**20
+            row[f"{mode}_peak_mb"] = peak_mb(functools.partial(update, state, loss), device)
     for mode in modes[1:]:
         row[f"{mode}_over_floor"] = row[f"{mode}_ms"] / row["floor_ms"]
     # The memory floor: the population's parameters and one evaluation call's activations.
     row["population_mb"] = sum(x.numel() * x.element_size()
                                for x in optree.tree_leaves(candidates)) / 2**20
-    row["floor_peak_mb"] = row["population_mb"] + peak_bytes(
-        lambda: evaluate(candidates), device) / 2**20
+    row["floor_peak_mb"] = row["population_mb"] + peak_mb(lambda: evaluate(candidates), device)
     # The whole swim ray in one call: the same trajectory, fewer calls.
-    ray, ray_state = start(fb, variant, population, problem, swim_batch=SWIM + 1)
+    ray, ray_state = started(variant, population, problem, swim_batch=SWIM + 1)
     stacked = optree.tree_map(lambda x: x.repeat((SWIM + 1,) + (1,) * (x.dim() - 1)),
                               candidates)
     work = cycle(ray.update, ray_state, loss)
@@ -129,14 +85,15 @@ def time_update(name: str, variant: str, population: int, problem, repeats: int,
 
 def against(args, problems, variants, repeats) -> None:
     """The baseline's core and ours, eager and compiled, update for update in turn."""
-    base, rows = baseline(args.baseline, "functional_bfo"), []
+    base, subject = baseline(args.baseline, "functional_bfo")
+    rows = []
     for name, population, problem in problems:
         for variant in variants:
             row = {"problem": name, "variant": variant, "population": population}
             for mode in ("eager", "compiled"):
                 runs = []
                 for core in (base, fb):
-                    opt, state = start(core, variant, population, problem)
+                    opt, state = started(variant, population, problem, core)
                     update = opt.update if mode == "eager" else compiled(opt.update, mode)
                     update(state, problem[1])
                     runs.append(cycle(update, state, problem[1]))
@@ -144,7 +101,6 @@ def against(args, problems, variants, repeats) -> None:
                 row[mode] = {"baseline_ms": base_ms / CYCLE, "ours_ms": ours_ms / CYCLE,
                              "ratio": ratio}
             rows.append(row)
-    subject = commit(args.baseline, "%h %s")
     result = {"machine": machine(args.device), "quick": args.quick, "baseline": subject,
               "rows": rows}
     md = [f"# Update time: this checkout's core against `{subject}` ({args.device})", "",
