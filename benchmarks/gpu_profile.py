@@ -4,9 +4,8 @@
 Rastrigin (swim length 4), eager, P = 256 and 65,536, per update over a cycle of chained
 updates: wall ms; host ms (before the final sync: equal to ms where the host is the
 bottleneck); ops (profiler's aten events at the top of their stack); kernel launches; syncing
-runtime calls (less an empty cycle's); host-device copies; the GPU's kernel time; on CUDA the
-``functional_bfo`` lines where the sync debug mode warns; and the op floor, ops x the time of
-one small eager op. On the CPU it counts the ops and the host's time.
+runtime calls (less an empty cycle's); host-device copies; the GPU's kernel time; and the op
+floor, ops x the time of one small eager op. On the CPU it counts the ops and the host's time.
 
     python benchmarks/gpu_profile.py --device cuda [--quick]
 """
@@ -14,35 +13,18 @@ one small eager op. On the CPU it counts the ops and the host's time.
 from __future__ import annotations
 
 import collections
-import traceback
-import warnings
+import time
 
 import torch
-from common import commit, machine, median_ms, parser, sync, write
-from problems import CYCLE, FACTORIES, rastrigin_problem
+from common import commit, machine, median_ms, parser, sync, table, write
+from problems import CYCLE, FACTORIES, cycle, rastrigin_problem, started
 
-import functional_bfo as fb
-
-SWIM = 4
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
          "cudaMemcpy")
 
 
-def chain(opt, state, loss):
-    """CYCLE chained updates from ``state`` (kept, so every run starts alike)."""
-    def run():
-        s = state
-        for _ in range(CYCLE):
-            s = opt.update(s, loss)
-        return s
-
-    return run
-
-
 def host_ms(run, repeats: int, device: str) -> float:
     """Median ms per update that the host spends before waiting for the device."""
-    import time
-
     times = []
     for _ in range(repeats):
         sync(device)
@@ -94,29 +76,6 @@ def profile_counts(run, device: str) -> dict:
     }
 
 
-def sync_sites(run) -> dict:
-    """``functional_bfo`` lines where the CUDA sync debug mode warns, over one cycle."""
-    sites: collections.Counter = collections.Counter()
-
-    def record(message, category, filename, lineno, file=None, line=None):
-        ours = [f for f in traceback.extract_stack() if "functional_bfo" in f.filename
-                and "benchmarks" not in f.filename]
-        where = f"{ours[-1].filename.split('functional_bfo')[-1]}:{ours[-1].lineno} " \
-                f"({ours[-1].name})" if ours else f"{filename}:{lineno}"
-        sites[f"{where}: {str(message)[:60]}"] += 1
-
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = record
-            run()
-            torch.cuda.synchronize()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    return dict(sites.most_common())
-
-
 def op_us(device: str, repeats: int) -> float:
     """Time of one small eager op (``x.add_(1)``), in us: what dispatch and a launch cost."""
     x = torch.zeros(256, device=device)
@@ -129,41 +88,25 @@ def op_us(device: str, repeats: int) -> float:
 
 
 def row(variant: str, population: int, device: str, repeats: int) -> dict:
-    params, loss, extra = rastrigin_problem(30, device)
-    kwargs = dict(population_size=population, swim_length=SWIM, chemotaxis_steps=CYCLE,
-                  **extra)
-    if variant == "hybrid_bfo":
-        kwargs["grad_mask"] = True
-    opt = FACTORIES[variant](**kwargs)
-    state = opt.update(opt.init(params, key=fb.random.key(0)), loss)
-    run = chain(opt, state, loss)
+    problem = rastrigin_problem(30, device)
+    opt, state = started(variant, population, problem)
+    run = cycle(opt.update, state, problem[1])
     run()
-    out = {"variant": variant, "population": population,
-           "ms": median_ms(run, repeats, device) / CYCLE,
-           "host_ms": host_ms(run, repeats, device), **profile_counts(run, device)}
-    if device.startswith("cuda"):
-        out["sync_sites"] = sync_sites(run)
-    return out
+    return {"variant": variant, "population": population,
+            "ms": median_ms(run, repeats, device) / CYCLE,
+            "host_ms": host_ms(run, repeats, device), **profile_counts(run, device)}
 
 
 def markdown(result: dict) -> list[str]:
-    lines = [f"# Where an eager update's time goes ({result['machine'].get('gpu', 'cpu')})", "",
-             f"Commit `{result['commit']}`, torch {result['machine']['torch']}. One small "
-             f"eager op: {result['op_us']:.1f} us. Per update, chained over "
-             f"{CYCLE} updates:", "",
-             "| variant | P | ms | host ms | ops | op floor ms | launches | syncs | "
-             "copies | GPU us |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        syncs = sum(r["syncs"].values())
-        lines.append(f"| {r['variant']} | {r['population']} | {r['ms']:.2f} | "
-                     f"{r['host_ms']:.2f} | {r['ops']:.0f} | "
-                     f"{r['ops'] * result['op_us'] / 1e3:.2f} | {r['launches']:.0f} | "
-                     f"{syncs:.1f} | {r['memcpy_async']:.1f} | {r['gpu_us']:.0f} |")
-    for r in result["rows"]:
-        if r.get("sync_sites"):
-            lines += ["", f"Sync sites, {r['variant']} P = {r['population']} (per cycle of "
-                      f"{CYCLE}):", ""] + [f"- {n} x {s}" for s, n in r["sync_sites"].items()]
-    return lines
+    op_us = result["op_us"]
+    return [f"# Where an eager update's time goes ({result['machine'].get('gpu', 'cpu')})", "",
+            f"Commit `{result['commit']}`, torch {result['machine']['torch']}. One small eager "
+            f"op: {op_us:.1f} us. Per update, chained over {CYCLE} updates:", ""] + table(
+        "variant | P | ms | host ms | ops | op floor ms | launches | syncs | copies | GPU us", [
+            [r["variant"], r["population"], f"{r['ms']:.2f}", f"{r['host_ms']:.2f}",
+             f"{r['ops']:.0f}", f"{r['ops'] * op_us / 1e3:.2f}", f"{r['launches']:.0f}",
+             f"{sum(r['syncs'].values()):.1f}", f"{r['memcpy_async']:.1f}", f"{r['gpu_us']:.0f}"]
+            for r in result["rows"]])
 
 
 def main() -> None:
