@@ -22,10 +22,9 @@ import statistics
 import time
 
 import numpy as np
-import optree
 import peers
 import torch
-from common import compile_cold, machine, parser, sync, table, write
+from common import compile_cold, machine, parser, sync, table, timed, write
 from problems import BOXES, shift_of
 
 import functional_bfo as fb
@@ -59,55 +58,52 @@ def time_to(history: list[tuple[int, float, float]], target: float) -> float | N
     return next((s for _, b, s in history if b <= target), None)
 
 
-def run_ours(name: str, factory, loss, dim, population, budget, device,
-             compile: str | None) -> dict:
-    """Our update in a plain loop; ``compile`` is None (eager) or a torch.compile mode."""
-    opt = factory(population_size=population, bounds=(-BOXES["rastrigin"],
-                                                       BOXES["rastrigin"]))
-    state = opt.init({"x": torch.zeros(dim, device=device)}, key=fb.random.key(0))
-    if compile is None:
-        update = opt.update
-    elif compile == "reduce-overhead":
-        graphed = torch.compile(opt.update, fullgraph=True, mode="reduce-overhead")
+def row(name: str, kind: str, history: list[tuple[int, float, float]],
+        compile_s: float = 0.0) -> dict:
+    """A table row from a run's history of (evals, best, seconds), its last entry the end."""
+    evals, best, seconds = history[-1]
+    return {"name": name, "kind": kind, "evals": evals, "seconds": seconds, "best": best,
+            "compile_s": compile_s, "history": history}
 
-        def update(state, loss):
-            # A CUDA graph's outputs live in its memory pool and are overwritten by the next
-            # replay: copy the state out (a few small copies, timed with the update).
-            torch.compiler.cudagraph_mark_step_begin()
-            return optree.tree_map(torch.clone, graphed(state, loss))
-    else:
-        update = torch.compile(opt.update, fullgraph=True, mode=compile)
-    sync(device)
-    init_evals = int(state.num_evals)
-    start = time.perf_counter()
-    state = update(state, loss)  # pays the compile once, timed apart
-    state = update(state, loss)  # reduce-overhead records its CUDA graph on the second call
-    sync(device)
-    compile_s = time.perf_counter() - start if compile else 0.0
-    # The loop a user writes: no host sync per update (the GPU queues updates back to back),
-    # one sync at the end. At least 100 updates: a compiled update on a GPU takes well under
-    # a millisecond, and a budget spent in a few dozen would time the start-up, not the
-    # steady state. Every update costs the same evaluations, so each update's time is the
-    # total / updates (the peers' curves are spread the same way).
-    evals0 = int(state.num_evals)
-    per_update = (evals0 - init_evals) // 2  # the two warm-up updates
-    updates = max(100, math.ceil(budget / per_update))
-    bests = []
+
+def steady(step, steps: int, per_step: int, device: str) -> list[tuple[int, float, float]]:
+    """``steps`` calls of ``step`` (each returns the best as a tensor) in the loop a user
+    writes: no host sync per call (the GPU queues them back to back), one at the end. Each
+    call costs the same evaluations, so its time is the total / steps."""
     gc.collect()  # the compilers' garbage: a full collection must not land in a timing
     sync(device)
     start = time.perf_counter()
-    for _ in range(updates):
-        state = update(state, loss)
-        bests.append(state.best_loss)
+    bests = [step() for _ in range(steps)]
     sync(device)
     seconds = time.perf_counter() - start
-    if int(state.num_evals) - evals0 != updates * per_update:
+    return [(k * per_step, b, k * seconds / steps)
+            for k, b in enumerate(torch.stack(bests).tolist(), start=1)]
+
+
+def run_ours(name: str, factory, loss, dim, population, budget, device, compiled: bool) -> dict:
+    """Our update in a plain loop, eager or compiled."""
+    opt = factory(population_size=population, bounds=(-BOXES["rastrigin"],
+                                                       BOXES["rastrigin"]))
+    state = opt.init({"x": torch.zeros(dim, device=device)}, key=fb.random.key(0))
+    update = torch.compile(opt.update, fullgraph=True) if compiled else opt.update
+    init_evals = int(state.num_evals)
+    # Two warm-up updates, timed apart: the first compiles, the second gets a state it wrote.
+    state, compile_s = timed(lambda: update(update(state, loss), loss), device)
+    evals0 = int(state.num_evals)
+    per_update = (evals0 - init_evals) // 2
+    # At least 100 updates: a compiled update on a GPU takes well under a millisecond, and a
+    # budget spent in a few dozen would time the start-up, not the steady state.
+    updates = max(100, math.ceil(budget / per_update))
+    current = [state]
+
+    def step():
+        current[0] = update(current[0], loss)
+        return current[0].best_loss
+
+    history = steady(step, updates, per_update, device)
+    if int(current[0].num_evals) - evals0 != updates * per_update:
         raise RuntimeError(f"{name}: updates did not all cost {per_update} evaluations")
-    history = [(k * per_update, b, k * seconds / updates)
-               for k, b in enumerate(torch.stack(bests).tolist(), start=1)]
-    evals, best, seconds = history[-1]
-    return {"name": name, "kind": "ours", "evals": evals, "seconds": seconds,
-            "best": best, "compile_s": compile_s, "history": history}
+    return row(name, "ours", history, compile_s if compiled else 0.0)
 
 
 def run_adapter(name: str, loss, dim, population, budget, device, fast: bool) -> dict:
@@ -123,50 +119,26 @@ def run_adapter(name: str, loss, dim, population, budget, device, fast: bool) ->
     while opt.num_evals < budget:
         best = opt.step(loss_fn=lambda p: loss({"x": p[0]})) if fast else opt.step(closure)
         history.append((opt.num_evals, best, time.perf_counter() - start))
-    evals, best, seconds = history[-1]
-    return {"name": name, "kind": "ours", "evals": evals, "seconds": seconds, "best": best,
-            "compile_s": 0.0, "history": history}
+    return row(name, "ours", history)
 
 
 def run_evox(name: str, dim: int, population: int, budget: int, device: str,
              compiled: bool) -> dict:
     """EvoX's PSO on the same function (batched in torch), its step compiled as EvoX
     documents it or eager."""
-    from evox.algorithms import PSO
-    from evox.core import Problem
-    from evox.workflows import StdWorkflow
-
     shift = shift_of("rastrigin", dim, torch.Generator().manual_seed(0)).to(device)
-
-    class Rastrigin(Problem):
-        def evaluate(self, pop):
-            z = pop - shift
-            return 10 * dim + (z.square() - 10 * torch.cos(2 * math.pi * z)).sum(1)
-
-    box = torch.full((dim,), BOXES["rastrigin"], device=device)
-    algorithm = PSO(population, -box, box, device=device)
-    workflow = StdWorkflow(algorithm, Rastrigin(), device=device)
-    workflow.init_step()
+    algorithm, workflow = peers.evox_pso(population, dim, shift, device)
     step = torch.compile(workflow.step) if compiled else workflow.step
-    sync(device)
-    start = time.perf_counter()
-    step()  # compiles, timed apart
-    step()  # and compiles again: the state its first step wrote is not the initial one
-    sync(device)
-    compile_s = time.perf_counter() - start if compiled else 0.0
-    steps, bests = max(100, math.ceil(budget / population)), []
-    gc.collect()  # the compilers' garbage: a full collection must not land in a timing
-    start = time.perf_counter()
-    for _ in range(steps):
+    # Compiles, timed apart, and compiles again: the state its first step wrote is not the
+    # initial one.
+    _, compile_s = timed(lambda: (step(), step()), device)
+
+    def stepped():  # one step, and the best so far
         step()
-        bests.append(algorithm.global_best_fit.clone())
-    sync(device)
-    seconds = time.perf_counter() - start
-    history = [(k * population, b, k * seconds / steps)
-               for k, b in enumerate(torch.stack(bests).tolist(), start=1)]
-    evals, best, seconds = history[-1]
-    return {"name": name, "kind": "peer", "evals": evals, "seconds": seconds, "best": best,
-            "compile_s": compile_s, "history": history}
+        return algorithm.global_best_fit.clone()
+
+    history = steady(stepped, max(100, math.ceil(budget / population)), population, device)
+    return row(name, "peer", history, compile_s if compiled else 0.0)
 
 
 def run_driver(loss, dim: int, population: int, budget: int, device: str) -> dict:
@@ -196,10 +168,10 @@ def eager_against_evox(loss, dim: int, population: int, budget: int, device: str
     for _ in range(repeats):
         for name, row in (
                 ("ours", run_ours("fb.bfo eager", fb.bfo, loss, dim, population, budget,
-                                  device, None)),
+                                  device, False)),
                 ("ours_run", run_driver(loss, dim, population, budget, device)),
                 ("ours_batched", run_ours("fb.bfo eager, batched loss", batched, loss, dim,
-                                          population, budget, device, None)),
+                                          population, budget, device, False)),
                 ("evox", run_evox("evox PSO eager", dim, population, budget, device, False))):
             rates[name].append(row["evals"] / row["seconds"])
     ratios = {f"ratio{suffix}": statistics.median(a / b for a, b in zip(rates[name],
@@ -215,9 +187,8 @@ def run_peer(name: str, numpy_loss, dim, population, budget) -> dict:
                          budget, population, seed=0)
     rate = out["seconds"] / max(out["evals"], 1)  # peers report no clock per evaluation
     history = [(e, b, e * rate) for e, b in out["history"]]
-    return {"name": name, "kind": "cma" if name.startswith("cma") else "bfo peer",
-            "evals": out["evals"], "seconds": out["seconds"], "best": out["best"],
-            "compile_s": 0.0, "history": history}
+    return row(name, "cma" if name.startswith("cma") else "bfo peer",
+               history + [(out["evals"], out["best"], out["seconds"])])
 
 
 def main() -> None:
@@ -233,20 +204,15 @@ def main() -> None:
     start_loss = numpy_loss(np.zeros(dim))
     target = args.target if args.target is not None else 0.6 * start_loss
     rows = [
-        run_ours("fb.bfo eager", fb.bfo, loss, dim, population, budget, device, None),
+        run_ours("fb.bfo eager", fb.bfo, loss, dim, population, budget, device, False),
         run_ours("fb.bfo eager, swim_batch=5", functools.partial(fb.bfo, swim_batch=5), loss,
-                 dim, population, budget, device, None),  # the whole swim ray in one call
+                 dim, population, budget, device, False),  # the whole swim ray in one call
         run_ours("fb.bfo eager, batched loss", functools.partial(
-            fb.bfo, evaluator=whole_population), loss, dim, population, budget, device, None),
-        run_ours("fb.bfo compiled", fb.bfo, loss, dim, population, budget, device, "default"),
+            fb.bfo, evaluator=whole_population), loss, dim, population, budget, device, False),
+        run_ours("fb.bfo compiled", fb.bfo, loss, dim, population, budget, device, True),
         run_ours("fb.adaptive_bfo compiled", fb.adaptive_bfo, loss, dim, population, budget,
-                 device, "default"),
+                 device, True),
     ]
-    if device.startswith("cuda"):  # CUDA graphs: one replay per update instead of launches
-        rows += [run_ours(f"{name} reduce-overhead", factory, loss, dim, population, budget,
-                          device, "reduce-overhead")
-                 for name, factory in (("fb.bfo", fb.bfo), ("fb.adaptive_bfo",
-                                                            fb.adaptive_bfo))]
     rows += [
         run_adapter("adapters.BFO fast path", loss, dim, population, budget, device, True),
         run_adapter("adapters.BFO closure", loss, dim, population,
