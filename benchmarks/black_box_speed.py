@@ -1,22 +1,19 @@
 """fb.black_box against pycma's BIPOP-CMA-ES: evaluations per second and error, equal budgets.
 
-D = 10, cheap losses (a shifted sphere, Rastrigin, a rotated ellipsoid of condition 1e6),
-each with a constant added (a user's loss has no minimum at 0), box [-5, 5], a budget of
-1000 D evaluations. Per seed, ``fb.black_box`` (torch losses) and ``cma.fmin2(...,
-bipop=True)`` (the same losses in numpy, its own restarts, started at the box's centre with
-a step of 0.3 box widths) run one after the other in this process; the table has the
-medians over seeds of evaluations per second (evaluations over wall time), of the error
-``f - min f``, and the share of fb's evaluations asked in rounds of at least a whole
-swarm's candidates (the rest: a lone bacterium's rounds of one), which is what a caller
-who scores a round in parallel gets in parallel.
+D = 10, cheap losses (a shifted sphere, Rastrigin, a rotated ellipsoid of condition 1e6), each
+plus a constant (a user's loss has no minimum at 0), box [-5, 5], 1000 D evaluations. Per seed,
+``fb.black_box`` (torch losses) and ``cma.fmin2(..., bipop=True)`` (numpy losses, from the box's
+centre with a step of 0.3 box widths) run in turn; the table has the medians over seeds of
+evaluations per second, of the error ``f - min f`` and of the share of fb's evaluations asked in
+rounds of at least a whole swarm (what a caller who scores a round in parallel gets in
+parallel). Without ``cma`` (``pip install cma``) its columns are empty.
 
     python benchmarks/black_box_speed.py [--quick]
-
-Without ``cma`` installed (``pip install cma``) the cma columns are empty.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import statistics
 import time
@@ -85,11 +82,7 @@ def run_cma(loss, budget: int, seed: int) -> dict:
 
 def main() -> None:
     args = parser(__doc__).parse_args()
-    try:
-        import cma  # noqa: F401
-        peer = True
-    except ImportError:
-        peer = False
+    peer = importlib.util.find_spec("cma") is not None
     budget, seeds = (1000, [0]) if args.quick else (1000 * DIM, [0, 1, 2, 3, 4])
     rows = []
     for name, (loss_t, loss_np) in problems(DIM).items():

@@ -1,22 +1,17 @@
 """COCO's bbob report: runs through cocoex's Observer, runtime ECDFs drawn by cocopp.
 
-Each problem of COCO's noiseless ``bbob`` suite (24 functions x 15 instances) in D = 2, 3, 5,
-10, 20 at 2000 x D evaluations, observed by ``cocoex``'s Observer into a COCO data set,
-``<out>/coco/<optimizer>``. ``fb.black_box`` starts from ``problem.initial_solution`` (the
-box's centre; its other bacteria uniform in the box), is seeded from (function, instance, D)
-and sees COCO's own ``f(x)``; a run stops at the final target ``f_opt + 1e-8``.
-``--optimizers fb.black_box cma.CMAES`` adds IPOP-CMA-ES (``peers.py``) as a reference.
-``--quick``: f1 and f5, D = 2, two instances, 200 x D evaluations.
-
-``cocopp`` draws the runtime ECDFs per D beside its best-2009 reference; a full run into
-``benchmarks/results`` copies them to ``docs/figures/coco_ecdf_<D>D.png``.
+Every problem of COCO's noiseless ``bbob`` suite (24 functions x 15 instances) in D = 2, 3, 5,
+10, 20 at 2000 x D evaluations, observed into a COCO data set, ``<out>/coco/<optimizer>``.
+``fb.black_box`` starts from ``problem.initial_solution`` (the box's centre), is seeded from
+(function, instance, D) and sees COCO's own ``f(x)``; a run stops at the final target
+``f_opt + 1e-8``. ``--optimizers fb.black_box cma.CMAES`` adds IPOP-CMA-ES (``peers.py``).
 ``results/coco.{json,md}``: per optimizer and D, the share of (function, instance, target)
-triples reached, COCO's 51 targets 10^[-8..2] on f - f_opt.
+triples reached, COCO's 51 targets 10^[-8..2] on f - f_opt; cocopp's ECDFs per D beside its
+best-2009 reference (a full run into ``benchmarks/results`` copies them to ``docs/figures``).
+``--jobs`` processes (default: one per core) each run a function at a time (two on 2 cores:
+9 minutes). ``--quick``: f1 and f5, D = 2, two instances, 200 x D evaluations.
 
     python benchmarks/coco.py [--quick] [--optimizers NAME ...] [--dims D ...] [--jobs N]
-
-``--jobs`` processes (default: one per core) each run a function at a time into a folder of
-its own, then moved into one data set (tested). Two processes on 2 cores: 9 minutes.
 """
 
 from __future__ import annotations
@@ -80,11 +75,8 @@ RUNNERS = {"fb.black_box": run_black_box, "cma.CMAES": run_cma}
 def experiment(name: str, selection: str, functions: list[int], folder: pathlib.Path,
                budget_per_dim: int, jobs: int) -> list[dict]:
     """Every problem of the ``selection`` of ``functions`` run by optimizer ``name`` in
-    ``jobs`` processes, a function at a time, observed into ``folder``.
-
-    Each function is observed into a folder of its own, whose files (``bbobexp_f<n>.info``,
-    ``data_f<n>/``) are then moved into ``folder``: one COCO data set, as one process writes.
-    """
+    ``jobs`` processes, a function at a time, each observed into a folder of its own whose
+    files are then moved into ``folder``: one COCO data set, as one process writes."""
     parts = folder.with_name(folder.name + ".parts")
     for old in (parts, folder):
         shutil.rmtree(old, ignore_errors=True)  # else cocoex writes to <folder>-0001
@@ -146,12 +138,11 @@ def summarize(runs: list[dict]) -> dict:
 
 def ecdf_figures(folders: list[pathlib.Path], out: pathlib.Path, figures: pathlib.Path,
                  quick: bool) -> dict[int, pathlib.Path]:
-    """cocopp's runtime ECDFs over all functions per D into ``out``, copied to ``figures``:
-    ``rungenericmany`` draws them for one optimizer too (``cocopp.main`` only for two or
-    more), here only the ECDFs, PNG at 300 dpi (--quick: 60, fewer bootstrap samples).
-    Importing cocopp looks for its online archives and warns when offline."""
+    """cocopp's runtime ECDFs over all functions per D into ``out``, copied to ``figures``
+    (``rungenericmany`` draws them for one optimizer too; ``cocopp.main`` needs two), PNG at
+    300 dpi (--quick: 60, fewer bootstrap samples)."""
     socket.setdefaulttimeout(10)  # cocopp's import fetches its archive list with no timeout
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # and warns when offline
         warnings.simplefilter("ignore")
         import cocopp
 
@@ -211,8 +202,7 @@ def main() -> None:
     to_docs = not args.quick and args.out.resolve() == RESULTS.resolve()
     where = FIGURES if to_docs else args.out / "coco"
     figures = ecdf_figures(folders, args.out / "coco" / "ppdata", where, args.quick)
-    links = {dim: f"figures/{path.name}" if to_docs else str(path)
-             for dim, path in figures.items()}
+    links = {dim: f"figures/{path.name}" if to_docs else str(path) for dim, path in figures.items()}
     info = machine("cpu")
     result = {"quick": args.quick, "machine": info, "jobs": args.jobs, "wall_seconds": wall,
               "selection": f"{selection} function_indices: {','.join(map(str, functions))}",

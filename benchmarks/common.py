@@ -35,11 +35,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
 
 
 def compile_cold() -> None:
-    """Turn inductor's caches off for this process, so compile times are reported cold.
-
-    With them on, a rerun (or a variant compiled after one with the same graph) would look
-    almost free to compile. Scripts that time compiles call it first thing in ``main``.
-    """
+    """Turn inductor's caches off for this process, so compile times are reported cold (with
+    them a rerun would look almost free to compile); call it first thing in ``main``."""
     import torch._inductor.config  # 1.3 s to import: only where a script compiles
 
     torch._inductor.config.force_disable_caches = True
@@ -61,8 +58,9 @@ def timed(fn: Callable[[], object], device: str = "cpu") -> tuple[object, float]
 
 
 def median_ms(fn: Callable[[], object], repeats: int, device: str = "cpu",
-              warmup: int = 2) -> float:
-    """Median wall time of ``fn`` in ms, the device synchronized around every call."""
+              warmup: int = 2, host: bool = False) -> float:
+    """Median wall time of ``fn`` in ms, the device synchronized around every call; ``host``:
+    only until ``fn`` returns, before waiting for the device (equal where the host is slower)."""
     for _ in range(warmup):
         fn()
     sync(device)
@@ -70,8 +68,9 @@ def median_ms(fn: Callable[[], object], repeats: int, device: str = "cpu",
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
+        returned = time.perf_counter()
         sync(device)
-        times.append(time.perf_counter() - start)
+        times.append((returned if host else time.perf_counter()) - start)
     return 1e3 * statistics.median(times)
 
 

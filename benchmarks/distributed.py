@@ -1,11 +1,10 @@
 """Sharding the population across processes: time per update against the process count.
 
-An MLP 64-128-10 on the digits data set (1797 samples), ``fb.adaptive_bfo`` with 32 bacteria
-and swim length 4 (160 evaluations an update). For each process count N, N torchrun ranks
-(gloo, or NCCL with ``--device cuda``, one thread each) with ``fb.distributed.sharded()``;
-rank 0 times updates and one all-gather, and the model t(N) = a / N + b + calls x
-t_gather(N) is fitted (a: the evaluations, which split; b: what every rank repeats) and
-extrapolated. One process with N threads, the first thing a CPU user tries, is timed too.
+``PROBLEM`` (160 evaluations an update) on N torchrun ranks for each process count N (gloo,
+or NCCL with ``--device cuda``, one thread each) with ``fb.distributed.sharded()``: rank 0
+times updates and one all-gather; the model t(N) = a / N + b + calls x t_gather(N) is fitted
+(a: the evaluations, which split; b: what every rank repeats) and extrapolated. One process
+with N threads, the first thing a CPU user tries, is timed too.
 
     python benchmarks/distributed.py [--quick] [--device cuda] [--processes 1,2]
 """
@@ -22,15 +21,15 @@ from pathlib import Path
 
 import torch
 from common import machine, median_ms, parser, table, write
+from torch import nn
+
+import functional_bfo as fb
 
 PROBLEM = "MLP 64-128-10 on digits (1797 samples), fb.adaptive_bfo(32, swim_length=4)"
 
 
 def setup(device: torch.device):
     from sklearn.datasets import load_digits
-    from torch import nn
-
-    import functional_bfo as fb
 
     digits = load_digits()
     x = torch.tensor(digits.data, dtype=torch.float32, device=device) / 16.0
@@ -46,39 +45,44 @@ def timed(fn, repeats: int, device: torch.device) -> float:
     return median_ms(fn, repeats, str(device), warmup=1) / 1e3
 
 
+def update_s(opt, problem, repeats: int, device: torch.device) -> float:
+    """Median seconds of an update of ``opt`` on ``setup``'s problem, chained from ``init``."""
+    params, loss_fn, x, y = problem
+    state = [opt.init(params, key=fb.random.key(0).to(device))]
+
+    def update():
+        state[0] = opt.update(state[0], loss_fn, x, y)
+
+    return timed(update, repeats, device)
+
+
 def rank_main(out: str, repeats: int) -> None:
     """One rank: time updates with the sharded evaluator, and the model's constants."""
     import datetime
 
     import torch.distributed as dist
 
-    import functional_bfo as fb
-
     cuda = torch.cuda.is_available() and os.environ.get("BENCH_DEVICE") == "cuda"
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=5))
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    params, loss_fn, x, y = setup(device)
+    world = dist.get_world_size()
     population, swims = 32, 4
     opt = fb.adaptive_bfo(population, swim_length=swims, evaluator=fb.distributed.sharded())
-    state = [opt.init(params, key=fb.random.key(0).to(device))]
-
-    def update():
-        state[0] = opt.update(state[0], loss_fn, x, y)
-
-    t_update = timed(update, repeats, device)
+    problem = setup(device)
+    t_update = update_s(opt, problem, repeats, device)
     losses = torch.zeros(population, dtype=torch.float64, device=device)
     parts = [torch.empty(-(-population // world), dtype=torch.float64, device=device)
              for _ in range(world)]
     t_gather = timed(lambda: dist.all_gather(parts, losses[:parts[0].numel()]),
                      repeats * 10, device)
+    params, loss_fn, x, y = problem
     start = opt.init(params, key=fb.random.key(1).to(device))
     pop = fb.as_params(start, start.population)
     t_eval = timed(lambda: fb.evaluate.vmap()(loss_fn, pop, x, y), repeats, device) * (
         swims + 1)  # the swim's swims + 1 calls of P candidates
-    if rank == 0:
+    if dist.get_rank() == 0:
         Path(out).write_text(json.dumps({
             "processes": world, "update_s": t_update, "gather_s": t_gather,
             "eval_one_process_s": t_eval, "calls": swims + 1,
@@ -89,17 +93,8 @@ def rank_main(out: str, repeats: int) -> None:
 
 def single_process(threads: int, repeats: int, device: torch.device) -> float:
     """Seconds per update in one process with ``threads`` threads and no evaluator."""
-    import functional_bfo as fb
-
     torch.set_num_threads(threads)
-    params, loss_fn, x, y = setup(device)
-    opt = fb.adaptive_bfo(32, swim_length=4)
-    state = [opt.init(params, key=fb.random.key(0).to(device))]
-
-    def update():
-        state[0] = opt.update(state[0], loss_fn, x, y)
-
-    return timed(update, repeats, device)
+    return update_s(fb.adaptive_bfo(32, swim_length=4), setup(device), repeats, device)
 
 
 def main() -> None:
@@ -115,9 +110,8 @@ def main() -> None:
             out = os.path.join(folder, f"rank0_{n}.json")
             env = {**os.environ, "OMP_NUM_THREADS": "1", "BENCH_DEVICE": device.type}
             subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                            f"--nproc-per-node={n}", __file__, "--rank-main", out,
-                            str(repeats)], check=True, env=env, capture_output=True,
-                           timeout=900)
+                            f"--nproc-per-node={n}", __file__, "--rank-main", out, str(repeats)],
+                           check=True, env=env, capture_output=True, timeout=900)
             rows.append(json.loads(Path(out).read_text()))
     # The model t(N) = a / N + b + calls * t_gather(N), a and b fitted to the measurements
     # by least squares (exact with two process counts; one gives a alone).

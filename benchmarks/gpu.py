@@ -1,12 +1,11 @@
 """Every GPU measurement in one command: updates against the population, a peer, adapters, glue.
 
-Updates of ``fb.bfo``, ``fb.adaptive_bfo`` and ``fb.hybrid_bfo`` on a shifted 30-D Rastrigin
-(swim length 4) at P = 256 to 65,536, eager, compiled and with CUDA graphs, chained as a user
-runs them, against the floor (N_s + 1 vmapped evaluations of as many populations, run the
-same way), with GPU times, kernels and peak memory; EvoX's compiled PSO (``pip install
-evox``); the adapters (``adapter_paths.bench``); Lightning (bf16-mixed) and Transformers
-(fp16, a ``GradScaler``) steps. Rows run in order of importance until ``--budget`` seconds
-have passed; the rest are listed as skipped. Writes ``results/gpu[_quick]_cuda.{json,md}``.
+The three variants' updates on a shifted 30-D Rastrigin (swim length 4) at P = 256 to 65,536,
+eager, compiled and with CUDA graphs, chained as a user runs them, against the floor (N_s + 1
+vmapped evaluations of as many populations, run the same way), with GPU times, kernels and peak
+memory; EvoX's compiled PSO (``pip install evox``); the adapters (``adapter_paths.bench``);
+Lightning (bf16-mixed) and Transformers (fp16, a ``GradScaler``) steps. Rows run in order of
+importance until ``--budget`` seconds have passed, the rest listed as skipped.
 
     python benchmarks/gpu.py [--quick] [--budget 480] [--only TEXT]
 """
@@ -149,13 +148,6 @@ def glue_rows(steps: int) -> list[dict]:
             out = self.net(x)
             return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
 
-    class Data(torch.utils.data.Dataset):
-        def __len__(self):
-            return len(x)
-
-        def __getitem__(self, i):
-            return {"x": x[i], "labels": y[i]}
-
     rows = []
     with warnings.catch_warnings(), tempfile.TemporaryDirectory() as folder:
         warnings.simplefilter("ignore")
@@ -174,7 +166,9 @@ def glue_rows(steps: int) -> list[dict]:
             save_strategy="no", report_to=[], seed=0, remove_unused_columns=False,
             disable_tqdm=True, logging_steps=steps)
         optimizer = HybridBFO(model.parameters(), population_size=16, seed=0, module=model)
-        hf = BFOTrainer(model=model, args=args, train_dataset=Data(), optimizers=(optimizer, None))
+        rows_of_data = [{"x": x[i], "labels": y[i]} for i in range(len(x))]
+        hf = BFOTrainer(model=model, args=args, train_dataset=rows_of_data,
+                        optimizers=(optimizer, None))
         _, seconds = timed(hf.train, DEVICE)
         rows.append({"glue": "Transformers, fp16 + GradScaler", "steps": steps,
                      "ms_per_step": 1e3 * seconds / steps,
@@ -265,9 +259,8 @@ def main() -> None:
     repeats = 5 if args.quick else 15
     start = time.perf_counter()
     result: dict = {"machine": machine(DEVICE), "commit": commit(), "quick": args.quick,
-                    "floor": "5 populations",
-                    "updates": [], "peer": [], "adapters": [], "glue": [],
-                    "skipped": [], "failed": []}
+                    "floor": "5 populations", "updates": [], "peer": [], "adapters": [],
+                    "glue": [], "skipped": [], "failed": []}
     for kind, what in plan(args.quick, args.only):
         if time.perf_counter() - start > args.budget:
             result["skipped"].append(f"{kind} {what}")

@@ -13,26 +13,12 @@ floor, ops x the time of one small eager op. On the CPU it counts the ops and th
 from __future__ import annotations
 
 import collections
-import time
 
 import torch
 from common import commit, machine, median_ms, parser, sync, table, write
 from problems import CYCLE, FACTORIES, cycle, rastrigin_problem, started
 
-SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-         "cudaMemcpy")
-
-
-def host_ms(run, repeats: int, device: str) -> float:
-    """Median ms per update that the host spends before waiting for the device."""
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-        sync(device)
-    return 1e3 * sorted(times)[len(times) // 2] / CYCLE
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 
 
 def profiled(run, device: str):
@@ -94,7 +80,8 @@ def row(variant: str, population: int, device: str, repeats: int) -> dict:
     run()
     return {"variant": variant, "population": population,
             "ms": median_ms(run, repeats, device) / CYCLE,
-            "host_ms": host_ms(run, repeats, device), **profile_counts(run, device)}
+            "host_ms": median_ms(run, repeats, device, host=True) / CYCLE,
+            **profile_counts(run, device)}
 
 
 def markdown(result: dict) -> list[str]:

@@ -1,23 +1,18 @@
-"""Peer optimizers behind one interface, measured the same way as our own runs.
+"""Peer optimizers behind one interface, measured as our own runs are.
 
-Each peer library counts evaluations, seeds, stops and reports its best in its own fashion. To
-compare them honestly, ``run_peer`` hands every peer the same black-box ``f`` through a counter
-that enforces the evaluation budget (the peer's run is cut off at exactly ``budget`` calls),
-records the best value *it* saw, and times the whole run. The peers are imported lazily inside
-their runners, so this module imports without any of them installed.
+``run_peer`` hands every peer the same ``f`` through a counter that cuts the run off at exactly
+``budget`` calls, records the best value *it* saw (not the one the library reports) and times
+the whole run. Each peer is imported inside its runner: this module imports without any of
+them. What ``population`` sets (``None``: the library's default):
 
-Peers and what ``population`` means to each (``None`` takes the library's default):
-
-* ``mealpy.OriginalBFO`` / ``mealpy.ABFO``: ``pop_size`` (ABFO splits and kills bacteria but
-  rebalances to ``pop_size`` each epoch). Library defaults otherwise. Beware that mealpy 3.0.3
-  validates OriginalBFO's step ``Ci`` as an int, so its default 0.01 becomes 0: chemotaxis never
-  moves a bacterium and only elimination-dispersal (random restarts) searches.
-* ``niapy.BFO``: ``population_size``; reproduction keeps ``population // 2`` copies, so use an
-  even population.
-* ``pymetaheuristic.BFO``: ``population_size``.
-* ``cma.CMAES``: ``popsize`` (lambda, default ``4 + 3 ln D``). IPOP-CMA-ES (Auger & Hansen
-  2005): whenever cma's own termination criteria fire, it restarts at a new uniform random
-  point with sigma0 = 0.3 * (high - low) and twice the population, until the budget is spent.
+* mealpy's ``OriginalBFO`` / ``ABFO``: ``pop_size`` (ABFO rebalances to it each epoch).
+  mealpy 3.0.3 validates OriginalBFO's step ``Ci`` as an int, so its default 0.01 becomes 0:
+  chemotaxis never moves a bacterium, only elimination-dispersal (random restarts) searches.
+* ``niapy.BFO`` and ``pymetaheuristic.BFO``: ``population_size`` (niapy's reproduction keeps
+  ``population // 2`` copies: use an even one).
+* ``cma.CMAES``: ``popsize`` (default ``4 + 3 ln D``). IPOP-CMA-ES (Auger & Hansen 2005): when
+  cma's own criteria stop it, it restarts at a uniform random point with sigma0 = 0.3 *
+  (high - low) and twice the population, until the budget is spent.
 """
 
 from __future__ import annotations
@@ -66,10 +61,9 @@ def _mealpy(cls_name: str) -> Callable:
         from mealpy.swarm_based import BFO
 
         population = population or 100  # mealpy's default pop_size
-        # Neither BFO variant reads the epoch inside its update, so epochs only act as a stop
-        # rule. Each epoch evaluates at least `population` points, so budget / population
-        # epochs (capped at mealpy's limit of 100000) always outlast the budget, and the
-        # counter ends the run after exactly `budget` evaluations.
+        # Epochs only stop the run (neither variant reads them in its update). Each evaluates at
+        # least `population` points, so budget / population of them (capped at mealpy's limit,
+        # 100000) outlast the budget: the counter ends the run at exactly `budget` evaluations.
         epochs = min(100_000, -(-f.budget // population))
         model = getattr(BFO, cls_name)(epoch=epochs, pop_size=population)
         problem = {"bounds": FloatVar(lb=(low,) * dim, ub=(high,) * dim), "obj_func": f,
@@ -130,8 +124,7 @@ PEERS: dict[str, Callable] = {
 
 
 def evox_pso(population: int, dim: int, shift, device: str):
-    """EvoX's PSO (``pip install evox``, a torch peer) on a Rastrigin shifted by ``shift`` in
-    the box +-5.12: ``(algorithm, workflow)``, the workflow initialized."""
+    """EvoX's PSO (``pip install evox``) on a Rastrigin shifted by ``shift``, box +-5.12."""
     import torch
     from evox.algorithms import PSO
     from evox.core import Problem
@@ -163,11 +156,9 @@ def available() -> list[str]:
 
 def run_peer(name: str, f: Objective, dim: int, low: float, high: float, budget: int,
              population: int | None, seed: int) -> dict:
-    """Minimize ``f`` over ``[low, high]**dim`` with peer ``name`` in at most ``budget`` calls.
-
-    Returns ``best`` (lowest value the counter saw), ``evals`` (calls made), ``seconds`` (wall
-    time of the whole run) and ``history`` (``(evals, best)`` at every improvement).
-    """
+    """Minimize ``f`` over ``[low, high]**dim`` with peer ``name`` in at most ``budget`` calls:
+    the ``best`` value the counter saw, ``evals``, ``seconds`` (wall time of the whole run) and
+    ``history``, ``(evals, best)`` at every improvement."""
     counter = _Counter(f, budget)
     np.random.seed(seed)
     random.seed(seed)

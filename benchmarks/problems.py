@@ -1,17 +1,16 @@
-"""Shifted (and, where defined, rotated) benchmark functions with their search boxes.
+"""The benchmarks' problems: shifted functions, BBOB's, and the update scripts' with their setup.
 
-``make(name, dim, seed, rotate)`` returns ``(loss_fn, bounds)``: ``loss_fn(params)`` takes
-``{"x": tensor(dim)}`` and returns the *error* ``f(x) - f(x*)``, 0 at the global optimum,
-which a random shift (or sign flip) moves away from the origin and the box's centre.
+``make(name, dim, seed, rotate)`` returns ``(loss_fn, bounds)``; ``loss_fn({"x": tensor(dim)})``
+is the *error* ``f(x) - f(x*)``, 0 at the optimum, which a random shift or sign flip moves off
+the box's centre:
 
-* sphere, ellipsoid (condition 1e6), Rosenbrock, Rastrigin, Ackley, Griewank:
-  ``z = R (x - s)``, ``s`` uniform in the middle 80% of half the box. ``rotate`` applies a
-  random orthogonal ``R`` to the five of them that a rotation changes (sphere does not).
-* Schwefel (box +-500, optimum at 420.97 per coordinate): ``z = sign * x`` with random signs.
-  A shift or rotation would bring points of the box onto the function's deeper minima
-  outside +-500, so the optimum would no longer be the one in the box; sign flips keep it.
-* Styblinski-Tang (box +-5, optimum at -2.9035 per coordinate): ``z = sign * (x - s)``. A
-  rotation could carry the optimum (norm 2.9 sqrt(D)) out of the box, so none is applied.
+* sphere, ellipsoid (condition 1e6), Rosenbrock, Rastrigin, Ackley, Griewank: ``z = R (x - s)``,
+  ``s`` uniform in the middle 80% of half the box; ``rotate``: a random orthogonal ``R`` for
+  the five that a rotation changes.
+* Schwefel (box +-500, optimum 420.97 per coordinate): ``z = sign * x``, random signs; a shift
+  or rotation would bring its deeper minima outside +-500 into the box.
+* Styblinski-Tang (box +-5, optimum -2.9035 per coordinate): ``z = sign * (x - s)``, never
+  rotated: a rotation could carry the optimum (norm 2.9 sqrt(D)) out of the box.
 """
 
 from __future__ import annotations
@@ -49,11 +48,8 @@ def _styblinski_tang_terms(z):
 
 
 def make(name: str, dim: int, seed: int, rotate: bool = False):
-    """The error function of problem ``name`` in ``dim`` dimensions and its box ``(-b, b)``.
-
-    Shift, signs and rotation come from ``seed``; ``rotate`` is ignored where no rotation is
-    defined (see the module docstring).
-    """
+    """The error function of problem ``name`` in ``dim`` dimensions and its box ``(-b, b)``;
+    ``seed`` draws the shift, signs and rotation (``rotate``: where one is defined)."""
     if name not in BOXES:
         raise ValueError(f"unknown problem {name!r}; expected one of {sorted(BOXES)}")
     shift, signs, generator = _placement(name, dim, seed)
@@ -171,8 +167,7 @@ def mlp_problem(widths: tuple[int, ...], samples: int, device: str):
 
 
 def started(variant: str, population: int, problem, core=fb, **extra):
-    """``variant`` of ``core`` (another checkout's, for an A/B) on ``problem``, a
-    ``*_problem`` triple, and its state after one update."""
+    """``(opt, state)``: ``variant`` of ``core`` on a ``*_problem`` triple, after one update."""
     params, loss, settings = problem
     if variant == "hybrid_bfo":
         extra["grad_mask"] = True
@@ -201,9 +196,8 @@ def cycle(update, state, loss, mode: str = "eager"):
     return run
 
 
-# Numpy functions (float64 vector -> float) as our optimizers take them.
 def numpy_loss(f):
-    """A loss of ``{"x": tensor}`` that calls ``f``."""
+    """A loss of ``{"x": tensor}`` that calls the numpy ``f`` (float64 vector -> float)."""
     return lambda params: torch.tensor(f(params["x"].detach().numpy()), dtype=torch.float64)
 
 

@@ -1,31 +1,25 @@
 """Quality vs peers: final error at equal evaluation budgets (2000 x D), median over seeds.
 
-Two suites: eight textbook functions (``problems.py``: shifted, rotated where defined) and,
-with ``--suite bbob``, COCO's 24 noiseless BBOB functions (``cocoex``, instance seed + 1, box
-[-5, 5]; numpy functions, evaluated row by row). D in {2, 10, 30}, 5 seeds, our optimizers
-and every installed peer (``peers.py``). Our bacterium 0 and CMA-ES's mean start uniform in
-the box (seeded), the peers' populations as their libraries draw them. Errors below 1e-8
-count as 1e-8 (COCO's final precision). Runs are deterministic per seed.
+Two suites: eight textbook functions (``problems.py``) and, with ``--suite bbob``, COCO's 24
+noiseless BBOB functions (``cocoex``, instance seed + 1, box [-5, 5], evaluated row by row).
+D in {2, 10, 30}, 5 seeds, our optimizers and every installed peer (``peers.py``). Our
+bacterium 0 and CMA-ES's mean start uniform in the box (seeded); errors below 1e-8 count as
+1e-8 (COCO's final precision). The optimizers see losses whose minimum is not 0, as a user's
+are: COCO's own ``f(x)``, the eight functions plus a constant in [-1000, 1000]; ``--at-zero``
+hands them ``f(x) - min f`` itself, reported apart as ``quality[_bbob]_at_zero``.
 
-Each run appends a line to ``results/quality[_bbob]_runs.jsonl`` (error, evaluations,
-seconds, the best-so-far curve; local, not kept in git), from which the tables are built,
-the last line per (optimizer, function, D, seed) winning. Logged runs are skipped unless
-``--rerun``, so a run resumes and optimizers can run in separate processes
-(``--optimizers``).
-
-The optimizers see losses whose minimum is not 0, as a user's are: COCO's own ``f(x)`` (its
-minimum in [-1000, 1000]), the eight functions plus a constant in [-1000, 1000]; errors are
-``f(x) - min f``. ``--at-zero`` hands them the errors themselves (minimum 0, as most tables
-do), logged and reported apart as ``quality[_bbob]_at_zero``.
+Each run appends a line to ``results/quality[_bbob]_runs.jsonl`` (local, not kept in git),
+from which the tables are built, the last line per (optimizer, function, D, seed) winning.
+Logged runs are skipped unless ``--rerun``: a run resumes, and ``--optimizers`` splits one
+across processes (the BBOB suite: about 40 minutes in two on two cores).
 
     python benchmarks/quality.py [--suite bbob] [--at-zero] [--quick] [--optimizers NAME ...]
                                  [--rerun] [--report-only]
-
-The BBOB suite takes about 40 minutes on two cores (two processes, ``--optimizers``).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -47,16 +41,13 @@ FRACTIONS = [round(float(f), 4) for f in np.geomspace(0.002, 1.0, 16)]
 BFO_PEERS = [name for name in PEERS if "BFO" in name]
 
 
-def black_box(box, evaluator) -> fb.Optimizer:
-    """The documented black-box setup (docs/variants.md): see NOTES.md for how it was chosen."""
-    return fb.adaptive_bfo(8, bounds=box, relative_steps=True, swim_length=1,
-                           step_size_min=1e-12, evaluator=evaluator)
-
-
 OURS = {
     "fb.bfo": lambda box, evaluator: fb.bfo(bounds=box, evaluator=evaluator),
     "fb.adaptive_bfo": lambda box, evaluator: fb.adaptive_bfo(bounds=box, evaluator=evaluator),
-    "fb.adaptive_bfo black-box": black_box,
+    # The documented black-box setup (docs/variants.md; NOTES.md says how it was chosen).
+    "fb.adaptive_bfo black-box": lambda box, evaluator: fb.adaptive_bfo(
+        8, bounds=box, relative_steps=True, swim_length=1, step_size_min=1e-12,
+        evaluator=evaluator),
     "fb.black_box": None,  # the same setup with restarts: a driver, not an optimizer
 }
 DEFAULT_OURS = "fb.black_box"  # the setup the targets are judged on
@@ -141,10 +132,6 @@ def run_other(label: str, task: Problem, dim: int, seed: int, budget: int) -> di
             "seconds": out["seconds"], "curve": _curve(out["history"], budget, task.optimum)}
 
 
-def floored(error: float) -> float:
-    return max(error, FLOOR)
-
-
 def summarize(runs: list[dict], labels: list[str], names: list[str], dims: list[int],
               seeds: int, ours: tuple[str, ...] = tuple(OURS)) -> dict:
     """Median floored error per (optimizer, function, D), and the targets' verdicts."""
@@ -157,11 +144,11 @@ def summarize(runs: list[dict], labels: list[str], names: list[str], dims: list[
                 found = [latest.get((label, name, dim, s)) for s in range(seeds)]
                 if any(r is None for r in found):
                     continue
-                errors = [floored(r["error"]) for r in found]
+                errors = [max(r["error"], FLOOR) for r in found]
                 cell[label] = {"median": statistics.median(errors), "errors": errors,
                                "seconds": sum(r["seconds"] for r in found)}
                 curves[f"{label}|{name}|{dim}"] = [
-                    statistics.median(floored(r["curve"][k]) for r in found)
+                    statistics.median(max(r["curve"][k], FLOOR) for r in found)
                     for k in range(len(FRACTIONS))]
             cells[f"{name}|{dim}"] = cell
     verdict = {}
@@ -171,23 +158,20 @@ def summarize(runs: list[dict], labels: list[str], names: list[str], dims: list[
         verdict[label] = {"mean_log10_error_d10": statistics.mean(d10) if d10 else None}
         if label not in ours:
             continue
-        wins = total = cma_better = 0
-        over_2x, beats_cma = [], []
-        for key, cell in cells.items():
-            rivals = [cell[p]["median"] for p in BFO_PEERS if p in cell]
-            if label in cell and rivals:
-                total += 1
-                wins += cell[label]["median"] < min(rivals)
-                if cell[label]["median"] > 2 * min(rivals):
-                    over_2x.append(key.replace("|", " D="))
-            if label in cell and "cma.CMAES" in cell:
-                cma_better += cell["cma.CMAES"]["median"] < cell[label]["median"]
-                if cell[label]["median"] < cell["cma.CMAES"]["median"]:
-                    beats_cma.append(key.replace("|", " D="))
-        verdict[label].update(cells_beating_every_bfo_peer=wins, cells_with_bfo_peers=total,
-                              cells_where_cma_es_is_better=cma_better,
-                              cells_over_2x_best_bfo_peer=over_2x,
-                              cells_beating_cma_es=beats_cma)
+        # Per cell where ``label`` ran (named as the tables read it): its median, the best
+        # BFO peer's, CMA-ES's.
+        mine = {key.replace("|", " D="): cell for key, cell in cells.items() if label in cell}
+        median = {key: cell[label]["median"] for key, cell in mine.items()}
+        rivals = {key: min(cell[p]["median"] for p in BFO_PEERS if p in cell)
+                  for key, cell in mine.items() if any(p in cell for p in BFO_PEERS)}
+        cma = {key: cell["cma.CMAES"]["median"] for key, cell in mine.items()
+               if "cma.CMAES" in cell}
+        verdict[label].update(
+            cells_beating_every_bfo_peer=sum(median[k] < best for k, best in rivals.items()),
+            cells_with_bfo_peers=len(rivals),
+            cells_where_cma_es_is_better=sum(c < median[k] for k, c in cma.items()),
+            cells_over_2x_best_bfo_peer=[k for k, best in rivals.items() if median[k] > 2 * best],
+            cells_beating_cma_es=[k for k, c in cma.items() if median[k] < c])
     return {"cells": cells, "curves": curves, "verdict": verdict}
 
 
@@ -240,8 +224,7 @@ def read_runs(log) -> list[dict]:
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--optimizers", nargs="*", help="run only these (default: ours + installed "
-                   "peers)")
+    p.add_argument("--optimizers", nargs="*", help="run only these (default: all, peers installed)")
     p.add_argument("--functions", nargs="*", help="run only these functions")
     p.add_argument("--dims", nargs="*", type=int, help="run and report only these dimensions")
     p.add_argument("--rerun", action="store_true", help="rerun runs already in the log")
@@ -272,22 +255,19 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     done = set() if args.rerun else {(r["optimizer"], r["function"], r["dim"], r["seed"])
                                      for r in read_runs(log)}
-    if not args.report_only:
-        for name in args.functions or names:
-            for dim in dims:
-                for label in todo:
-                    for seed in range(seeds):
-                        if (label, name, dim, seed) in done:
-                            continue
-                        runner = run_ours if label in OURS else run_other
-                        task = problem(args.suite, name, dim, seed, args.offsets)
-                        out = runner(label, task, dim, seed, per_dim * dim)
-                        line = {"optimizer": label, "function": name, "dim": dim, "seed": seed,
-                                **out}
-                        with log.open("a") as fh:
-                            fh.write(json.dumps(line) + "\n")
-                        print(f"{label:22s} {name:16s} D={dim:<3d} seed={seed} "
-                              f"error={out['error']:.3g} ({out['seconds']:.1f} s)", flush=True)
+    planned = [] if args.report_only else itertools.product(args.functions or names, dims,
+                                                             todo, range(seeds))
+    for name, dim, label, seed in planned:
+        if (label, name, dim, seed) in done:
+            continue
+        runner = run_ours if label in OURS else run_other
+        out = runner(label, problem(args.suite, name, dim, seed, args.offsets), dim, seed,
+                     per_dim * dim)
+        with log.open("a") as fh:
+            fh.write(json.dumps({"optimizer": label, "function": name, "dim": dim,
+                                 "seed": seed, **out}) + "\n")
+        print(f"{label:22s} {name:16s} D={dim:<3d} seed={seed} "
+              f"error={out['error']:.3g} ({out['seconds']:.1f} s)", flush=True)
     runs = read_runs(log)
     logged = {r["optimizer"] for r in runs}
     labels += [name for name in PEERS if name in logged and name not in labels]

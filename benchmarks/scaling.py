@@ -1,11 +1,11 @@
 """How an update's cost grows with the population and with the number of parameters.
 
-Eager ``fb.bfo`` / ``fb.adaptive_bfo`` on shifted Rastrigin, swept over P at D = 30 and over
-D at P = 64: ms an update, evaluations/s, update / vmapped-evaluation floor and the peak
-memory of one update (CUDA: the allocator's peak; CPU: the peak resident set, each point in a
-fresh process so that no larger freed memory hides it). Then an MLP whose activations
-dominate memory, whole and with ``fb.evaluate.vmap(chunk_size=...)``: time, peak, and the
-population at which an unchunked update would outgrow the device's memory.
+Eager ``fb.bfo`` / ``fb.adaptive_bfo`` on shifted Rastrigin, over P at D = 30 and over D at
+P = 64: ms an update, evaluations/s, update / vmapped-evaluation floor and the peak memory of
+an update (CUDA: the allocator's; CPU: the peak resident set in a fresh process, where no
+larger freed memory hides it). Then an MLP whose activations dominate memory, whole and with
+``fb.evaluate.vmap(chunk_size=...)``, and the population past which an unchunked update
+would outgrow the device's memory.
 
     python benchmarks/scaling.py [--quick] [--device cuda]
 """
@@ -58,8 +58,7 @@ def _updater(spec: dict, device: str):
     """(initial state, optimizer, loss) for a spec: rastrigin or the chunk-sweep MLP."""
     if spec["problem"] == "rastrigin":
         params, loss, box = rastrigin_problem(spec["dim"], device)
-        opt = FACTORIES[spec["variant"]](population_size=spec["population"], swim_length=4,
-                                         **box)
+        opt = FACTORIES[spec["variant"]](population_size=spec["population"], swim_length=4, **box)
     else:
         params, loss, _ = mlp_problem(MLP_WIDTHS, MLP_SAMPLES, device)
         opt = fb.bfo(population_size=spec["population"], swim_length=4,
@@ -83,10 +82,9 @@ def measure(variant: str, population: int, dim: int, repeats: int, device: str) 
     evaluate = torch.func.vmap(rastrigin_problem(dim, device)[1])
     candidates = fb.as_params(state, state.population)
     floor = median_ms(lambda: [evaluate(candidates) for _ in range(5)], repeats, device)
-    evals = population * 5
     return {"variant": variant, "population": population, "dim": dim, "ms": ms,
-            "floor_ms": floor, "over_floor": ms / floor, "evals_per_s": evals / (ms / 1e3),
-            "peak_mib": peak}
+            "floor_ms": floor, "over_floor": ms / floor,
+            "evals_per_s": population * 5 / (ms / 1e3), "peak_mib": peak}
 
 
 def device_memory_mib(device: str) -> float:
@@ -95,8 +93,7 @@ def device_memory_mib(device: str) -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
 
 
-def measure_chunks(population: int, chunk_size: int | None, repeats: int,
-                   device: str) -> dict:
+def measure_chunks(population: int, chunk_size: int | None, repeats: int, device: str) -> dict:
     spec = {"problem": "mlp", "population": population, "chunk_size": chunk_size}
     _, ms, peak = _timed(spec, repeats, device)
     return {"population": population, "chunk_size": chunk_size, "ms": ms, "peak_mib": peak}

@@ -1,13 +1,12 @@
 """Speed vs peers, side by side in one run: evaluations per second and time to a target.
 
-One shifted Rastrigin (30-D, population 256) for ``fb.bfo`` eager (also with
-``swim_batch=5``, and given the loss as a batched function, as EvoX is) and compiled,
-``fb.adaptive_bfo`` compiled, the ``torch.optim`` adapter's closure and fast paths, every
-installed peer of ``peers.py`` (``pip install -e ".[bench]"``; a numpy implementation of the
-function, so that the peer's own speed is measured) and EvoX's PSO (``pip install evox``),
-eager and compiled. Ratios are to the fastest BFO peer of the run. With EvoX, eager
-``fb.bfo`` (a loop of ``update``, ``fb.run``, the batched loss) and EvoX's eager PSO are
-timed in turn, the median of their ratios over repeats.
+One shifted Rastrigin (30-D, population 256): ``fb.bfo`` eager (also with ``swim_batch=5``,
+and given the batched loss EvoX is given) and compiled, ``fb.adaptive_bfo`` compiled, the
+``torch.optim`` adapter's closure and fast paths, every installed peer of ``peers.py`` (on a
+numpy version of the function, so that the peer's own speed is measured) and EvoX's PSO
+(``pip install evox``), eager and compiled; ratios to the fastest BFO peer of the run. With
+EvoX, eager ``fb.bfo`` (a loop of ``update``, ``fb.run``, the batched loss) and EvoX's eager
+PSO are also timed in turn, the median of their ratios over repeats.
 
     python benchmarks/speed.py [--quick] [--device cuda]
 """
@@ -29,6 +28,8 @@ from problems import BOXES, shift_of
 
 import functional_bfo as fb
 from functional_bfo.adapters import BFO
+
+BOX = (-BOXES["rastrigin"], BOXES["rastrigin"])
 
 
 def rastrigin_pair(dim: int, seed: int, device: str):
@@ -67,9 +68,8 @@ def row(name: str, kind: str, history: list[tuple[int, float, float]],
 
 
 def steady(step, steps: int, per_step: int, device: str) -> list[tuple[int, float, float]]:
-    """``steps`` calls of ``step`` (each returns the best as a tensor) in the loop a user
-    writes: no host sync per call (the GPU queues them back to back), one at the end. Each
-    call costs the same evaluations, so its time is the total / steps."""
+    """``steps`` calls of ``step`` (each returns the best as a tensor) as a user's loop makes
+    them, one host sync at the end; each call, of the same evaluations, takes total / steps."""
     gc.collect()  # the compilers' garbage: a full collection must not land in a timing
     sync(device)
     start = time.perf_counter()
@@ -82,8 +82,7 @@ def steady(step, steps: int, per_step: int, device: str) -> list[tuple[int, floa
 
 def run_ours(name: str, factory, loss, dim, population, budget, device, compiled: bool) -> dict:
     """Our update in a plain loop, eager or compiled."""
-    opt = factory(population_size=population, bounds=(-BOXES["rastrigin"],
-                                                       BOXES["rastrigin"]))
+    opt = factory(population_size=population, bounds=BOX)
     state = opt.init({"x": torch.zeros(dim, device=device)}, key=fb.random.key(0))
     update = torch.compile(opt.update, fullgraph=True) if compiled else opt.update
     init_evals = int(state.num_evals)
@@ -109,8 +108,7 @@ def run_ours(name: str, factory, loss, dim, population, budget, device, compiled
 def run_adapter(name: str, loss, dim, population, budget, device, fast: bool) -> dict:
     gc.collect()  # the compilers' garbage: a full collection must not land in a timing
     x = torch.nn.Parameter(torch.zeros(dim, device=device))
-    opt = BFO([x], population_size=population, seed=0, reevaluate=False,
-              bounds=(-BOXES["rastrigin"], BOXES["rastrigin"]))
+    opt = BFO([x], population_size=population, seed=0, reevaluate=False, bounds=BOX)
 
     def closure():
         return loss({"x": x}).item()
@@ -129,8 +127,7 @@ def run_evox(name: str, dim: int, population: int, budget: int, device: str,
     shift = shift_of("rastrigin", dim, torch.Generator().manual_seed(0)).to(device)
     algorithm, workflow = peers.evox_pso(population, dim, shift, device)
     step = torch.compile(workflow.step) if compiled else workflow.step
-    # Compiles, timed apart, and compiles again: the state its first step wrote is not the
-    # initial one.
+    # Timed apart: the first step compiles, the second again (a state its first step wrote).
     _, compile_s = timed(lambda: (step(), step()), device)
 
     def stepped():  # one step, and the best so far
@@ -144,17 +141,14 @@ def run_evox(name: str, dim: int, population: int, budget: int, device: str,
 def run_driver(loss, dim: int, population: int, budget: int, device: str) -> dict:
     """Eager ``fb.bfo`` driven by ``fb.run``, which leaves out the cycle events of the
     updates that end no cycle (it reads the step anyway): evaluations and seconds."""
-    opt = fb.bfo(population_size=population, bounds=(-BOXES["rastrigin"], BOXES["rastrigin"]))
+    opt = fb.bfo(population_size=population, bounds=BOX)
     state = opt.init({"x": torch.zeros(dim, device=device)}, key=fb.random.key(0))
     state = fb.run(opt, state, loss, max_steps=2)  # the warm-up run_ours takes
     evals0 = int(state.num_evals)
     updates = max(100, math.ceil(budget / (evals0 // 2)))
     gc.collect()
-    sync(device)
-    start = time.perf_counter()
-    state = fb.run(opt, state, loss, max_steps=updates)
-    sync(device)
-    return {"evals": int(state.num_evals) - evals0, "seconds": time.perf_counter() - start}
+    state, seconds = timed(lambda: fb.run(opt, state, loss, max_steps=updates), device)
+    return {"evals": int(state.num_evals) - evals0, "seconds": seconds}
 
 
 def eager_against_evox(loss, dim: int, population: int, budget: int, device: str,
@@ -174,17 +168,15 @@ def eager_against_evox(loss, dim: int, population: int, budget: int, device: str
                                           population, budget, device, False)),
                 ("evox", run_evox("evox PSO eager", dim, population, budget, device, False))):
             rates[name].append(row["evals"] / row["seconds"])
-    ratios = {f"ratio{suffix}": statistics.median(a / b for a, b in zip(rates[name],
-                                                                        rates["evox"]))
-              for name, suffix in (("ours", ""), ("ours_run", "_run"),
-                                   ("ours_batched", "_batched"))}
+    ratios = {"ratio" + name.removeprefix("ours"): statistics.median(
+                  a / b for a, b in zip(rates[name], rates["evox"]))
+              for name in ("ours", "ours_run", "ours_batched")}
     return {"repeats": repeats, **{k: statistics.median(v) for k, v in rates.items()}, **ratios}
 
 
 def run_peer(name: str, numpy_loss, dim, population, budget) -> dict:
     gc.collect()  # the compilers' garbage: a full collection must not land in a timing
-    out = peers.run_peer(name, numpy_loss, dim, -BOXES["rastrigin"], BOXES["rastrigin"],
-                         budget, population, seed=0)
+    out = peers.run_peer(name, numpy_loss, dim, *BOX, budget, population, seed=0)
     rate = out["seconds"] / max(out["evals"], 1)  # peers report no clock per evaluation
     history = [(e, b, e * rate) for e, b in out["history"]]
     return row(name, "cma" if name.startswith("cma") else "bfo peer",
@@ -203,15 +195,16 @@ def main() -> None:
     loss, numpy_loss = rastrigin_pair(dim, 0, device)
     start_loss = numpy_loss(np.zeros(dim))
     target = args.target if args.target is not None else 0.6 * start_loss
+    ours = functools.partial(run_ours, loss=loss, dim=dim, population=population,
+                             budget=budget, device=device)
     rows = [
-        run_ours("fb.bfo eager", fb.bfo, loss, dim, population, budget, device, False),
-        run_ours("fb.bfo eager, swim_batch=5", functools.partial(fb.bfo, swim_batch=5), loss,
-                 dim, population, budget, device, False),  # the whole swim ray in one call
-        run_ours("fb.bfo eager, batched loss", functools.partial(
-            fb.bfo, evaluator=whole_population), loss, dim, population, budget, device, False),
-        run_ours("fb.bfo compiled", fb.bfo, loss, dim, population, budget, device, True),
-        run_ours("fb.adaptive_bfo compiled", fb.adaptive_bfo, loss, dim, population, budget,
-                 device, True),
+        ours("fb.bfo eager", fb.bfo, compiled=False),
+        ours("fb.bfo eager, swim_batch=5", functools.partial(fb.bfo, swim_batch=5),
+             compiled=False),  # the whole swim ray in one call
+        ours("fb.bfo eager, batched loss", functools.partial(fb.bfo, evaluator=whole_population),
+             compiled=False),
+        ours("fb.bfo compiled", fb.bfo, compiled=True),
+        ours("fb.adaptive_bfo compiled", fb.adaptive_bfo, compiled=True),
     ]
     rows += [
         run_adapter("adapters.BFO fast path", loss, dim, population, budget, device, True),

@@ -1,17 +1,16 @@
 """Time one BFO update against the floor: the vmapped evaluation of the same candidates alone.
 
-An update of population P with swim length N_s evaluates N_s + 1 batches of P candidates; the
-floor is exactly those N_s + 1 ``vmap(loss_fn)`` calls (``vmap(grad_and_value)`` for
-hybrid_bfo), run the same way as the update (eager, or compiled in the same mode): update /
-floor is what the optimizer itself costs. Problems: 30-D Rastrigin (P = 256) and an MLP
-64-128-10 on 256 samples (P = 64); modes eager, ``torch.compile(fullgraph=True)`` and on CUDA
-``mode="reduce-overhead"``. Eager is also timed with ``swim_batch=N_s + 1`` (the whole ray in
-one call) against both the N_s + 1-call floor and those candidates evaluated in one call.
-Peak memory of an eager update against its own floor (the population plus one call).
+An update with swim length N_s evaluates N_s + 1 batches of P candidates; the floor is exactly
+those N_s + 1 ``vmap(loss_fn)`` calls (``vmap(grad_and_value)`` for hybrid_bfo), run as the
+update is (eager, or compiled alike): update / floor is what the optimizer itself costs. A
+30-D Rastrigin (P = 256) and an MLP 64-128-10 on 256 samples (P = 64), eager,
+``torch.compile(fullgraph=True)`` and on CUDA ``mode="reduce-overhead"``; eager also with
+``swim_batch=N_s + 1`` (the whole ray in one call) against both floors; the peak memory of an
+eager update against the population plus one call.
 
-``--baseline ROOT`` times instead this checkout's core against another checkout's (say
-``git worktree add /tmp/old v0.3``; both draw with this checkout's ``random``), update for
-update in one process, eager and compiled: the cost of a change to the update itself.
+``--baseline ROOT`` times instead this checkout's core against another checkout's (say ``git
+worktree add /tmp/old v0.3``; both draw with this checkout's ``random``), update for update in
+one process, eager and compiled: the cost of a change to the update itself.
 
     python benchmarks/update_overhead.py [--quick] [--device cuda] [--variants bfo,...]
                                          [--baseline ROOT]
@@ -73,8 +72,7 @@ def time_update(name: str, variant: str, population: int, problem, repeats: int,
     row["floor_peak_mb"] = row["population_mb"] + peak_mb(lambda: evaluate(candidates), device)
     # The whole swim ray in one call: the same trajectory, fewer calls.
     ray, ray_state = started(variant, population, problem, swim_batch=SWIM + 1)
-    stacked = optree.tree_map(lambda x: x.repeat((SWIM + 1,) + (1,) * (x.dim() - 1)),
-                              candidates)
+    stacked = optree.tree_map(lambda x: x.repeat((SWIM + 1,) + (1,) * (x.dim() - 1)), candidates)
     work = cycle(ray.update, ray_state, loss)
     _, row["eager_ray_ms"], row["eager_ray_over_floor"] = paired_ms(
         lambda: [evaluate(candidates) for _ in range(SWIM + 1)], work, repeats, device, CYCLE)
