@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import optree
 import torch
 
 import functional_bfo as fb
@@ -188,10 +189,9 @@ def cycle(update, state, loss, mode: str = "eager"):
     def run():
         s = current[0]
         for _ in range(CYCLE):
-            if mode == "reduce-overhead":  # CUDA graphs: each call is a new step
-                torch.compiler.cudagraph_mark_step_begin()
             s = update(s, loss)
-        current[0] = s
+        # A CUDA graph's outputs live until its next replay: keep the cycle's end past others'.
+        current[0] = optree.tree_map(torch.clone, s) if mode == "reduce-overhead" else s
 
     return run
 
