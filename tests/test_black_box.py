@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import functional_bfo as fb
+from functional_bfo._black_box import search
 from functional_bfo._metric import condition
 from functional_bfo._state import to_dict
 
@@ -109,6 +110,13 @@ def test_a_stalled_swarm_restarts_from_a_new_place_in_the_box():
     assert all(bool((x.abs() <= 1.0).all()) for x in seen)
 
 
+@pytest.fixture
+def swarms_only(monkeypatch):
+    """No swarm finds a valley, so none goes on as the walker: a test of the swarms' rules."""
+    monkeypatch.setattr(search, "VALLEY_CONDITION", math.inf)
+
+
+@pytest.mark.usefixtures("swarms_only")
 def test_a_swarm_behind_the_best_stops_after_twice_the_evaluations_the_best_took():
     """An isotropic swarm gains a steady 1% of its way to the best on an ill-conditioned
     valley and would spend the budget catching up; it stops at 2x the best's evaluations."""
@@ -407,7 +415,8 @@ def test_a_swarm_in_a_valley_goes_on_as_a_walker_from_its_best_bacterium_and_des
     # At the swarm's best bacterium (the one swarm so far holds the best), with its metric.
     assert float(walker.best_loss) == float(state.best_loss)
     assert math.isclose(float(valley({"x": walker.mean})), float(walker.best_loss), rel_tol=1e-12)
-    assert condition(walker.metric) > 20 and walker.num_evals == state.num_evals
+    assert condition(walker.metric) > search.VALLEY_CONDITION
+    assert walker.num_evals == state.num_evals
     assert not walker.metric.path.any() and not walker.sigma_path.any() and walker.step == 0
     # Its progress is measured from its own start: the swarm's descent, its stall count
     # and its last gain (on the scale of the swarm's first updates) are not inherited.
@@ -455,6 +464,7 @@ def test_a_swarm_whose_rounds_are_too_small_for_a_walker_goes_on_as_it_is(popula
         assert in_valley > 100 and float(state.best_loss) - 100.0 < 1e-8
 
 
+@pytest.mark.usefixtures("swarms_only")
 def test_after_failed_restarts_the_exploring_swarm_takes_every_update():
     """On a flat loss no swarm beats the best: two failures in a row hand the budget over."""
     flat, seen = recording(flat_loss)
@@ -491,6 +501,7 @@ def test_the_exploring_swarm_finds_lower_basins_than_restarts_on_rastrigin():
     assert sum(explored) < sum(restarted)
 
 
+@pytest.mark.usefixtures("swarms_only")
 def test_even_swarms_learn_the_metric_and_odd_ones_tumble_isotropically():
     """On a flat loss each swarm holds the best and lasts 3 * restart_after + 1 updates;
     swarm 1 is the same with or without the metric."""
@@ -506,6 +517,7 @@ def test_even_swarms_learn_the_metric_and_odd_ones_tumble_isotropically():
     assert not torch.equal(learned[0], isotropic[0]) and not torch.equal(learned[2], isotropic[2])
 
 
+@pytest.mark.usefixtures("swarms_only")
 def test_pytrees_open_sides_and_float32_go_through_the_metric_and_the_explorer():
     """Two leaves, one with an open side, in float32: every swarm kind keeps shapes and box."""
     params = {"w": torch.zeros(2, 3), "b": torch.zeros(4)}
@@ -524,6 +536,7 @@ def test_pytrees_open_sides_and_float32_go_through_the_metric_and_the_explorer()
     assert float(out.loss) < 5e-2
 
 
+@pytest.mark.usefixtures("swarms_only")
 def test_the_polish_goes_on_from_the_converging_swarm_that_holds_the_best():
     """Without restarts the one converging swarm holds the best: the polish goes on from it,
     its metric and counters kept, every bacterium gathered at the best, steps from jitter

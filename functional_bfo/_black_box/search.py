@@ -43,7 +43,7 @@ from . import moves, walker
 
 # Tuned constants; docs/variants.md ("Every default") has the numbers that chose each.
 HOLDING_PATIENCE = 3  # a swarm holding the best waits this many times as long to restart
-VALLEY_CONDITION = 20.0  # a metric of this condition (checked once a cycle) marks a valley
+VALLEY_CONDITION = 2.0  # a metric of this condition (checked once a cycle) marks a valley
 JITTER_PERIOD = 10  # the explorer is kicked every JITTER_PERIOD updates
 FACE_SHARE, FACE_SCAN_SIZE = 0.1, 2000  # face moves' caps: share of the polish, coordinates
 POLISH_DECADES = 4  # the polish's steps spread over this many decades below jitter
