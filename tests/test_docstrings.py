@@ -44,7 +44,18 @@ def test_the_examples_of_each_adapter_module_run(name):
 
 
 def test_every_module_with_examples_is_found():
-    assert {"optimizers", "fastai", "loggers", "_candidates"} <= set(MODULES)
+    assert {"optimizers", "fastai", "loggers", "_candidates", "scipy"} <= set(MODULES)
+
+
+def test_the_scipy_example_of_the_integrations_page_runs():
+    """docs/integrations.md's minimize example, as a user pastes it (no torch in it)."""
+    page = pathlib.Path(__file__).parents[1] / "docs" / "integrations.md"
+    example = next(block for block in re.findall(r"```python\n(.*?)```", page.read_text(),
+                                                  re.S) if "adapters.scipy import" in block)
+    assert "torch" not in example
+    space: dict = {}
+    exec(compile(example, str(page), "exec"), space)
+    assert space["res"].fun - 7.0 < 1e-8 and space["res"].nfev <= 5000
 
 
 def test_the_vmap_over_seeds_recipe_of_the_concepts_page_runs():

@@ -1,0 +1,171 @@
+"""The black box in scipy's calling convention: a function of a numpy vector in a box.
+
+``minimize(fun, x0, bounds)`` returns scipy's ``OptimizeResult``; no torch in sight.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import secrets
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.optimize import Bounds, OptimizeResult
+
+import functional_bfo as fb
+
+BUDGET_PER_DIM = 2000  # maxfev's default per coordinate, as the benchmarks run it
+
+
+def minimize(fun: Callable[..., float], x0: Any, bounds: Any, args: tuple = (), *,
+             maxfev: int | None = None, seed: int | None = None,
+             callback: Callable[[OptimizeResult], Any] | None = None,
+             vectorized: bool = False, workers: int | Callable = 1,
+             **settings: Any) -> OptimizeResult:
+    """Minimize ``fun(x, *args)`` over the box ``bounds`` with :func:`functional_bfo.black_box`.
+
+    Args:
+        fun: ``fun(x, *args) -> float`` for ``x`` a float64 vector of shape ``(D,)``; with
+            ``vectorized``, ``fun(X, *args)`` for ``X`` of shape ``(D, S)`` returns ``S``
+            values (scipy's ``differential_evolution`` convention). NaN or infinite values
+            count as the worst.
+        x0: the start, ``D`` numbers (the first swarm's bacterium 0).
+        bounds: ``D`` pairs ``(low, high)`` or a ``scipy.optimize.Bounds`` (an infinite
+            side is open).
+        args: passed to every ``fun`` call.
+        maxfev: the budget of evaluations (default ``2000 * D``).
+        seed: the same seed gives the same run; None draws one.
+        callback: ``callback(intermediate_result)`` after every round, an ``OptimizeResult``
+            of the best so far; raising ``StopIteration`` ends the run (status 1).
+        vectorized: ``fun`` takes a round's points at once.
+        workers: an int of processes (-1: every core) evaluating a round's points in
+            parallel (``fun`` must pickle), or a map-like callable, as
+            ``differential_evolution`` takes it.
+        **settings: :func:`functional_bfo.black_box`'s (``population_size``, ...).
+
+    Returns:
+        ``OptimizeResult`` with ``x``, ``fun``, ``nfev``, ``nit`` (rounds), ``success``,
+        ``status`` (0: budget spent, 1: stopped by the callback, 2: no finite value) and
+        ``message``.
+
+    Raises:
+        ValueError: bounds that are not ``D`` pairs, or a bad budget or setting.
+        Exception: whatever ``fun`` raised, its type kept.
+
+    Examples:
+        >>> import numpy as np
+        >>> from functional_bfo.adapters.scipy import minimize
+        >>> res = minimize(lambda x: np.sum((x - 0.3) ** 2) + 7, np.zeros(3), [(-1, 1)] * 3,
+        ...                maxfev=3000, seed=0)
+        >>> bool(res.fun - 7 < 1e-8), res.nfev <= 3000, res.status
+        (True, True, 0)
+    """
+    start = np.asarray(x0, dtype=np.float64)
+    if start.ndim != 1 or start.size == 0:
+        raise ValueError(f"Invalid x0: shape {start.shape}; expected a vector of D numbers.")
+    low, high = _box(bounds, start.size)
+    budget = BUDGET_PER_DIM * start.size if maxfev is None else maxfev
+    search = fb.black_box_search((torch.tensor(low), torch.tensor(high)),
+                                 max_evals=budget, **settings)
+    key = fb.random.key(secrets.randbits(63) if seed is None else seed)
+    state = search.init({"x": torch.from_numpy(start.copy())}, key=key)
+    evaluate = _evaluator(fun, args, vectorized, workers)
+    status = 0
+    try:
+        while state.phase != "done":
+            asked = search.ask(state)  # type: ignore[misc]  # black_box_search has one
+            rows, mask = asked.params["x"].numpy(), asked.mask.numpy()
+            losses = np.full(len(rows), np.nan)
+            losses[mask] = evaluate(rows[mask])
+            state = search.tell(state, asked, losses)  # type: ignore[misc]
+            if callback is not None:
+                try:
+                    callback(_result(state, 0, "a round"))
+                except StopIteration:
+                    status = 1
+                    break
+    finally:
+        evaluate.close()
+    if status == 0 and not math.isfinite(float(state.best_loss)):
+        status = 2
+    return _result(state, status, MESSAGES[status])
+
+
+MESSAGES = {0: "The budget of evaluations (maxfev) was spent.",
+            1: "The callback raised StopIteration.",
+            2: "Every value of fun was NaN or infinite."}
+
+
+def _box(bounds: Any, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``bounds`` as float64 ``(low, high)`` vectors of ``size``, or a clear error."""
+    if bounds is None:
+        raise ValueError("minimize needs bounds (D pairs (low, high) or a scipy.optimize."
+                         "Bounds): the black box's steps and restarts are relative to the box.")
+    if isinstance(bounds, Bounds):
+        low, high = (np.broadcast_to(np.asarray(v, dtype=np.float64), (size,))
+                     for v in (bounds.lb, bounds.ub))
+    else:
+        pairs = np.asarray(bounds, dtype=np.float64)
+        if pairs.shape != (size, 2):
+            raise ValueError(f"Invalid bounds: shape {pairs.shape}; expected {size} pairs "
+                             "(low, high), one per coordinate of x0, or a scipy.optimize.Bounds.")
+        low, high = pairs[:, 0], pairs[:, 1]
+    return np.ascontiguousarray(low), np.ascontiguousarray(high)
+
+
+class _Rows:
+    """A round's points ``(k, D)`` -> their ``k`` values, by ``fun`` as the caller asked."""
+
+    def __init__(self, fun: Callable, args: tuple, vectorized: bool, workers: int | Callable):
+        self.fun, self.args, self.vectorized, self.pool = fun, args, vectorized, None
+        if callable(workers):
+            self.map: Callable = workers
+        elif isinstance(workers, (int, np.integer)) and not isinstance(workers, bool) and (
+                workers == -1 or workers >= 1):
+            if workers != 1:
+                self.pool = concurrent.futures.ProcessPoolExecutor(
+                    None if workers == -1 else int(workers))
+            self.map = map if self.pool is None else self.pool.map
+        else:
+            raise ValueError(f"Invalid workers: {workers!r}; expected an int >= 1, -1 (every "
+                             "core) or a map-like callable.")
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        if self.vectorized:
+            values = np.asarray(self.fun(rows.T.copy(), *self.args), dtype=np.float64)
+            if values.shape != (len(rows),):
+                raise ValueError(f"A vectorized fun returned shape {values.shape} for {len(rows)} "
+                                 f"points; expected ({len(rows)},).")
+            return values
+        calls: Iterable = self.map(_Call(self.fun, self.args), list(rows))
+        return np.fromiter((float(v) for v in calls), dtype=np.float64, count=len(rows))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+
+class _Call:
+    """``fun(x, *args)``, picklable where ``fun`` is (a pool's workers call it)."""
+
+    def __init__(self, fun: Callable, args: Sequence):
+        self.fun, self.args = fun, tuple(args)
+
+    def __call__(self, x: np.ndarray) -> Any:
+        return self.fun(x, *self.args)
+
+
+def _evaluator(fun: Callable, args: tuple, vectorized: bool, workers: int | Callable) -> _Rows:
+    if not callable(fun):
+        raise TypeError(f"Invalid fun: {fun!r}; expected a callable fun(x, *args) -> float.")
+    return _Rows(fun, tuple(args), vectorized, workers)
+
+
+def _result(state: Any, status: int, message: str) -> OptimizeResult:
+    """The best point of ``state`` as scipy reports one."""
+    return OptimizeResult(x=state.best_row.numpy().copy(), fun=float(state.best_loss),
+                          nfev=int(state.num_evals), nit=int(state.step), success=status != 2,
+                          status=status, message=message)
