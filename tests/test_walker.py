@@ -62,6 +62,13 @@ def test_the_step_size_grows_on_a_slope_and_shrinks_around_an_optimum():
     assert float(bowl.sigma) < 0.5 / 2 / 10
 
 
+def test_a_walker_on_a_plateau_grows_its_step_to_see_past_it():
+    """pycma's flat-fitness rule: rounds whose best ranks tie grow the step (on a flat loss
+    every round does), where the path alone would let it shrink."""
+    step = walk(fresh(4, step=1e-3), lambda x: x.sum() * 0, 10)
+    assert float(step.sigma) > 10 * 1e-3 / 2
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.floats(-1e6, 1e6), min_size=LAM, max_size=LAM),
        st.floats(1e-3, 1e3), st.floats(-1e6, 1e6))
@@ -158,12 +165,13 @@ def test_a_round_with_no_finite_loss_leaves_the_walker_where_it_was():
 
 
 def test_a_kept_metric_keeps_its_scale():
-    """Tied costs teach the metric nothing: C stays, and the step size moves by its path
-    alone, not by the scale of the C it did not take."""
+    """Tied costs teach the metric nothing: C stays, and the step size moves by its path and
+    the flat-fitness factor, not by the scale of the C it did not take."""
     w = fresh(4)
     z, _ = walker.draw(w, LAM, None, "reflect")
     tied = walker.told(w, z, torch.ones(LAM, dtype=torch.float64), 1.0, RATE, SIGMAS, None,
                        "reflect")
     r = walker.rates(LAM, 4, RATE)
     by_path = w.sigma * torch.exp(r.c_sigma / r.d_sigma * (tied.sigma_path.norm() / r.chi_n - 1))
+    by_path = by_path * math.exp(0.2 + r.c_sigma / r.d_sigma)  # every rank ties: a plateau
     assert torch.equal(tied.metric.cov, w.metric.cov) and torch.equal(tied.sigma, by_path)

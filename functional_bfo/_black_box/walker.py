@@ -142,9 +142,14 @@ def told(w: Walker, z: Tensor, costs: Tensor, sign: float, rate: float,
     def held(new: Tensor, old: Tensor) -> Tensor:  # what a round with no finite cost keeps
         return torch.where(seen, new, old)
 
+    # A round whose best ranks tie (a plateau) grows the step to see past it, as pycma's
+    # flat-fitness rule does.
+    flat = seen & (ranked[0] == ranked[math.ceil(0.1 + lam / 4)])
+    grown = (moved.sigma * math.exp(0.2 + r.c_sigma / r.d_sigma)).clamp(
+        sigma_range[0] / math.sqrt(n), sigma_range[1] / math.sqrt(n))
     mm = moved.metric
     return moved._replace(
-        mean=held(moved.mean, w.mean), sigma=held(moved.sigma, w.sigma),
+        mean=held(moved.mean, w.mean), sigma=held(torch.where(flat, grown, moved.sigma), w.sigma),
         sigma_path=held(moved.sigma_path, w.sigma_path), step=w.step + 1,
         num_evals=w.num_evals + lam, metric=mm._replace(
             cov=held(mm.cov, m.cov), factor=held(mm.factor, m.factor), path=held(mm.path, m.path)))
