@@ -72,7 +72,7 @@ def minimize(fun: Callable[..., float], x0: Any, bounds: Any, args: tuple = (), 
                                  max_evals=budget, **settings)
     key = fb.random.key(secrets.randbits(63) if seed is None else seed)
     state = search.init({"x": torch.from_numpy(start.copy())}, key=key)
-    evaluate = _evaluator(fun, args, vectorized, workers)
+    evaluate = _Rows(fun, tuple(args), vectorized, workers)
     status = 0
     try:
         while state.phase != "done":
@@ -120,6 +120,8 @@ class _Rows:
     """A round's points ``(k, D)`` -> their ``k`` values, by ``fun`` as the caller asked."""
 
     def __init__(self, fun: Callable, args: tuple, vectorized: bool, workers: int | Callable):
+        if not callable(fun):
+            raise TypeError(f"Invalid fun: {fun!r}; expected a callable fun(x, *args) -> float.")
         self.fun, self.args, self.vectorized, self.pool = fun, args, vectorized, None
         if callable(workers):
             self.map: Callable = workers
@@ -156,12 +158,6 @@ class _Call:
 
     def __call__(self, x: np.ndarray) -> Any:
         return self.fun(x, *self.args)
-
-
-def _evaluator(fun: Callable, args: tuple, vectorized: bool, workers: int | Callable) -> _Rows:
-    if not callable(fun):
-        raise TypeError(f"Invalid fun: {fun!r}; expected a callable fun(x, *args) -> float.")
-    return _Rows(fun, tuple(args), vectorized, workers)
 
 
 def _result(state: Any, status: int, message: str) -> OptimizeResult:
