@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from . import _metric as metric
-from ._ask_tell import Plan, Variant, costs_evaluation, swim_optimizer
+from ._ask_tell import Plan, Variant, costs_evaluation, cycle_ends, swim_optimizer
 from ._base import Key, Optimizer, Params
 from ._bounds import (
     BOUNDARY_MODES,
@@ -26,9 +26,14 @@ from ._bounds import (
 )
 from ._checks import check_bool, check_choice, check_float, check_int, check_ordered
 from ._chemotaxis import TUMBLES, SwimResult, tumble_directions, walk
-from ._cycle import cycle_ends
 from ._layout import layout, ravel
-from ._population import bacterium_noise, initial_population, per_run, reproduction_index
+from ._population import (
+    Noise,
+    bacterium_noise,
+    initial_population,
+    per_run,
+    reproduction_index,
+)
 from ._tree import diversity, first_min, where
 from .evaluate import Evaluator, check_evaluator
 
@@ -120,15 +125,13 @@ def adaptive_bfo(
             \big)\Big)
         \end{aligned}
 
-    The success rule settles where one step in five succeeds (Rechenberg's 1/5th rule),
-    so each bacterium's step shrinks near an optimum and grows on a slope. A point as good
-    as the one before counts as a success, as in a (1+1)-ES that accepts ties: on a plateau
-    (a step function, or a loss flat to its precision) the bacteria drift and their steps
-    grow until they see past it, where counting ties as failures would freeze them. At every
-    reproduction (every ``chemotaxis_steps`` updates; copies inherit their parent's step
-    size) bacteria are dispersed with probability :math:`P_{ed}`, which rises as the best
-    loss stalls or the swarm collapses; the bacterium holding the best cost is never
-    dispersed, and a dispersed one restarts with step size :math:`C_0`.
+    The success rule settles where one step in five succeeds (Rechenberg's 1/5th rule), so
+    each bacterium's step shrinks near an optimum and grows on a slope; a tie counts as a
+    success, so on a plateau (a step function, a loss flat to its precision) steps grow until
+    they see past it instead of freezing. At every reproduction (every ``chemotaxis_steps``
+    updates; copies inherit their parent's step size) bacteria are dispersed with probability
+    :math:`P_{ed}`, which rises as the best loss stalls or the swarm collapses; the bacterium
+    holding the best cost is never dispersed, and a dispersed one restarts at :math:`C_0`.
 
     Args:
         population_size: number of bacteria; the initial params are bacterium 0.
@@ -160,12 +163,10 @@ def adaptive_bfo(
             it is not), so one setting suits a +-1 box and a +-600 one. Part of the
             black-box setup (docs/variants.md).
         metric_rate: above 0, tumbles follow a metric (``state.metric``) learned from the
-            swarm's successful tumbles at this rate, 2.0 in the black-box setup: along a
-            narrow rotated valley they learn to point along it (docs/variants.md). A lone
-            bacterium (``population_size=1``) learns from its evolution path, as the
-            (1+1)-CMA-ES does, which learns a valley in about ``n`` successes. It
-            costs ``n^2`` memory and ``n^3`` time per update for ``n`` parameters, so it is
-            limited to 2000.
+            swarm's successful tumbles at this rate (2.0 in the black-box setup), so that they
+            point along a narrow rotated valley; a lone bacterium learns from its evolution
+            path, as the (1+1)-CMA-ES does (docs/variants.md). It costs ``n^2`` memory and
+            ``n^3`` time per update for ``n`` parameters, so it is limited to 2000.
         init_scale: spread of new bacteria on coordinates with no finite box.
         maximize: maximize the loss instead.
         evaluator: how the population is evaluated (default ``evaluate.vmap()``).
@@ -189,49 +190,40 @@ def adaptive_bfo(
         <https://doi.org/10.1155/2011/108269>`_, 2011.
         I. Rechenberg, Evolutionsstrategie, 1973 (the 1/5th success rule).
     """
-    return swim_optimizer(ADAPTIVE, adaptive_settings(**locals()))  # the arguments above
+    return swim_optimizer(ADAPTIVE, swarm_settings(**locals()))  # the arguments above
 
 
 def swarm_settings(population_size: int, **given: Any) -> AdaptiveSettings:
-    """adaptive_bfo's settings for ``given``, its defaults elsewhere (hybrid, black box)."""
+    """:func:`adaptive_bfo`'s arguments validated, its defaults where not ``given``.
+
+    hybrid_bfo and the black box build their swarms with it.
+    """
     defaults = adaptive_bfo.__kwdefaults__ or {}
-    return adaptive_settings(**{**defaults, **given, "population_size": population_size})
-
-
-def adaptive_settings(*, population_size: int, step_size: float, step_size_min: float,
-                      step_size_max: float, adaptation_rate: float, swim_length: int,
-                      swim_batch: int, chemotaxis_steps: int, elimination_prob: float,
-                      elimination_prob_max: float, stagnation_steps: int,
-                      min_population_size: int | None, tumble: str, levy_beta: float,
-                      bounds: Any, boundary: str, relative_steps: bool, metric_rate: float,
-                      init_scale: float, maximize: bool, evaluator: Any) -> AdaptiveSettings:
-    """:func:`adaptive_bfo`'s arguments validated (hybrid_bfo's and black_box's swarms too)."""
+    if unknown := sorted(given.keys() - defaults.keys()):
+        raise TypeError(f"adaptive_bfo() got an unexpected keyword argument {unknown[0]!r}")
+    a = {**defaults, **given}
     size = check_int("population_size", population_size, 1)
-    swims = check_int("swim_length", swim_length, 0)
-    batch = check_int("swim_batch", swim_batch, 1)
-    n_c = check_int("chemotaxis_steps", chemotaxis_steps, 1)
-    n_stag = check_int("stagnation_steps", stagnation_steps, 1)
-    min_size = size if min_population_size is None else check_int(
-        "min_population_size", min_population_size, 1)
+    swims = check_int("swim_length", a["swim_length"], 0)
+    batch = check_int("swim_batch", a["swim_batch"], 1)
+    n_c = check_int("chemotaxis_steps", a["chemotaxis_steps"], 1)
+    n_stag = check_int("stagnation_steps", a["stagnation_steps"], 1)
+    min_size = size if a["min_population_size"] is None else check_int(
+        "min_population_size", a["min_population_size"], 1)
     if min_size > size:
-        raise ValueError(f"Invalid min_population_size: {min_population_size}; expected at "
-                         f"most population_size={size}.")
-    given = dict(step_size=step_size, step_size_min=step_size_min, step_size_max=step_size_max,
-                 adaptation_rate=adaptation_rate, elimination_prob=elimination_prob,
-                 elimination_prob_max=elimination_prob_max, init_scale=init_scale,
-                 levy_beta=levy_beta)
-    hyper = {name: check_float(name, value, *AdaptiveBFOHyperparams.RANGES[name])
-             for name, value in given.items()}
+        raise ValueError(f"Invalid min_population_size: {a['min_population_size']}; expected "
+                         f"at most population_size={size}.")
+    hyper = {name: check_float(name, a[name], *limits)
+             for name, limits in AdaptiveBFOHyperparams.RANGES.items()}
     check_ordered(hyper, AdaptiveBFOHyperparams.ORDERED)
-    check_choice("tumble", tumble, TUMBLES)
-    check_choice("boundary", boundary, BOUNDARY_MODES)
-    check_bool("maximize", maximize)
-    check_bool("relative_steps", relative_steps)
-    rate = check_float("metric_rate", metric_rate, 0.0)
-    bounds = check_bounds(bounds)
-    return AdaptiveSettings(size, swims, n_c, n_stag, bounds, boundary, tumble,
-                            -1.0 if maximize else 1.0, min_size, relative_steps, batch, rate,
-                            is_closed(bounds), check_evaluator(evaluator), hyper)
+    check_choice("tumble", a["tumble"], TUMBLES)
+    check_choice("boundary", a["boundary"], BOUNDARY_MODES)
+    check_bool("maximize", a["maximize"])
+    check_bool("relative_steps", a["relative_steps"])
+    rate = check_float("metric_rate", a["metric_rate"], 0.0)
+    bounds = check_bounds(a["bounds"])
+    return AdaptiveSettings(size, swims, n_c, n_stag, bounds, a["boundary"], a["tumble"],
+                            -1.0 if a["maximize"] else 1.0, min_size, a["relative_steps"], batch,
+                            rate, is_closed(bounds), check_evaluator(a["evaluator"]), hyper)
 
 
 def adaptive_init(static: AdaptiveSettings, params: Params, *, key: Key) -> AdaptiveBFOState:
@@ -256,18 +248,6 @@ def adaptive_init(static: AdaptiveSettings, params: Params, *, key: Key) -> Adap
     ))
 
 
-def adaptive_finish(static: AdaptiveSettings, state: AdaptiveBFOState, plan: Plan,
-                    result: SwimResult) -> dict:
-    """Its own fields, and the metric learned from the tumbles that moved a known bacterium."""
-    step, learned = adaptive_fields(static, state, plan, result), state.metric
-    if static.metric_rate > 0:  # in float64, each side cast first, as the metric sees it
-        steps = (step.fields["population"].to(torch.float64)
-                 - state.population.index_select(0, step.source).to(torch.float64))
-        learned = metric.learn(state.metric, steps, step.known & (steps != 0).any(dim=1),
-                               static.metric_rate, step.known)
-    return dict(**step.fields, metric=learned)
-
-
 class AdaptiveSettings(NamedTuple):
     """The validated settings of an :func:`adaptive_bfo` optimizer."""
 
@@ -289,66 +269,6 @@ class AdaptiveSettings(NamedTuple):
     gradient: Any = None  # hybrid_bfo's GradientSettings (None: no gradients)
 
 
-class AdaptiveStep(NamedTuple):
-    """One adaptive step's outcome: the new common state fields, and what variants extend."""
-
-    fields: dict[str, Any]  # the adaptive fields' new values (the scaffold's aside)
-    source: Tensor  # (P,) reproduction source of each slot
-    known: Tensor  # (P,) whether each bacterium knew its loss before the swim
-    aux: Any  # the evaluation's auxiliary output at each final point
-
-
-class Cycled(NamedTuple):
-    """The population after a cycle's events: reproduction, then dispersal under pressure."""
-
-    population: Tensor  # (P, D)
-    losses: Tensor  # (P,) the reproduced losses (a dispersed bacterium's is not read)
-    step_sizes: Tensor  # (P,)
-    health: Tensor  # (P,) restarted where the cycle ended
-    active_size: Tensor  # ()
-    source: Tensor  # (P,) int64: the slot each bacterium was copied from
-    dispersed: Tensor  # (P,) bool
-
-
-def no_cycle(state: Any, slots: Tensor, health: Tensor | None = None) -> Cycled:
-    """The population as it stands: no event fired (``health`` replaced if given)."""
-    return Cycled(state.population, state.losses, state.step_sizes,
-                  state.health if health is None else health, state.active_size, slots,
-                  torch.zeros_like(slots, dtype=torch.bool))
-
-
-def cycle_event(static: AdaptiveSettings, flag: Tensor, state: Any, slots: Tensor,
-                coins: Tensor, places: Tensor, best: Tensor, box: LeafBounds | None,
-                dtype: torch.dtype) -> Cycled:
-    """Reproduction, then dispersal under pressure, where ``flag`` (0-d bool) holds."""
-    hp, stall, count, size = state.hyperparams, state.stall, state.active_size, static.size
-    if size == 1:  # reproduction copies a lone bacterium, and as the leader it stays
-        return no_cycle(state, slots, torch.where(flag, 0.0, state.health))
-    varying = static.min_size < size
-    source = reproduction_index(state.health, flag, count if varying else None)
-    population, losses, step_sizes = (x.index_select(0, source) for x in (
-        state.population, state.losses, state.step_sizes))
-    health = torch.where(flag, 0.0, state.health)
-    cost = static.sign * losses  # NaN where never evaluated
-    spread = diversity(population, dtype) / state.reference_diversity.clamp_min(1e-30)
-    pressure = torch.maximum(stall.to(dtype) / static.stagnation_steps, 1 - spread).clamp(0, 1)
-    p_ed = hp.elimination_prob + (hp.elimination_prob_max - hp.elimination_prob) * pressure
-    if varying:  # grow under pressure, shrink while improving; woken slots start afresh
-        stalled = stall >= static.stagnation_steps
-        change = torch.where(stalled, max(1, size // 8), (stall == 0).long().neg())
-        new_count = torch.where(flag, (count + change).clamp(static.min_size, size), count)
-        woken = (slots < new_count) & (slots >= count)
-        count = new_count
-    unknown = torch.isnan(cost) if not varying else torch.isnan(cost) | (slots >= count)
-    leader = first_min(torch.where(unknown, torch.inf, cost))[1]
-    dispersed = flag & (coins < p_ed) & (slots != leader)
-    if varying:
-        dispersed = (dispersed & (slots < count)) | woken
-    population = where(dispersed, sample_domain(best, places, box, hp.init_scale), population)
-    step_sizes = torch.where(dispersed, hp.step_size, step_sizes)
-    return Cycled(population, losses, step_sizes, health, count, source, dispersed)
-
-
 class AdaptiveKeep(NamedTuple):
     """What an adaptive update keeps from before its swim for after it."""
 
@@ -364,8 +284,8 @@ def adaptive_plan(static: AdaptiveSettings, state: Any, cycles: bool, steer=None
                   start_aux=None) -> Plan:
     """Reproduce, disperse and tumble: the update's greedy swim, before any loss.
 
-    ``steer(direction, source, known)`` bends the tumble (the hybrid's gradients);
-    ``start_aux(source, known)`` is the aux kept where a bacterium stays.
+    ``steer(direction, source, known)`` bends the tumble and ``start_aux(source)`` is the aux
+    kept where a bacterium stays (the hybrid's gradients).
     """
     size, sign = static.size, static.sign
     hp, dtype, shape = state.hyperparams, state.losses.dtype, layout(state.best_params)
@@ -374,9 +294,15 @@ def adaptive_plan(static: AdaptiveSettings, state: Any, cycles: bool, steer=None
     noise = bacterium_noise(state.key, state.step, size, shape.size, dtype)
 
     slots = torch.arange(size, device=state.step.device)
-    population, losses, step_sizes, health, count, source, dispersed = cycle_event(
-        static, cycle_ends(state.step, static.chemotaxis_steps), state, slots, noise.coin,
-        noise.place, best, box, dtype) if cycles else no_cycle(state, slots)  # at_step's twin
+    population, losses, step_sizes = state.population, state.losses, state.step_sizes
+    health, count, source = state.health, state.active_size, slots
+    dispersed = torch.zeros_like(slots, dtype=torch.bool)
+    if cycles:  # else the driver knows that no cycle ends here (at_step)
+        flag = cycle_ends(state.step, static.chemotaxis_steps)
+        health = torch.where(flag, 0.0, health)
+        if size > 1:  # reproduction copies a lone bacterium, and as the leader it stays
+            population, losses, step_sizes, count, source, dispersed = cycle_event(
+                static, flag, state, slots, noise, best, box, dtype)
     # Within the current bounds, the ceiling winning: a lowered step_size_max caps every step.
     step_sizes = step_sizes.clamp(hp.step_size_min, hp.step_size_max)
     cost = sign * losses  # NaN where never evaluated
@@ -386,8 +312,7 @@ def adaptive_plan(static: AdaptiveSettings, state: Any, cycles: bool, steer=None
     if active is not None:
         known = known & active
 
-    direction, steps = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
-                                         static.tumble, hp.levy_beta, step_sizes)
+    direction, steps = tumble_directions(noise, static.tumble, hp.levy_beta, step_sizes)
     if static.relative_steps:
         direction = box_relative(direction, box)
     if static.metric_rate > 0:
@@ -395,7 +320,7 @@ def adaptive_plan(static: AdaptiveSettings, state: Any, cycles: bool, steer=None
     if steer is not None:
         direction = steer(direction, source, known)
     last = torch.where(known, cost, torch.inf)
-    stay_aux = None if start_aux is None else start_aux(source, known)
+    stay_aux = None if start_aux is None else start_aux(source)
     steps = steps if active is None else steps * active
     ray = walk(population, direction, steps, known.to(dtype), bounds=box,
                boundary=static.boundary, swims=static.swims, greedy=True, ties=True)
@@ -404,15 +329,55 @@ def adaptive_plan(static: AdaptiveSettings, state: Any, cycles: bool, steer=None
     return Plan(ray, carry, active, keep, shape, count * (static.swims + 1))
 
 
-def adaptive_fields(static: AdaptiveSettings, state: Any, plan: Plan,
-                    result: SwimResult) -> AdaptiveStep:
+def cycle_event(static: AdaptiveSettings, flag: Tensor, state: Any, slots: Tensor, noise: Noise,
+                best: Tensor, box: LeafBounds | None, dtype: torch.dtype) -> tuple[Tensor, ...]:
+    """Reproduction, then dispersal under pressure, where ``flag`` holds: the swarm's new rows."""
+    hp, stall, count, size = state.hyperparams, state.stall, state.active_size, static.size
+    varying = static.min_size < size
+    source = reproduction_index(state.health, flag, count if varying else None)
+    population, losses, step_sizes = (x.index_select(0, source) for x in (
+        state.population, state.losses, state.step_sizes))
+    cost = static.sign * losses  # NaN where never evaluated
+    spread = diversity(population, dtype) / state.reference_diversity.clamp_min(1e-30)
+    pressure = torch.maximum(stall.to(dtype) / static.stagnation_steps, 1 - spread).clamp(0, 1)
+    p_ed = hp.elimination_prob + (hp.elimination_prob_max - hp.elimination_prob) * pressure
+    if varying:  # grow under pressure, shrink while improving; woken slots start afresh
+        stalled = stall >= static.stagnation_steps
+        change = torch.where(stalled, max(1, size // 8), (stall == 0).long().neg())
+        new_count = torch.where(flag, (count + change).clamp(static.min_size, size), count)
+        woken = (slots < new_count) & (slots >= count)
+        count = new_count
+    unknown = torch.isnan(cost) if not varying else torch.isnan(cost) | (slots >= count)
+    leader = first_min(torch.where(unknown, torch.inf, cost))[1]
+    dispersed = flag & (noise.coin < p_ed) & (slots != leader)
+    if varying:
+        dispersed = (dispersed & (slots < count)) | woken
+    population = where(dispersed, sample_domain(best, noise.place, box, hp.init_scale),
+                       population)
+    step_sizes = torch.where(dispersed, hp.step_size, step_sizes)
+    return population, losses, step_sizes, count, source, dispersed
+
+
+def adaptive_finish(static: AdaptiveSettings, state: AdaptiveBFOState, plan: Plan,
+                    result: SwimResult) -> dict:
+    """Its own fields, and the metric learned from the tumbles that moved a known bacterium."""
+    learned, known = state.metric, plan.keep.known
+    if static.metric_rate > 0:  # in float64, each side cast first, as the metric sees it
+        steps = (result.population.to(torch.float64)
+                 - state.population.index_select(0, plan.keep.source).to(torch.float64))
+        learned = metric.learn(state.metric, steps, known & (steps != 0).any(dim=1),
+                               static.metric_rate, known)
+    return dict(**adaptive_fields(static, state, plan, result), metric=learned)
+
+
+def adaptive_fields(static: AdaptiveSettings, state: Any, plan: Plan, result: SwimResult) -> dict:
     """The update after its swim: the 1/5th success rule, the stall count, the counters."""
     hp, sign, keep, active = state.hyperparams, static.sign, plan.keep, plan.active
     # The 1/5th success rule (a tie moves and counts as a success), only where the cost was known.
     grow = torch.where(result.moved & keep.known, hp.adaptation_rate, -hp.adaptation_rate / 4)
     adapted = (keep.step_sizes * torch.exp(grow)).clamp(hp.step_size_min, hp.step_size_max)
     improved = result.best_cost < sign * state.best_loss
-    fields = dict(
+    return dict(
         population=result.population,
         losses=sign * _on_active(active, result.raw_cost, keep.cost),
         health=keep.health + _on_active(active, result.cost, 0),
@@ -421,7 +386,6 @@ def adaptive_fields(static: AdaptiveSettings, state: Any, plan: Plan,
         reference_diversity=state.reference_diversity,
         active_size=keep.active_size,
     )
-    return AdaptiveStep(fields, keep.source, keep.known, result.aux)
 
 
 def _on_active(active: Tensor | None, x: Tensor, other: Tensor | float) -> Tensor:

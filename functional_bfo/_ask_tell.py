@@ -1,16 +1,15 @@
 """The scaffold: a variant's plan, evaluation and finish as update, ask and tell.
 
-Ask/tell is one update as a round of all ``(N_s + 1) P`` candidates, evaluated by the caller.
-
-Both halves recompute the plan from the state, which neither changes (docs/design.md).
+Ask/tell is one update as a round of all ``(N_s + 1) P`` candidates, evaluated by the caller;
+both halves recompute the plan from the state, which neither changes (docs/design.md).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import warnings
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -21,7 +20,7 @@ from torch import Tensor
 from ._base import Key, LossFn, Optimizer, Params
 from ._checks import check_losses, check_state
 from ._chemotaxis import Ray, SwimCarry, SwimResult, after
-from ._layout import Layout, strided, unravel
+from ._layout import Layout, unravel
 
 # The integer type whose bits a float of each width is read as, for a state's digest.
 BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -42,13 +41,6 @@ class Plan(NamedTuple):
     evaluations: Any  # () int64 tensor or int: what the round adds to num_evals
     given: Any = None  # what the caller gave update beyond the contract (the hybrid's grad)
 
-    def needed(self) -> Tensor:
-        """(N_s + 1) P bools, point-major: the candidates whose loss the update reads."""
-        if self.active is None:
-            return torch.ones(self.ray.distances.numel(), dtype=torch.bool,
-                              device=self.ray.distances.device)
-        return self.active.repeat(self.ray.distances.shape[0])
-
     def padded(self, costs: Tensor) -> Tensor:
         """``costs`` of stacked points, the padding rows at +inf (their aux is never read)."""
         if self.active is None:
@@ -58,10 +50,7 @@ class Plan(NamedTuple):
 
     def swim(self, evaluate: Callable[[Params], tuple[Tensor, Any, Tensor | None]],
              per_call: int) -> tuple[SwimResult, Tensor | None]:
-        """``update``'s swim, and the ranks that disagreed in any evaluation (None: local).
-
-        ``per_call`` points at a time go to ``evaluate`` (rows -> cost, aux, ranks or None).
-        """
+        """``update``'s swim, ``per_call`` points per ``evaluate``, and the ranks that disagreed."""
         ray, carry = self.ray, self.carry
         raw: Tensor | None = None
         aux: Any = None
@@ -112,11 +101,7 @@ class Ask(NamedTuple):
 
 
 def round_tag(state: Any, settings: int) -> Tensor:
-    """The tag of ``state``'s round: counters, key, a digest of the state, ``settings``' digest.
-
-    The digest covers every leaf (population, losses, best, box, hyperparameters, masks), so
-    an Ask of another state, or of this one edited, has another tag.
-    """
+    """``state``'s counters, key, digest of every leaf (an edit moves it) and ``settings``."""
     return torch.stack([state.step, state.num_evals, state.key[0], state.key[1],
                         state_digest(state), torch.tensor(settings, device=state.key.device)])
 
@@ -149,26 +134,21 @@ def settings_digest(settings: Any) -> int:
 class Variant(NamedTuple):
     """A variant as the scaffold takes it: its State and steps, each taking settings first.
 
-    ``settings`` is the variant's NamedTuple of validated settings, with at least ``size``,
-    ``sign``, ``swim_batch`` and ``chemotaxis_steps`` (the cycle's period). ``plan`` takes
-    ``cycles``: False where the driver knows that no cycle ends (:func:`at_step`). The
-    scaffold writes the fields every state shares (:data:`SHARED`); ``finish`` the rest.
+    ``settings`` (a NamedTuple) has at least ``size``, ``sign``, ``swim_batch`` and
+    ``chemotaxis_steps``; ``plan``'s ``cycles`` is False where no cycle ends (:func:`at_step`).
     """
 
     name: str
     state_type: type
     init: Callable[..., Any]  # init(settings, params, *, key) -> state
     plan: Callable[..., Plan]  # plan(settings, state, cycles, **given): the update before losses
-    finish: Callable[..., dict]  # finish(settings, state, plan, result): its own new fields
+    finish: Callable[..., dict]  # (settings, state, plan, result) -> fields but the shared ones
     evaluation: Callable[..., Callable]  # (settings, state, plan, loss_fn, args) -> rows scorer
     told_aux: Callable[..., Any] | None = None  # (settings, state, asked, **given): tell's aux
     update_takes: str | None = None  # the keyword update takes beyond the contract
     tell_takes: str | None = None  # and tell (hybrid_bfo's grad= and grads=)
 
 
-# The fields every variant's state has, written by the scaffold after each round.
-SHARED = ("best_params", "best_loss", "key", "step", "num_evals", "box", "disagreeing_ranks",
-          "hyperparams")
 # Settings that leave a round's candidates as they are: an Ask is told across them.
 NOT_OF_THE_ROUND = ("swim_batch", "evaluator", "chunk_size", "hyper")
 
@@ -182,12 +162,16 @@ def swim_optimizer(variant: Variant, settings: Any) -> Optimizer:
                         period=settings.chemotaxis_steps)
 
 
-def at_step(opt: Optimizer, step: int) -> Optimizer:
-    """``opt``, or where no cycle ends at ``step`` its twin without the masked cycle events.
+def cycle_ends(step: Tensor, period: int) -> Tensor:
+    """Whether a cycle ends at ``step`` (0-d bool): every update runs the events masked by it."""
+    return (step > 0) & (step % period == 0)
 
-    For a driver that knows the step on the host: bitwise the same update, without the
-    events that fire one update in a cycle (58 of a learning black-box swarm's 195 ops;
-    0.88x the time of an eager ``bfo`` update at P = 256). Optimizers without one: ``opt``.
+
+def at_step(opt: Optimizer, step: int) -> Optimizer:
+    """``opt``, or its twin without the cycle events where no cycle ends at ``step``.
+
+    For drivers that know the step on the host: bitwise the same update, fewer ops
+    (docs/design.md). Optimizers without a twin: ``opt``.
     """
     if opt.twin is None or step > 0 and step % opt.period == 0:
         return opt
@@ -198,9 +182,6 @@ def _build(variant: Variant, settings: Any, fixed: int, cycles: bool) -> Optimiz
     """``update``, ``ask`` and ``tell`` over one plan, with or without the cycle events."""
     name, size, sign = variant.name, settings.size, settings.sign
 
-    def init(params: Params, *, key: Key) -> Any:
-        return variant.init(settings, params, key=key)
-
     def update(state: Any, loss_fn: LossFn, *args: Any, **given: Any) -> Any:
         check_state(state, size, variant.state_type, name)
         if not callable(loss_fn):
@@ -210,12 +191,15 @@ def _build(variant: Variant, settings: Any, fixed: int, cycles: bool) -> Optimiz
         steps = variant.plan(settings, state, cycles, **given)
         result, disagreed = steps.swim(variant.evaluation(settings, state, steps, loss_fn, args),
                                        settings.swim_batch)
-        return finished(variant, settings, state, steps, result, disagreed)
+        return finished(state, steps, result, disagreed)
 
     def ask(state: Any) -> Ask:
         check_state(state, size, variant.state_type, name)
         steps = variant.plan(settings, state, cycles)
-        return Ask(unravel(steps.layout, steps.ray.points(steps.ray.distances)), steps.needed(),
+        distances = steps.ray.distances  # the mask: the candidates whose loss the update reads
+        mask = torch.ones(distances.numel(), dtype=torch.bool, device=distances.device) if (
+            steps.active is None) else steps.active.repeat(distances.shape[0])
+        return Ask(unravel(steps.layout, steps.ray.points(distances)), mask,
                    round_tag(state, fixed))
 
     def tell(state: Any, asked: Ask, losses: Any, *, check: bool = True, **given: Any) -> Any:
@@ -223,28 +207,31 @@ def _build(variant: Variant, settings: Any, fixed: int, cycles: bool) -> Optimiz
         refuse_keywords(given, variant.tell_takes, f"{name}.tell")
         check_ask(asked, name)
         steps = variant.plan(settings, state, cycles)
-        check_rows(asked, steps.ray.distances.numel(), name)
+        if asked.mask.shape[-1] != (rows := steps.ray.distances.numel()):  # static
+            raise ValueError(f"asked has {asked.mask.shape[-1]} rows, but this state's round has "
+                             f"{rows}: it was asked of another optimizer (another "
+                             "population_size or swim_length). Tell the Ask that "
+                             f"{name}.ask(state) returned for this state.")
         if check:
             check_tag(round_tag(state, fixed), asked.tag, name)
         costs = told_costs(state, asked, losses, sign, name, check)
         aux = None if variant.told_aux is None else variant.told_aux(settings, state, asked,
                                                                      **given)
-        return finished(variant, settings, state, steps, steps.told(costs, aux))
+        return finished(state, steps, steps.told(costs, aux))
 
-    return Optimizer(taking_key(init, name), update, sign < 0, ask, tell)
+    def finished(state: Any, plan: Plan, result: SwimResult,
+                 disagreed: Tensor | None = None) -> Any:
+        ranks = state.disagreeing_ranks if disagreed is None else (  # None: a local evaluator
+            state.disagreeing_ranks | disagreed)
+        return variant.state_type(
+            **variant.finish(settings, state, plan, result),
+            best_params=unravel(plan.layout, result.best_params),
+            best_loss=sign * result.best_cost, key=state.key, step=state.step + 1,
+            num_evals=state.num_evals + plan.evaluations, box=state.box,
+            disagreeing_ranks=ranks, hyperparams=state.hyperparams)
 
-
-def finished(variant: Variant, settings: Any, state: Any, plan: Plan, result: SwimResult,
-             disagreed: Tensor | None = None) -> Any:
-    """The state after a round: the variant's own fields, and the shared ones."""
-    ranks = state.disagreeing_ranks if disagreed is None else (  # None: a local evaluator
-        state.disagreeing_ranks | disagreed)
-    return variant.state_type(
-        **variant.finish(settings, state, plan, result),
-        best_params=unravel(plan.layout, result.best_params),
-        best_loss=settings.sign * result.best_cost, key=state.key, step=state.step + 1,
-        num_evals=state.num_evals + plan.evaluations, box=state.box, disagreeing_ranks=ranks,
-        hyperparams=state.hyperparams)
+    return Optimizer(taking_key(partial(variant.init, settings), name), update, sign < 0, ask,
+                     tell)
 
 
 def taking_key(init: Callable[..., Any], variant: str) -> Any:
@@ -272,15 +259,6 @@ def check_ask(asked: Any, variant: str) -> None:
     if not isinstance(asked, Ask):
         raise TypeError(f"{variant}.tell takes the Ask that {variant}.ask(state) returned, "
                         f"got {type(asked).__name__}.")
-
-
-def check_rows(asked: Ask, rows: int, variant: str) -> None:
-    """A ValueError unless ``asked`` has the ``rows`` of the told state's round (static)."""
-    if asked.mask.shape[-1] != rows:
-        raise ValueError(f"asked has {asked.mask.shape[-1]} rows, but this state's round has "
-                         f"{rows}: it was asked of another optimizer (another population_size "
-                         f"or swim_length). Tell the Ask that {variant}.ask(state) returned "
-                         "for this state.")
 
 
 def told_costs(state: Any, asked: Ask, losses: Any, sign: float, variant: str,
@@ -315,46 +293,19 @@ def told_costs(state: Any, asked: Ask, losses: Any, sign: float, variant: str,
     return rank_costs(values, sign)
 
 
-def told_grads(asked: Ask, grads: Any, variant: str) -> Params:
-    """``grads`` (like ``asked.params``) in the candidates' dtypes and devices."""
-    if grads is None:
-        raise ValueError(f"{variant}.tell needs grads=, the gradient of the loss at each row of "
-                         "asked.params (a pytree like it; NaN where unknown): the hybrid's tumbles "
-                         "follow them. For a search without gradients use adaptive_bfo.")
-    leaves, spec = optree.tree_flatten(asked.params)
-    try:
-        given = spec.flatten_up_to(grads)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"grads does not match the structure of asked.params: {e}") from None
-    out = []
-    for leaf, x in zip(given, leaves):
-        g = strided(leaf.detach()) if isinstance(leaf, Tensor) else torch.as_tensor(
-            np.asarray(leaf))
-        if tuple(g.shape) != tuple(x.shape):
-            raise ValueError(f"Invalid grads: a leaf of shape {tuple(g.shape)} where "
-                             f"asked.params has {tuple(x.shape)}.")
-        out.append(g.to(device=x.device, dtype=x.dtype))
-    return spec.unflatten(out)
-
-
-def read(flag: Tensor, variant: str) -> bool:
-    """``flag`` on the host, or an error saying that ``check=True`` cannot be batched."""
-    try:
-        return bool(flag.all())
-    except RuntimeError as e:  # vmap's data-dependent control flow: the only caller that can't
-        raise RuntimeError(f"{variant}.tell(check=True) reads asked.tag on the host, which "
-                           "torch.func.vmap cannot do: pass check=False under vmap (and "
-                           "under torch.compile).") from e
-
-
 def check_tag(expected: Tensor, tag: Tensor, variant: str) -> None:
     """Refuse a tag other than ``expected``, naming what differs (reads both on the host)."""
     if tuple(tag.shape) != tuple(expected.shape):
         raise ValueError(f"asked.tag has shape {tuple(tag.shape)}, not {tuple(expected.shape)}: "
                          f"pass the Ask that {variant}.ask(state) returned for this state.")
     tag = tag.to(expected.device)
-    if read(tag == expected, variant):
-        return
+    try:
+        if bool((tag == expected).all()):
+            return
+    except RuntimeError as e:  # vmap's data-dependent control flow: the only caller that can't
+        raise RuntimeError(f"{variant}.tell(check=True) reads asked.tag on the host, which "
+                           "torch.func.vmap cannot do: pass check=False under vmap (and "
+                           "under torch.compile).") from e
     if not bool(tag[0] == expected[0]):
         raise ValueError(f"asked answers the round of update {int(tag[0])}, but the state has made "
                          f"{int(expected[0])} updates: call ask on the state you tell, once per "
@@ -370,17 +321,15 @@ def check_tag(expected: Tensor, tag: Tensor, variant: str) -> None:
 
 
 def costs_evaluation(settings: Any, state: Any, plan: Plan, loss_fn, args: tuple) -> Callable:
-    """``evaluate(rows) -> (costs, None, ranks)`` by ``settings.evaluator``.
+    """``evaluate(rows) -> (costs, None, ranks)`` by ``settings.evaluator`` (ranks: None locally).
 
-    Costs are sign-adjusted losses, non-finite as +inf. The rows go to the evaluator as
-    params, or as rows with a loss of a row to an evaluator that ``takes_rows``; ranks are
-    those a distributed evaluator found disagreeing (None: a local one).
+    The rows go to it as params, or as rows with ``loss_of_row`` where it ``takes_rows``.
     """
     evaluator, sign = settings.evaluator, settings.sign
     dtype, shape = state.losses.dtype, plan.layout
     report = getattr(evaluator, "with_disagreement", None)  # fb.distributed's: ranks too
     by_rows = getattr(evaluator, "takes_rows", False)  # rows batched as one tensor
-    loss = functools.partial(loss_of_row, loss_fn, shape) if by_rows else loss_fn
+    loss = partial(loss_of_row, loss_fn, shape) if by_rows else loss_fn
 
     def evaluate(candidates: Tensor) -> tuple[Tensor, None, Tensor | None]:
         with torch.no_grad():

@@ -9,12 +9,11 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ._ask_tell import Plan, Variant, costs_evaluation, swim_optimizer
+from ._ask_tell import Plan, Variant, costs_evaluation, cycle_ends, swim_optimizer
 from ._base import Key, Optimizer, Params
 from ._bounds import BOUNDARY_MODES, LeafBounds, check_bounds, is_closed, update_box
 from ._checks import check_bool, check_choice, check_float, check_int
 from ._chemotaxis import TUMBLES, SwimResult, tumble_directions, walk
-from ._cycle import cycle_ends
 from ._layout import layout, ravel
 from ._population import bacterium_noise, disperse, initial_population, per_run, reproduce
 from .evaluate import Evaluator, check_evaluator
@@ -125,12 +124,11 @@ def bfo(
         step_size: ``C``, the length of a tumble or swim step (a tunable tensor in the state).
         swim_length: ``N_s``, the most swim steps after a tumble.
         swim_batch: how many of the swim's ``N_s + 1`` points go to the evaluator in one
-            call, as ``swim_batch * P`` stacked candidates. 1 holds one population of
-            candidates at a time. ``swim_length + 1`` evaluates the whole ray in one call:
-            about twice as fast eagerly for cheap losses of small models, but it holds that
-            many times the candidates, the loss's activations (and ``hybrid_bfo``'s
-            gradients). Compiled updates gain nothing. Results do not depend on it, beyond
-            the last bits of losses whose kernels round by batch shape (matrix products).
+            call, as ``swim_batch * P`` stacked candidates; ``swim_length + 1`` evaluates the
+            whole ray at once, faster eagerly for cheap losses (compiled: no gain) but holding
+            that many times the candidates and activations (and ``hybrid_bfo``'s gradients).
+            Results do not depend on it, beyond the last bits of losses whose kernels round
+            by batch shape (matrix products).
         chemotaxis_steps: ``N_c``, updates between reproductions.
         reproduction_steps: ``N_re``, reproductions between elimination–dispersal events.
         elimination_prob: ``P_ed``, the chance a bacterium is dispersed at such an event.
@@ -180,15 +178,13 @@ def bfo(
         R. N. Mantegna, `Fast, accurate algorithm for numerical simulation of Lévy stable
         stochastic processes <https://doi.org/10.1103/PhysRevE.49.4677>`_, 1994.
     """
+    given = dict(locals())  # the arguments
     size = check_int("population_size", population_size, 1)
     swims = check_int("swim_length", swim_length, 0)
     n_c = check_int("chemotaxis_steps", chemotaxis_steps, 1)
     n_re = check_int("reproduction_steps", reproduction_steps, 1)
-    given = dict(step_size=step_size, elimination_prob=elimination_prob, init_scale=init_scale,
-                 levy_beta=levy_beta, d_attract=d_attract, w_attract=w_attract,
-                 h_repel=h_repel, w_repel=w_repel)
-    hyper = {name: check_float(name, value, *BFOHyperparams.RANGES[name])
-             for name, value in given.items()}
+    hyper = {name: check_float(name, given[name], *limits)
+             for name, limits in BFOHyperparams.RANGES.items()}
     check_choice("tumble", tumble, TUMBLES)
     check_choice("boundary", boundary, BOUNDARY_MODES)
     check_bool("swarming", swarming)
@@ -231,8 +227,6 @@ def bfo_plan(static: BFOSettings, state: BFOState, cycles: bool) -> Plan:
     box = update_box(state.box, static.bounds, static.closed)
     best = ravel(shape, state.best_params)
     noise = bacterium_noise(state.key, state.step, static.size, shape.size, dtype)
-
-    # Reproduction and elimination–dispersal happen on cycle boundaries, by counter.
     n_c, n_re = static.chemotaxis_steps, static.reproduction_steps
     population, losses, health = state.population, state.losses, state.health
     if cycles:  # else the driver knows that no cycle ends here (at_step)
@@ -251,8 +245,7 @@ def bfo_plan(static: BFOSettings, state: BFOState, cycles: bool) -> Plan:
                              swarm_sq=population.to(dtype).square().sum(1))
         cost = cost + swarm_cost(population)
 
-    direction, steps = tumble_directions(noise.direction, noise.levy_u, noise.levy_v,
-                                         static.tumble, hp.levy_beta, hp.step_size)
+    direction, steps = tumble_directions(noise, static.tumble, hp.levy_beta, hp.step_size)
     # An unknown bacterium first evaluates where it stands.
     ray = walk(population, direction, steps, known.to(dtype), bounds=box,
                boundary=static.boundary, swims=static.swims, swarm_cost=swarm_cost)

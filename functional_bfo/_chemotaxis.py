@@ -17,6 +17,7 @@ from torch import Tensor
 
 from ._base import Params
 from ._bounds import LeafBounds, project
+from ._population import Noise
 from ._tree import first_min, where
 
 TUMBLES = ("gaussian", "levy")
@@ -24,9 +25,10 @@ LEVY_MAX_LENGTH = 1e3  # Mantegna's ratio has no finite variance; cap it so f16 
 ORDER_POINTS_FROM = 1 << 16  # elements per point from which points are built in order (after)
 
 
-def tumble_directions(z: Tensor, u: Tensor, v: Tensor, kind: str, levy_beta: Tensor,
+def tumble_directions(noise: Noise, kind: str, levy_beta: Tensor,
                       step: Tensor) -> tuple[Tensor, Tensor]:
-    """Unit directions (rows of ``z`` normalized) and steps: ``step``, Lévy times Mantegna's."""
+    """Unit directions (the noise's normalized) and steps: ``step``, Lévy times Mantegna's."""
+    z, u, v = noise.direction, noise.levy_u, noise.levy_v
     direction = z * torch.rsqrt(z.to(u.dtype).square().sum(1)).unsqueeze(1)
     if kind == "gaussian":
         return direction, step

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
 
+import numpy as np
 import optree
 import torch
 from torch import Tensor
@@ -18,7 +19,7 @@ from ._adaptive import (
     adaptive_plan,
     swarm_settings,
 )
-from ._ask_tell import Ask, Plan, Variant, loss_of_row, rank_costs, swim_optimizer, told_grads
+from ._ask_tell import Ask, Plan, Variant, loss_of_row, rank_costs, swim_optimizer
 from ._base import Key, LossFn, Optimizer, Params
 from ._bounds import LeafBounds
 from ._checks import check_float, check_int, check_loss, check_losses
@@ -26,26 +27,6 @@ from ._chemotaxis import SwimResult
 from ._layout import Layout, layout, ravel, strided, unravel
 from ._population import per_run
 from .evaluate import batched, check_evaluator
-
-NOT_DIFFERENTIABLE_MSG = (
-    "loss_fn is not differentiable with respect to params: its output carries no gradient "
-    "from them (.detach(), .item(), integer or boolean ops?). hybrid_bfo follows the gradient "
-    "on the leaves marked in grad_mask; for gradient-free search use adaptive_bfo, or pass "
-    "update(..., grad=...) computed by other means."
-)
-
-NO_GRAD_LEAF_MSG = (
-    "hybrid_bfo(grad_mask=None) takes gradients on the leaves of params that require grad, "
-    "and none does (tensors made with .detach() or torch.no_grad() do not), so it would be "
-    "adaptive_bfo at the cost of gradients. Set requires_grad on the leaves that take "
-    "gradients, or pass grad_mask=True (every leaf) or a pytree like params of bools "
-    "(grad_mask=False starts with none, for fb.with_grad_mask to change later)."
-)
-EVALUATOR_GRADS_MSG = (
-    " With an evaluator, the evaluator must differentiate loss_fn and return (losses, "
-    "grads): functional_bfo.evaluate's evaluators return losses only, and "
-    "fb.distributed.sharded needs grads=True."
-)
 
 
 class HybridBFOHyperparams(NamedTuple):
@@ -230,7 +211,7 @@ def hybrid_plan(static: AdaptiveSettings, state: HybridBFOState, cycles: bool,
             usable = state.grad_known.index_select(0, source) & known
         return _mix(direction, g, usable, state.grad_mask, hp.gradient_weight, static.sign)
 
-    def start_aux(source: Tensor, known: Tensor):
+    def start_aux(source: Tensor):
         return None if given is not None else state.grads.index_select(0, source)
 
     return adaptive_plan(static, state, cycles, steer, start_aux)._replace(given=given)
@@ -238,26 +219,46 @@ def hybrid_plan(static: AdaptiveSettings, state: HybridBFOState, cycles: bool,
 
 def hybrid_finish(static: AdaptiveSettings, state: HybridBFOState, plan: Plan,
                   result: SwimResult) -> dict:
-    """The adaptive fields, and each bacterium's gradient where it ends, averaged."""
-    hp, dtype, mask = state.hyperparams, state.losses.dtype, state.grad_mask
-    step = adaptive_fields(static, state, plan, result)
+    """The adaptive fields, each bacterium's gradient where it ends (averaged), telemetry."""
+    hp, mask, source = state.hyperparams, state.grad_mask, plan.keep.source
     if plan.given is not None:  # the caller's gradient: the state's are kept
         seen, grads, finite = plan.given.expand_as(state.grads), state.grads, state.grad_known
     else:  # gradients at the final positions (sign: of the loss as given)
-        seen, new = step.aux, torch.nan_to_num(step.aux, 0.0, 0.0, 0.0)
-        finite = torch.isfinite(step.aux).all(dim=1)
-        averaged = hp.momentum * state.grads.index_select(0, step.source) + (1 - hp.momentum) * new
-        known = state.grad_known.index_select(0, step.source) & step.known
+        seen, new = result.aux, torch.nan_to_num(result.aux, 0.0, 0.0, 0.0)
+        finite = torch.isfinite(result.aux).all(dim=1)
+        averaged = hp.momentum * state.grads.index_select(0, source) + (1 - hp.momentum) * new
+        known = state.grad_known.index_select(0, source) & plan.keep.known
         grads = torch.where(known[:, None], averaged, new)
-    stats = _grad_stats(seen, mask, dtype, *static.gradient.limits)
-    return dict(**step.fields, grads=grads, grad_known=finite, grad_mask=mask, **stats)
+    masked = torch.where(mask, seen.to(state.losses.dtype), 0.0)  # telemetry, no host sync
+    norms = torch.linalg.vector_norm(masked, dim=1)
+    vanishing, exploding = static.gradient.limits
+    return dict(**adaptive_fields(static, state, plan, result), grads=grads, grad_known=finite,
+                grad_mask=mask, grad_norms=norms, grad_nonfinite=(~torch.isfinite(masked)).sum(),
+                grad_vanishing=(norms < vanishing).sum(), grad_exploding=(norms > exploding).sum())
 
 
 def told_aux(static: AdaptiveSettings, state: HybridBFOState, asked: Ask, *,
              grads: Params | None = None) -> Tensor:
-    """``tell``'s gradient rows: only the marked leaves, as ``update`` differentiates."""
-    given = ravel(layout(state.best_params), told_grads(asked, grads, "hybrid_bfo"))
-    return torch.where(state.grad_mask, given, 0.0)
+    """``tell``'s gradient rows, in the candidates' dtypes: only the marked leaves count."""
+    if grads is None:
+        raise ValueError("hybrid_bfo.tell needs grads=, the gradient of the loss at each row of "
+                         "asked.params (a pytree like it; NaN where unknown): the hybrid's tumbles "
+                         "follow them. For a search without gradients use adaptive_bfo.")
+    leaves, spec = optree.tree_flatten(asked.params)
+    try:
+        given = spec.flatten_up_to(grads)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"grads does not match the structure of asked.params: {e}") from None
+    out = []
+    for leaf, x in zip(given, leaves):
+        g = strided(leaf.detach()) if isinstance(leaf, Tensor) else torch.as_tensor(
+            np.asarray(leaf))
+        if tuple(g.shape) != tuple(x.shape):
+            raise ValueError(f"Invalid grads: a leaf of shape {tuple(g.shape)} where "
+                             f"asked.params has {tuple(x.shape)}.")
+        out.append(g.to(device=x.device, dtype=x.dtype))
+    rows = ravel(layout(state.best_params), spec.unflatten(out))
+    return torch.where(state.grad_mask, rows, 0.0)
 
 
 def hybrid_evaluation(static: AdaptiveSettings, state: HybridBFOState, plan: Plan,
@@ -321,7 +322,13 @@ def _mask_row(params: Params, grad_mask: Any) -> Tensor:
     if grad_mask is None:
         flags: list[Any] = [bool(x.requires_grad) for x in leaves]
         if not any(flags):
-            raise ValueError(NO_GRAD_LEAF_MSG)
+            raise ValueError(
+                "hybrid_bfo(grad_mask=None) takes gradients on the leaves of params that require "
+                "grad, and none does (tensors made with .detach() or torch.no_grad() do not), so "
+                "it would be adaptive_bfo at the cost of gradients. Set requires_grad on the "
+                "leaves that take gradients, or pass grad_mask=True (every leaf) or a pytree like "
+                "params of bools (grad_mask=False starts with none, for fb.with_grad_mask to "
+                "change later).")
     elif isinstance(grad_mask, bool):
         flags = [grad_mask] * len(leaves)
     else:
@@ -362,7 +369,14 @@ def _differentiable(loss_fn: LossFn, masks: Params, by_evaluator: bool = False) 
 def _checked(out: Any, by_evaluator: bool = False) -> Tensor:
     """``out`` if it is one floating scalar carrying a gradient, else a clear error."""
     if not check_loss(out).requires_grad:
-        raise ValueError(NOT_DIFFERENTIABLE_MSG + (EVALUATOR_GRADS_MSG if by_evaluator else ""))
+        raise ValueError(
+            "loss_fn is not differentiable with respect to params: its output carries no "
+            "gradient from them (.detach(), .item(), integer or boolean ops?). hybrid_bfo "
+            "follows the gradient on the leaves marked in grad_mask; for gradient-free search "
+            "use adaptive_bfo, or pass update(..., grad=...) computed by other means." + (
+                " With an evaluator, the evaluator must differentiate loss_fn and return "
+                "(losses, grads): functional_bfo.evaluate's evaluators return losses only, and "
+                "fb.distributed.sharded needs grads=True." if by_evaluator else ""))
     return out
 
 
@@ -382,15 +396,6 @@ def _mix(direction: Tensor, grads: Tensor, usable: Tensor, mask: Tensor, weight:
     d_norm = d_g.square().sum(1).sqrt()
     renorm = torch.where(d_norm > 0, phi_norm / d_norm.clamp_min(1e-30), 0.0)
     return torch.where(usable[:, None], direction - phi_g + renorm[:, None] * d_g, direction)
-
-
-def _grad_stats(grads: Tensor, mask: Tensor, dtype: torch.dtype, vanishing: float,
-                exploding: float) -> dict[str, Any]:
-    """Gradient telemetry of a population of gradients (P, D), as tensors (no host sync)."""
-    masked = torch.where(mask, grads.to(dtype), 0.0)
-    norms = torch.linalg.vector_norm(masked, dim=1)
-    return dict(grad_norms=norms, grad_nonfinite=(~torch.isfinite(masked)).sum(),
-                grad_vanishing=(norms < vanishing).sum(), grad_exploding=(norms > exploding).sum())
 
 
 

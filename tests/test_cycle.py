@@ -6,8 +6,7 @@ import torch
 from helpers import assert_trees_equal
 
 import functional_bfo as fb
-from functional_bfo._ask_tell import at_step
-from functional_bfo._cycle import cycle_ends
+from functional_bfo._ask_tell import at_step, cycle_ends
 
 
 def sq(p):
