@@ -1,12 +1,9 @@
 """The CUDA kernels of :mod:`functional_bfo.random`'s ops: Threefry in one Triton program.
 
-Each lane's rounds stay in registers; ``erfinv`` is torch's, so the bits are the
-reference's (tests/test_random.py; docs/design.md, "Randomness").
+Each lane's rounds stay in registers; the bits are the reference's (tests/test_random.py).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import triton
@@ -62,11 +59,10 @@ def _block_kernel(k0, k1, c0, c1, y0, y1, n, s0: tl.constexpr, s1: tl.constexpr,
 
 def threefry(shape: tuple[int, ...], inputs: list[Tensor], strides: list[int]
              ) -> tuple[Tensor, Tensor]:
-    """``random._threefry_rounds`` on the int64 words ``random._lanes`` laid out on a GPU."""
+    """The block function on the int64 words ``random._lanes`` lays out on a GPU."""
     y0 = torch.empty(shape, dtype=torch.int64, device=inputs[0].device)
     y1 = torch.empty_like(y0)
-    n = y0.numel()
-    if n:
+    if n := y0.numel():
         _block_kernel[(triton.cdiv(n, BLOCK),)](*inputs, y0, y1, n, *strides, BLOCK=BLOCK)
     return y0, y1
 
@@ -97,13 +93,13 @@ def _unit_rows_kernel(key, counter, out, lanes, h, cols, WIDE: tl.constexpr, BLO
         tl.store(at + h, _unit(x1), mask=live & (h + k < cols))
 
 
-def normal_rows(key: Tensor, counter: Tensor, rows: int, cols: int, compute: torch.dtype) -> Tensor:
-    """``random._normal_rows`` for one key and counter on a CUDA device."""
+def unit_rows(key: Tensor, counter: Tensor, rows: int, cols: int, compute: torch.dtype) -> Tensor:
+    """``2u - 1`` of ``random.normal_rows`` for one key and counter, as the C kernel makes it."""
     out = torch.empty((rows, cols), dtype=compute, device=key.device)
     wide = compute == torch.float64
     h = cols if wide else (cols + 1) // 2
-    lanes = rows * h
-    if lanes:
+    if lanes := rows * h:
         _unit_rows_kernel[(triton.cdiv(lanes, BLOCK),)](
-            key, counter.to(torch.int64), out, lanes, h, cols, WIDE=wide, BLOCK=BLOCK)
-    return out.erfinv_().mul_(math.sqrt(2.0))
+            key.contiguous(), counter.to(key.device, torch.int64), out, lanes, h, cols, WIDE=wide,
+            BLOCK=BLOCK)
+    return out

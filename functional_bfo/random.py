@@ -19,6 +19,7 @@ import math
 import numbers
 import operator
 import os
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -36,104 +37,27 @@ if os.environ.get("FUNCTIONAL_BFO_CPU_KERNEL") == "numpy":  # chosen at run time
 __all__ = ["CPU_KERNEL", "bits", "fold_in", "key", "normal", "normal_rows", "split", "threefry2x32",
            "tree_normal_like", "uniform"]
 
-_MASK32 = 0xFFFFFFFF
-_SQRT2 = math.sqrt(2.0)
-_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
-_KS_PARITY = 0x1BD11BDA
-
-
-def _rotl(x: Tensor, r: int) -> Tensor:
-    return ((x << r) | (x >> (32 - r))) & _MASK32
-
-
-def _threefry_rounds(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
-    ks = (k0, k1, k0 ^ k1 ^ _KS_PARITY)
-    x0 = (x0 + ks[0]) & _MASK32
-    x1 = (x1 + ks[1]) & _MASK32
-    for block in range(5):
-        for r in _ROTATIONS[block % 2]:
-            x0 = (x0 + x1) & _MASK32
-            x1 = _rotl(x1, r) ^ x0
-        x0 = (x0 + ks[(block + 1) % 3]) & _MASK32
-        x1 = (x1 + ks[(block + 2) % 3] + block + 1) & _MASK32
-    return x0, x1
-
-
-# Plain library ops, opaque to compilers, a fake and a vmap rule each (custom_op: +35 us).
-_LIB = torch.library.Library("functional_bfo", "FRAGMENT")
-
-
-def _define(schema: str, impl, fake, vmap):
-    """Define ``functional_bfo::<schema>``: one kernel for every device, a fake, a vmap rule."""
-    name = schema[: schema.index("(")]
-    _LIB.define(schema)
-    _LIB.impl(name, impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"functional_bfo::{name}", fake, lib=_LIB)
-    torch.library.register_vmap(f"functional_bfo::{name}", vmap, lib=_LIB)
-    return getattr(torch.ops.functional_bfo, name).default
-
-
-def _threefry_numpy(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
-    """The CPU kernel in numpy ``uint32``, whose arithmetic wraps (1-D arrays: no warnings)."""
-    u32 = np.uint32
-    shape = np.broadcast_shapes(k0.shape, k1.shape, x0.shape, x1.shape)  # torch's: ~200 us
-    a0, a1, y0, y1 = (np.broadcast_to(t.numpy(), shape).astype(u32).reshape(-1)
-                      for t in (k0, k1, x0, x1))
-    ks = (a0, a1, a0 ^ a1 ^ u32(_KS_PARITY))
-    y0, y1 = y0 + ks[0], y1 + ks[1]
-    for block in range(5):
-        for r in _ROTATIONS[block % 2]:
-            y0 += y1
-            y1 = (y1 << u32(r)) | (y1 >> u32(32 - r))
-            y1 ^= y0
-        y0 += ks[(block + 1) % 3]
-        y1 += ks[(block + 2) % 3] + u32(block + 1)
-    return (torch.from_numpy(y0.astype(np.int64)).reshape(shape),
-            torch.from_numpy(y1.astype(np.int64)).reshape(shape))
-
-
-def _threefry_fake(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
-    shape = torch.broadcast_shapes(k0.shape, k1.shape, x0.shape, x1.shape)
-    return x0.new_empty(shape), x0.new_empty(shape)
-
-
-def _threefry_vmap(info, in_dims, *args: Tensor):
-    """Batching rule: the op is elementwise with broadcasting, so align and call it once."""
-    logical = [a.shape if d is None else a.shape[:d] + a.shape[d + 1:]
-               for a, d in zip(args, in_dims)]
-    rank = max(len(s) for s in logical)
-    aligned = []
-    for a, d, s in zip(args, in_dims, logical):
-        a = a.unsqueeze(0) if d is None else a.movedim(d, 0)
-        aligned.append(a.reshape(a.shape[0], *([1] * (rank - len(s))), *s))
-    y0, y1 = _threefry_op(*aligned)
-    shape = (info.batch_size, *y0.shape[1:])
-    return (y0.expand(shape), y1.expand(shape)), (0, 0)
-
-
-# Opaque: inlined, the 20 dependent rounds cost inductor minutes per call site.
-_threefry_op = _define(
-    "threefry2x32(Tensor k0, Tensor k1, Tensor x0, Tensor x1) -> (Tensor, Tensor)",
-    _threefry_rounds, _threefry_fake, _threefry_vmap)
-
-
-def _c_functions():
-    """The C kernel's two functions, with their argument types set."""
-    library = ctypes.CDLL(_c_module.__file__)
-    block, rows = library.threefry2x32, library.unit_rows
-    block.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 2 \
-        + [ctypes.c_int64]
-    rows.argtypes = [ctypes.c_int64] * 6 + [ctypes.c_void_p]
-    block.restype = rows.restype = None
-    return block, rows
-
-
-_C_BLOCK: Any
-_C_ROWS: Any
-_C_BLOCK, _C_ROWS = _c_functions() if _c_module is not None else (None, None)
 CPU_KERNEL = "c" if _c_module is not None else "numpy"
 """Which kernel the CPU runs: ``"c"`` (built at install) or ``"numpy"`` (no compiler then, or
 ``FUNCTIONAL_BFO_CPU_KERNEL=numpy`` in the environment)."""
+
+_MASK32 = 0xFFFFFFFF
+_SQRT2 = math.sqrt(2.0)
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def _threefry_rounds(k0: Any, k1: Any, x0: Any, x1: Any, *,
+                     wrap: Any = lambda x: x & _MASK32) -> tuple[Any, Any]:
+    """The 20 rounds on int64 tensors of 32-bit words, or (``wrap``: none) numpy ``uint32``."""
+    ks = (k0, k1, k0 ^ k1 ^ 0x1BD11BDA)
+    x0, x1 = wrap(x0 + ks[0]), wrap(x1 + ks[1])
+    for block in range(5):
+        for r in _ROTATIONS[block % 2]:
+            x0 = wrap(x0 + x1)
+            x1 = wrap((x1 << r) | (x1 >> (32 - r))) ^ x0
+        x0 = wrap(x0 + ks[(block + 1) % 3])
+        x1 = wrap(x1 + ks[(block + 2) % 3] + block + 1)
+    return x0, x1
 
 
 def _lanes(device: torch.device, *words: Tensor) -> tuple[tuple[int, ...], list[Tensor], list[int]]:
@@ -150,15 +74,102 @@ def _lanes(device: torch.device, *words: Tensor) -> tuple[tuple[int, ...], list[
     return shape, inputs, strides
 
 
-def _threefry_c(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
-    """The CPU kernel with the C loop: ``_threefry_rounds`` on broadcast int64 words."""
-    shape, inputs, strides = _lanes(torch.device("cpu"), k0, k1, x0, x1)
+def _numpy_block(shape: tuple[int, ...], inputs: list[Tensor], strides: list[int]
+                 ) -> tuple[Tensor, Tensor]:
+    """The rounds in numpy ``uint32``, whose arithmetic wraps (1-D arrays: no warnings)."""
+    y0, y1 = _threefry_rounds(*(t.numpy().astype(np.uint32).reshape(-1) for t in inputs),
+                              wrap=lambda x: x)
+    return (torch.from_numpy(y0.astype(np.int64)).reshape(shape),
+            torch.from_numpy(y1.astype(np.int64)).reshape(shape))
+
+
+def _c_block(shape: tuple[int, ...], inputs: list[Tensor], strides: list[int]
+             ) -> tuple[Tensor, Tensor]:
     y0, y1 = torch.empty(shape, dtype=torch.int64), torch.empty(shape, dtype=torch.int64)
-    _C_BLOCK(*(t.data_ptr() for t in inputs), *strides, y0.data_ptr(), y1.data_ptr(), y0.numel())
+    _C.threefry2x32(*(t.data_ptr() for t in inputs), *strides, y0.data_ptr(), y1.data_ptr(),
+                    y0.numel())
     return y0, y1
 
 
-_LIB.impl("threefry2x32", _threefry_c if _c_module is not None else _threefry_numpy, "CPU")
+def _c_unit_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
+                 compute: torch.dtype) -> Tensor:
+    out = torch.empty((rows, cols), dtype=compute)
+    _C.unit_rows(*key.tolist(), int(counter) & _MASK32, rows, cols, compute == torch.float64,
+                 out.data_ptr())
+    return out
+
+
+_C: Any = None  # the C functions, called through ctypes on tensors' data pointers
+if _c_module is not None:
+    _C = ctypes.CDLL(_c_module.__file__)
+    _C.threefry2x32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 \
+        + [ctypes.c_void_p] * 2 + [ctypes.c_int64]
+    _C.unit_rows.argtypes = [ctypes.c_int64] * 6 + [ctypes.c_void_p]
+    _C.threefry2x32.restype = _C.unit_rows.restype = None
+_CPU = SimpleNamespace(threefry=_numpy_block, unit_rows=None) if _C is None else \
+    SimpleNamespace(threefry=_c_block, unit_rows=_c_unit_rows)
+
+
+@functools.cache
+def _cuda_kernels(index: int) -> Any:
+    """The Triton kernels for CUDA device ``index``; None without triton or before Volta."""
+    if torch.cuda.get_device_capability(index) < (7, 0):
+        return None
+    try:
+        from . import _threefry_cuda
+    except ImportError:
+        return None
+    return _threefry_cuda
+
+
+def _kernels(device: torch.device) -> Any:
+    """``device``'s kernels (``threefry`` on ``_lanes``, ``unit_rows``); None: the reference."""
+    if device.type == "cuda":
+        return _cuda_kernels(device.index)
+    return _CPU if device.type == "cpu" else None
+
+
+def _threefry(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
+    device = next((t.device for t in (k0, k1, x0, x1) if t.device.type != "cpu"),
+                  k0.device)  # 0-d CPU words may join another device's
+    if (kernels := _kernels(device)) is None:
+        return _threefry_rounds(k0, k1, x0, x1)
+    return kernels.threefry(*_lanes(device, k0, k1, x0, x1))
+
+
+def _threefry_fake(k0, k1, x0, x1):
+    shape = torch.broadcast_shapes(k0.shape, k1.shape, x0.shape, x1.shape)
+    return x0.new_empty(shape), x0.new_empty(shape)
+
+
+def _threefry_vmap(info, in_dims, *args: Tensor):
+    """Batching rule: the op is elementwise with broadcasting, so align and call it once."""
+    rank = max(a.dim() - (d is not None) for a, d in zip(args, in_dims))
+    aligned = [a.unsqueeze(0) if d is None else a.movedim(d, 0) for a, d in zip(args, in_dims)]
+    y0, y1 = _threefry_op(*(a.reshape(a.shape[0], *([1] * (rank + 1 - a.dim())), *a.shape[1:])
+                            for a in aligned))
+    shape = (info.batch_size, *y0.shape[1:])
+    return (y0.expand(shape), y1.expand(shape)), (0, 0)
+
+
+# Plain library ops, opaque to compilers, a fake and a vmap rule each (custom_op: +35 us).
+_LIB = torch.library.Library("functional_bfo", "FRAGMENT")
+
+
+def _define(schema: str, impl, fake, vmap):
+    """Define ``functional_bfo::<schema>``: one kernel for every device, a fake, a vmap rule."""
+    name = schema[: schema.index("(")]
+    _LIB.define(schema)
+    _LIB.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"functional_bfo::{name}", fake, lib=_LIB)
+    torch.library.register_vmap(f"functional_bfo::{name}", vmap, lib=_LIB)
+    return getattr(torch.ops.functional_bfo, name).default
+
+
+# Opaque: inlined, the 20 dependent rounds cost inductor minutes per call site.
+_threefry_op = _define(
+    "threefry2x32(Tensor k0, Tensor k1, Tensor x0, Tensor x1) -> (Tensor, Tensor)",
+    _threefry, _threefry_fake, _threefry_vmap)
 
 
 def threefry2x32(key: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
@@ -235,17 +246,22 @@ def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
 
 
 def _check_shape(shape: Any) -> tuple[int, ...]:
-    """``shape`` as a tuple of ints >= 0, or a clear error (an int is not a shape)."""
-    try:
-        if isinstance(shape, (int, str, bytes)):
-            raise TypeError
-        dims = tuple(operator.index(n) for n in shape)
+    """``shape`` as a tuple of ints >= 0, or a clear error."""
+    try:  # an int is not a shape
+        dims = None if isinstance(shape, (int, str, bytes)) else tuple(map(operator.index, shape))
     except TypeError:
         dims = None
     if dims is None or any(n < 0 for n in dims):
         raise ValueError(f"Invalid shape: {shape!r}; expected a tuple of ints >= 0, "
                          "e.g. (5,) or ().")
     return dims
+
+
+def _words(dtype: torch.dtype) -> tuple[torch.dtype, int]:
+    """The dtype ``dtype``'s values are drawn in, and the 32-bit words each takes."""
+    if not dtype.is_floating_point:
+        raise TypeError(f"Invalid dtype: {dtype}; expected a floating dtype.")
+    return (torch.float64, 2) if dtype == torch.float64 else (torch.float32, 1)
 
 
 def _unit_interval(words: Tensor, dtype: torch.dtype, *, open_low: bool) -> Tensor:
@@ -273,13 +289,7 @@ def _inverse_normal_cdf(u: Tensor, erfinv=torch.erfinv) -> Tensor:
 
 # Opaque, so compiled graphs run eager's erfinv (inductor's CPU loop rounds differently).
 _erfinv_op: Any = _define("erfinv(Tensor x) -> Tensor", torch.erfinv, torch.empty_like,
-                     lambda info, in_dims, x: (_erfinv_op(x), in_dims[0]))
-
-
-def _words_per_value(dtype: torch.dtype) -> int:
-    if not dtype.is_floating_point:
-        raise TypeError(f"Invalid dtype: {dtype}; expected a floating dtype.")
-    return 2 if dtype == torch.float64 else 1
+                          lambda info, in_dims, x: (_erfinv_op(x), in_dims[0]))
 
 
 def uniform(key: Tensor, shape: tuple[int, ...] = (), dtype: torch.dtype = torch.float32,
@@ -295,7 +305,7 @@ def uniform(key: Tensor, shape: tuple[int, ...] = (), dtype: torch.dtype = torch
     if any(not -math.inf < v < math.inf for v in plain) or (len(plain) == 2 and low > high):
         raise ValueError(f"Invalid low, high: {low!r}, {high!r}; expected finite numbers (or "
                          "tensors) with low <= high.")
-    u = _unit_interval(bits(key, math.prod(shape) * _words_per_value(dtype)), dtype, open_low=False)
+    u = _unit_interval(bits(key, math.prod(shape) * _words(dtype)[1]), dtype, open_low=False)
     out = low + (high - low) * u.reshape(shape)
     # Rounding can reach ``high`` in low precision; fold those (rare) values onto ``low``.
     return torch.where(out < high, out, torch.as_tensor(low, dtype=dtype, device=out.device))
@@ -307,10 +317,8 @@ def normal(key: Tensor, shape: tuple[int, ...] = (), dtype: torch.dtype = torch.
     Low-precision dtypes are drawn in float32 and rounded, so their tails match float32's.
     """
     shape = _check_shape(shape)
-    n = math.prod(shape)
-    _words_per_value(dtype)  # rejects non-floating dtypes
-    compute = torch.float64 if dtype == torch.float64 else torch.float32
-    u = _unit_interval(bits(key, n * _words_per_value(compute)), compute, open_low=True)
+    compute, per_value = _words(dtype)
+    u = _unit_interval(bits(key, math.prod(shape) * per_value), compute, open_low=True)
     return _inverse_normal_cdf(u, _erfinv_op).reshape(shape).to(dtype)
 
 
@@ -328,9 +336,8 @@ def normal_rows(key: Tensor, counter: Tensor | int, rows: int, cols: int,
         ValueError: ``rows * h`` does not fit the 32-bit counter word.
     """
     check_key(key)
-    _words_per_value(dtype)  # rejects non-floating dtypes
-    compute = torch.float64 if dtype == torch.float64 else torch.float32
-    half = (cols * _words_per_value(compute) + 1) // 2
+    compute, per_value = _words(dtype)
+    half = (cols * per_value + 1) // 2
     if rows * half > 2**32:
         raise ValueError(f"normal_rows: {rows} rows of {cols} values need {rows * half} "
                          "counters, more than the 2**32 a call can address; draw in parts.")
@@ -344,7 +351,7 @@ def _normal_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
 
     ``key`` ``(..., 2)`` and ``counter`` ``(...)`` may carry leading batch axes (broadcast).
     """
-    per_row = cols * _words_per_value(compute)
+    per_row = cols * _words(compute)[1]
     half = (per_row + 1) // 2
     index = torch.arange(half, dtype=torch.int64, device=key.device)
     lanes = torch.arange(rows, dtype=torch.int64, device=key.device).unsqueeze(1) * half + index
@@ -354,13 +361,17 @@ def _normal_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
     return _inverse_normal_cdf(_unit_interval(words, compute, open_low=True))
 
 
-def _normal_rows_fake(key: Tensor, counter: Tensor, rows: int, cols: int,
-                      compute: torch.dtype) -> Tensor:
-    return key.new_empty((rows, cols), dtype=compute)
+def _normal_rows_kernel(key: Tensor, counter: Tensor, rows: int, cols: int,
+                        compute: torch.dtype) -> Tensor:
+    """The op: a device's kernel makes ``2u - 1`` (every step exact), then erfinv."""
+    unit_rows = getattr(_kernels(key.device), "unit_rows", None)
+    if unit_rows is None or key.dim() != 1 or counter.dim() != 0:  # batch axes: the
+        return _normal_rows(key, counter, rows, cols, compute)  # reference broadcasts them
+    return unit_rows(key, counter, rows, cols, compute).erfinv_().mul_(_SQRT2)
 
 
 def _normal_rows_vmap(info, in_dims, key, counter, rows, cols, compute):
-    """Batching rule: the kernel itself, with the batch axes leading."""
+    """Batching rule: the reference, with the batch axes leading."""
     key, counter = (x if d is None else x.movedim(d, 0) for x, d in zip((key, counter), in_dims))
     return _normal_rows(key, counter, rows, cols, compute), 0
 
@@ -368,55 +379,8 @@ def _normal_rows_vmap(info, in_dims, key, counter, rows, cols, compute):
 # An update's noise in one opaque op: compiled runs eager's kernels, and their bits.
 _normal_rows_op = _define(
     "normal_rows(Tensor key, Tensor counter, int rows, int cols, ScalarType compute) -> Tensor",
-    _normal_rows, _normal_rows_fake, _normal_rows_vmap)
-
-
-def _normal_rows_c(key: Tensor, counter: Tensor, rows: int, cols: int,
-                   compute: torch.dtype) -> Tensor:
-    """The CPU kernel with the C loop: it makes ``2u - 1`` (every step exact), then erfinv."""
-    if key.dim() != 1 or counter.dim() != 0:  # batch axes: the reference broadcasts them
-        return _normal_rows(key, counter, rows, cols, compute)
-    out = torch.empty((rows, cols), dtype=compute)
-    k0, k1 = key.tolist()
-    _C_ROWS(k0, k1, int(counter) & _MASK32, rows, cols, compute == torch.float64, out.data_ptr())
-    return out.erfinv_().mul_(_SQRT2)
-
-
-if _c_module is not None:
-    _LIB.impl("normal_rows", _normal_rows_c, "CPU")
-
-
-@functools.cache
-def _cuda_kernels(index: int):
-    """The Triton kernels for CUDA device ``index``; None without triton or before Volta."""
-    if torch.cuda.get_device_capability(index) < (7, 0):
-        return None
-    try:
-        from . import _threefry_cuda
-    except ImportError:
-        return None
-    return _threefry_cuda
-
-
-def _threefry_cuda(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
-    device = next(t.device for t in (k0, k1, x0, x1) if t.is_cuda)  # 0-d CPU words may join
-    kernels = _cuda_kernels(device.index)
-    if kernels is None:
-        return _threefry_rounds(k0, k1, x0, x1)
-    return kernels.threefry(*_lanes(device, k0, k1, x0, x1))
-
-
-def _normal_rows_cuda(key: Tensor, counter: Tensor, rows: int, cols: int,
-                      compute: torch.dtype) -> Tensor:
-    kernels = _cuda_kernels(key.device.index)
-    if kernels is None or key.dim() != 1 or counter.dim() != 0:  # as the C kernel
-        return _normal_rows(key, counter, rows, cols, compute)
-    return kernels.normal_rows(key.contiguous(), counter.to(key.device), rows, cols, compute)
-
-
-# CUDA: one Triton program per call where triton imports (the reference: ~100 kernels).
-_LIB.impl("threefry2x32", _threefry_cuda, "CUDA")
-_LIB.impl("normal_rows", _normal_rows_cuda, "CUDA")
+    _normal_rows_kernel, lambda key, counter, rows, cols, compute: key.new_empty(
+        (rows, cols), dtype=compute), _normal_rows_vmap)
 
 
 def tree_normal_like(key: Tensor, tree, dtype: torch.dtype | None = None):
