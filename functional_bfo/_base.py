@@ -21,27 +21,26 @@ class LossFn(Protocol):
 
 
 class InitFn(Protocol):
-    """``init(params, *, key) -> state``.
+    """``init(params, *, key) -> state``: the state around ``params``, the first bacterium.
 
-    Builds the optimizer state around ``params`` (which become the first bacterium) without
-    evaluating any loss. Pure: the same params and key give the same state.
+    It evaluates no loss. Pure: the same params and key give the same state.
     """
 
     def __call__(self, params: Params, *, key: Key) -> Any: ...
 
 
 class UpdateFn(Protocol):
-    """``update(state, loss_fn, *args) -> state``.
+    """``update(state, loss_fn, *args) -> state``: one chemotactic step of the population.
 
-    One chemotactic step of the whole population. Pure: never mutates ``state``, reads no
-    global state, makes no host sync; ``args`` are passed unchanged to every ``loss_fn`` call.
+    Pure: never mutates ``state``, reads no global state, makes no host sync; ``args`` are
+    passed unchanged to every ``loss_fn`` call.
     """
 
     def __call__(self, state: Any, loss_fn: LossFn, *args: Any) -> Any: ...
 
 
 class AskFn(Protocol):
-    """``ask(state) -> Ask``: the candidates of the next update, for the caller to evaluate.
+    """``ask(state) -> Ask``: the next update's candidates, for the caller to evaluate.
 
     Pure and deterministic: asking twice gives the same candidates.
     """

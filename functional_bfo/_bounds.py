@@ -40,12 +40,6 @@ def leaf_bounds(low: Tensor, high: Tensor, closed: bool = False) -> LeafBounds:
                       torch.where(finite, width, 1.0), None if closed else ~finite)
 
 
-def open_box(device: torch.device, dtype: torch.dtype) -> LeafBounds:
-    """The box a state without bounds keeps: every side open (``vmap`` returns no None)."""
-    inf = torch.tensor(torch.inf, dtype=dtype, device=device)
-    return leaf_bounds(-inf, inf)
-
-
 def is_closed(bounds: Any) -> bool:
     """Whether ``bounds`` (checked) are finite Python numbers: no coordinate has an open side."""
     pairs = [bounds] if _is_pair(bounds) else optree.tree_leaves(bounds, is_leaf=_is_pair)
@@ -69,20 +63,11 @@ def _is_scalar_like(x: Any) -> bool:
     return isinstance(x, (int, float, Tensor)) and not isinstance(x, bool)
 
 
-def _check_pair(pair: Any, where: str) -> None:
-    if not _is_pair(pair):
-        raise ValueError(f"Invalid bounds{where}: {pair!r}; {BOUNDS_FORM_MSG}.")
-    if not all(_is_scalar_like(v) for v in pair):
-        raise ValueError(f"Invalid bounds{where}: {pair!r}; low and high must be numbers or "
-                         "tensors (use -inf/inf, not None, for an open side).")
-    if any(isinstance(v, Tensor) and (v.dtype == torch.bool or v.is_complex()) for v in pair):
-        raise ValueError(f"Invalid bounds{where}: {pair!r}; low and high must be real numbers, "
-                         "not bool or complex tensors (a mask is no box): convert them, e.g. "
-                         "low.float().")
-    low, high = (torch.as_tensor(v, dtype=torch.float64) for v in pair)
-    if torch.isnan(low).any() or torch.isnan(high).any() or not bool((low < high).all()):
-        raise ValueError(f"Invalid bounds{where}: {pair!r}; expected low < high everywhere "
-                         "(use -inf/inf for an open side).")
+def _from_numpy(v: Any) -> Any:
+    """A numpy bound as torch takes it: a scalar as a Python number, an array as a tensor."""
+    if isinstance(v, np.ndarray) and v.ndim > 0 and v.dtype.kind in "iuf":
+        return torch.from_numpy(v.astype(np.float64))
+    return as_number(v) if isinstance(v, (np.generic, np.ndarray)) else v
 
 
 def check_bounds(bounds: Any) -> Any:
@@ -92,33 +77,40 @@ def check_bounds(bounds: Any) -> Any:
     """
     if bounds is None:
         return None
-    if _is_pair(bounds):
-        bounds = tuple(map(_from_numpy, bounds))
-        _check_pair(bounds, "")
-        return bounds
+    single = _is_pair(bounds)
+    where = "" if single else " entry"
     bounds = optree.tree_map(lambda pair: tuple(map(_from_numpy, pair)) if _is_pair(pair)
                              else pair, bounds, is_leaf=_is_pair, none_is_leaf=True)
-    pairs = optree.tree_leaves(bounds, is_leaf=_is_pair)
-    flat_scalars = isinstance(bounds, (tuple, list)) and all(map(_is_scalar_like, bounds))
-    if not pairs or flat_scalars:
+    pairs = [bounds] if single else optree.tree_leaves(bounds, is_leaf=_is_pair)
+    if not pairs or not single and isinstance(bounds, (tuple, list)) and all(
+            map(_is_scalar_like, bounds)):
         raise ValueError(f"Invalid bounds: {bounds!r}; {BOUNDS_FORM_MSG}.")
     for pair in pairs:
-        _check_pair(pair, " entry")
+        if not _is_pair(pair):
+            raise ValueError(f"Invalid bounds{where}: {pair!r}; {BOUNDS_FORM_MSG}.")
+        if not all(_is_scalar_like(v) for v in pair):
+            raise ValueError(f"Invalid bounds{where}: {pair!r}; low and high must be numbers or "
+                             "tensors (use -inf/inf, not None, for an open side).")
+        if any(isinstance(v, Tensor) and (v.dtype == torch.bool or v.is_complex()) for v in pair):
+            raise ValueError(f"Invalid bounds{where}: {pair!r}; low and high must be real "
+                             "numbers, not bool or complex tensors (a mask is no box): convert "
+                             "them, e.g. low.float().")
+        low, high = (torch.as_tensor(v, dtype=torch.float64) for v in pair)
+        if torch.isnan(low).any() or torch.isnan(high).any() or not bool((low < high).all()):
+            raise ValueError(f"Invalid bounds{where}: {pair!r}; expected low < high everywhere "
+                             "(use -inf/inf for an open side).")
     return bounds
 
 
-def _from_numpy(v: Any) -> Any:
-    """A numpy bound as torch takes it: a scalar as a Python number, an array as a tensor."""
-    if isinstance(v, np.ndarray) and v.ndim > 0 and v.dtype.kind in "iuf":
-        return torch.from_numpy(v.astype(np.float64))
-    return as_number(v) if isinstance(v, (np.generic, np.ndarray)) else v
-
-
-def _round_inward(v: Tensor, dtype: torch.dtype, toward: float) -> Tensor:
-    """``v`` (float64) rounded to ``dtype`` on the side of ``toward``, so the box stays inside."""
-    r = v.to(dtype)
-    outside = r.to(torch.float64) < v if toward > 0 else r.to(torch.float64) > v
-    return torch.where(outside, torch.nextafter(r, torch.full_like(r, toward)), r)
+def _inward(low: Tensor, high: Tensor, dt: torch.dtype, dtype: torch.dtype) -> list[Tensor]:
+    """Float64 ends rounded to ``dt`` toward each other (the box stays inside), as ``dtype``."""
+    ends = []
+    for v, toward in ((low, torch.inf), (high, -torch.inf)):
+        r = v.to(dt)
+        outside = r.to(torch.float64) < v if toward > 0 else r.to(torch.float64) > v
+        ends.append(torch.where(outside, torch.nextafter(r, torch.full_like(r, toward)), r).to(
+            dtype))
+    return ends
 
 
 def flat_box(bounds: Any, shape: Layout, device: torch.device,
@@ -130,33 +122,28 @@ def flat_box(bounds: Any, shape: Layout, device: torch.device,
     if bounds is None:
         return None
     dtype = dtype or shape.dtype
-    if _is_pair(bounds):
-        pairs = [bounds] * len(shape.sizes)
-    else:
-        try:
-            pairs = shape.spec.flatten_up_to(bounds)
-        except ValueError as e:
-            raise ValueError(f"bounds does not match the structure of params: {e}. "
-                             f"params is {shape.spec}; {BOUNDS_FORM_MSG}.") from None
-    numbers = True
+    try:
+        pairs = ([bounds] * len(shape.sizes) if _is_pair(bounds)
+                 else shape.spec.flatten_up_to(bounds))
+    except ValueError as e:
+        raise ValueError(f"bounds does not match the structure of params: {e}. "
+                         f"params is {shape.spec}; {BOUNDS_FORM_MSG}.") from None
     for path, leaf_shape, pair in zip(shape.spec.paths(), shape.shapes, pairs):
         if not _is_pair(pair):  # values were checked by check_bounds; this stays sync-free
             raise ValueError(f"Invalid bounds at {path_str(path)}: {pair!r}; {BOUNDS_FORM_MSG}.")
         for v in pair:
-            numbers = numbers and isinstance(v, (int, float))
             if isinstance(v, Tensor) and not broadcasts(v.shape, leaf_shape):
                 raise ValueError(f"bounds at {path_str(path)} have shape {tuple(v.shape)}, which "
                                  f"does not broadcast to the leaf's shape {tuple(leaf_shape)}.")
     closed = is_closed(bounds)
-    if numbers:  # one value per leaf, rounded once per dtype, then spread over the coordinates
+    if all(isinstance(v, (int, float)) for pair in pairs for v in pair):
+        # One value per leaf, rounded once per dtype, then spread over the coordinates.
         ends = torch.tensor(pairs, dtype=torch.float64, device=device)  # (leaves, 2)
-        first, *others = sorted(set(shape.dtypes), key=str)  # rounded inward to each dtype
-        low = _round_inward(ends[:, 0], first, torch.inf).to(dtype)
-        high = _round_inward(ends[:, 1], first, -torch.inf).to(dtype)
-        for dt in others:
+        low, high = _inward(ends[:, 0], ends[:, 1], shape.dtypes[0], dtype)
+        for dt in set(shape.dtypes) - {shape.dtypes[0]}:
             mine = torch.tensor([d == dt for d in shape.dtypes], device=device)
-            low = torch.where(mine, _round_inward(ends[:, 0], dt, torch.inf).to(dtype), low)
-            high = torch.where(mine, _round_inward(ends[:, 1], dt, -torch.inf).to(dtype), high)
+            low, high = (torch.where(mine, new, old) for new, old in zip(
+                _inward(ends[:, 0], ends[:, 1], dt, dtype), (low, high)))
         if len(set(map(tuple, pairs))) == 1 and len(set(shape.dtypes)) == 1:
             return leaf_bounds(low[0], high[0], closed)
         repeats = torch.tensor(shape.sizes, device=device)
@@ -165,8 +152,9 @@ def flat_box(bounds: Any, shape: Layout, device: torch.device,
     lows, highs = [], []
     for leaf_shape, dt, pair in zip(shape.shapes, shape.dtypes, pairs):
         low, high = (torch.as_tensor(v, dtype=torch.float64, device=device) for v in pair)
-        lows.append(_round_inward(low, dt, torch.inf).to(dtype).expand(leaf_shape).reshape(-1))
-        highs.append(_round_inward(high, dt, -torch.inf).to(dtype).expand(leaf_shape).reshape(-1))
+        low, high = _inward(low, high, dt, dtype)
+        lows.append(low.expand(leaf_shape).reshape(-1))
+        highs.append(high.expand(leaf_shape).reshape(-1))
     return leaf_bounds(torch.cat(lows), torch.cat(highs), closed)
 
 

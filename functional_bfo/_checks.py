@@ -30,19 +30,23 @@ def as_number(value: Any) -> Any:
     return value
 
 
-def _not_a(value: Any, kind: str) -> str:
-    """``" (a str)"`` where ``value`` is not even a ``kind``: the message is then no range error."""
-    if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
-        return ""
-    return f" (a {type(value).__name__}, not {kind})"
+def interval(low: float, high: float, low_open: bool = False) -> str:
+    """``[low, high]`` as messages write it: ``(`` where ``low_open``, ``)`` at infinity."""
+    return f"{'(' if low_open else '['}{low}, {high}{')' if math.isinf(high) else ']'}"
+
+
+def _invalid(name: str, shown: Any, expected: str, number: Any = None) -> ValueError:
+    """``Invalid name: shown; expected ...``, saying so where ``number`` is not even a number."""
+    numeric = number is None or isinstance(number, (int, float)) and not isinstance(number, bool)
+    kind = "" if numeric else f" (a {type(number).__name__}, not a number)"
+    return ValueError(f"Invalid {name}: {shown!r}{kind}; expected {expected}.")
 
 
 def check_int(name: str, value: Any, minimum: int) -> int:
     """``value`` (an int, numpy int or integer 0-d tensor) as an int >= ``minimum``."""
     number = as_number(value)
     if isinstance(number, bool) or not isinstance(number, int) or number < minimum:
-        raise ValueError(f"Invalid {name}: {value!r}{_not_a(number, 'a number')}; expected an "
-                         f"int >= {minimum}.")
+        raise _invalid(name, value, f"an int >= {minimum}", number)
     return number
 
 
@@ -50,24 +54,17 @@ def check_float(name: str, value: Any, low: float, high: float = math.inf,
                 low_open: bool = False) -> float:
     """``value`` as a finite float in ``[low, high]`` (``(low, high]`` with ``low_open``)."""
     number = as_number(value)
-    ok = isinstance(number, (int, float)) and not isinstance(number, bool)
-    if ok:
+    if isinstance(number, (int, float)) and not isinstance(number, bool):
         number = float(number)
-        ok = math.isfinite(number) and (number > low if low_open else number >= low) and (
-            number <= high)
-    if not ok:
-        left, right = "(" if low_open else "[", ")" if math.isinf(high) else "]"
-        shown = number if isinstance(value, (int, float)) else value  # -1 as -1.0
-        raise ValueError(f"Invalid {name}: {shown!r}{_not_a(number, 'a number')}; expected a "
-                         f"finite float in {left}{low}, {high}{right}.")
-    return number
+        if math.isfinite(number) and (number > low if low_open else number >= low) and (
+                number <= high):
+            return number
+    shown = number if isinstance(value, (int, float)) else value  # -1 as -1.0
+    raise _invalid(name, shown, f"a finite float in {interval(low, high, low_open)}", number)
 
 
 def check_ordered(values: Any, pairs: tuple[tuple[str, str], ...]) -> None:
-    """A ValueError where a pair's first value lies above its second.
-
-    A floor above its ceiling would be dropped silently; ``values`` maps names to numbers.
-    """
+    """A ValueError where a pair's first value (of ``values``, by name) lies above its second."""
     for low, high in pairs:
         a, b = (torch.as_tensor(values[k]) for k in (low, high))
         if not bool((a <= b).all()):
@@ -78,14 +75,14 @@ def check_ordered(values: Any, pairs: tuple[tuple[str, str], ...]) -> None:
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     """``value`` if it is one of ``choices``, else a ValueError listing them."""
     if value not in choices:
-        raise ValueError(f"Invalid {name}: {value!r}; expected one of {', '.join(choices)}.")
+        raise _invalid(name, value, f"one of {', '.join(choices)}")
     return value
 
 
 def check_bool(name: str, value: Any) -> bool:
     """``value`` if it is a bool, else a ValueError naming it."""
     if not isinstance(value, bool):
-        raise ValueError(f"Invalid {name}: {value!r}; expected True or False.")
+        raise _invalid(name, value, "True or False")
     return value
 
 
@@ -101,12 +98,10 @@ def check_params(params: Any) -> tuple[list[Tensor], optree.PyTreeSpec]:
         raise ValueError("params is an empty pytree; BFO needs at least one floating tensor "
                          "leaf, e.g. {'w': torch.zeros(3)}.")
     for path, leaf in zip(paths, leaves):
-        if leaf is None:
-            raise TypeError(f"Expected a tensor leaf, got None at {path_str(path)}; drop the "
-                            "entry, or pass a tensor (torch.zeros(0) for an empty one).")
         if not isinstance(leaf, Tensor):
-            raise TypeError(f"Expected a tensor leaf, got {leaf!r} at {path_str(path)}; "
-                            "convert it with torch.as_tensor(value, dtype=torch.float32).")
+            fix = ("drop the entry, or pass a tensor (torch.zeros(0) for an empty one)" if leaf
+                   is None else "convert it with torch.as_tensor(value, dtype=torch.float32)")
+            raise TypeError(f"Expected a tensor leaf, got {leaf!r} at {path_str(path)}; {fix}.")
         if not leaf.dtype.is_floating_point:
             raise TypeError(f"Expected a floating tensor leaf, got dtype {leaf.dtype} at "
                             f"{path_str(path)}; BFO moves parameters continuously, so cast it "

@@ -68,9 +68,9 @@ def strided(x: Tensor) -> Tensor:
 def as_params(state: Any, rows: Tensor) -> Params:
     """Rows over a state's ``D`` coordinates as params: views, in each leaf's dtype.
 
-    A state keeps its population as one ``(P, D)`` matrix (and a hybrid state its gradients and
-    gradient mask as rows too): ``as_params(state, state.population)`` is bacterium ``i``'s params
-    at index ``i`` of every leaf. ``rows`` is ``(..., D)``; the structure is ``state.best_params``'.
+    A state keeps its population (and a hybrid state its gradients and gradient mask) as one
+    ``(P, D)`` matrix: ``as_params(state, state.population)`` holds bacterium ``i``'s params at
+    index ``i`` of every leaf of ``state.best_params``' structure.
 
     Raises:
         ValueError: ``rows`` is not a tensor whose last axis has ``D`` entries.
@@ -96,12 +96,11 @@ def module_loss(
     """The module's parameters as a dict, and ``loss_fn(params, inputs, targets)``.
 
     ``loss_fn`` runs the module with ``torch.func.functional_call`` on the given params (its
-    buffers as they are), so it vmaps over a population of parameter sets. The params are
-    detached copies: optimizing them never touches the module until you load the result
-    back with ``module.load_state_dict(best_params, strict=False)``. Being detached, none
-    requires grad, so :func:`functional_bfo.hybrid_bfo` needs its ``grad_mask``: ``True``,
-    or ``{n: p.requires_grad for n, p in module.named_parameters()}`` to keep frozen
-    layers gradient-free.
+    buffers as they are), so it vmaps over a population. The params are detached copies: the
+    module is untouched until you load the result with ``module.load_state_dict(best_params,
+    strict=False)``, and none requires grad, so :func:`functional_bfo.hybrid_bfo` needs
+    ``grad_mask=True``, or ``{n: p.requires_grad for n, p in module.named_parameters()}``
+    to keep frozen layers gradient-free.
 
     Examples:
         >>> import torch, functional_bfo as fb

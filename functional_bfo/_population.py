@@ -10,7 +10,7 @@ from torch import Tensor
 
 from . import random
 from ._base import Key, Params
-from ._bounds import LeafBounds, flat_box, open_box, project, sample_domain
+from ._bounds import LeafBounds, flat_box, leaf_bounds, project, sample_domain
 from ._checks import check_params
 from ._layout import layout, ravel, unravel
 from ._tree import where
@@ -26,11 +26,7 @@ class Start(NamedTuple):
     box: LeafBounds  # the rows' box in that dtype (every side open without bounds)
 
     def state_fields(self, sign: float, hyperparams: dict, hyperparams_type: type) -> dict:
-        """The fields every variant's state starts with, nothing evaluated yet.
-
-        Raises:
-            ValueError: a hyperparameter does not fit the state's dtype (it would be inf).
-        """
+        """The fields every variant's state starts with, nothing evaluated yet."""
         size, device = self.population.shape[0], self.key.device
         largest = torch.finfo(self.dtype).max
         for name, value in hyperparams.items():
@@ -40,17 +36,12 @@ class Start(NamedTuple):
                                  "pass a smaller value, or float64 params.")
         tensor = lambda v: torch.tensor(v, dtype=self.dtype, device=device)  # noqa: E731
         count = torch.zeros((), dtype=torch.int64, device=device)
-        return dict(
+        return dict(  # in the order of the states' leading fields
             population=self.population,
             losses=torch.full((size,), torch.nan, dtype=self.dtype, device=device),
             health=torch.zeros(size, dtype=self.dtype, device=device),
-            best_params=self.first,
-            best_loss=tensor(sign * torch.inf),
-            key=self.key,
-            step=count,
-            num_evals=count.clone(),
-            box=self.box,
-            disagreeing_ranks=count.clone(),
+            best_params=self.first, best_loss=tensor(sign * torch.inf), key=self.key, step=count,
+            num_evals=count.clone(), box=self.box, disagreeing_ranks=count.clone(),
             hyperparams=hyperparams_type(**{k: tensor(v) for k, v in hyperparams.items()}),
         )
 
@@ -83,9 +74,11 @@ def initial_population(params: Params, key: Tensor, size: int, bounds: Any, init
         keys = random.fold_in(init_key, torch.arange(1, size, device=device))
         z = torch.func.vmap(lambda k: random.normal(k, (shape.size,), dtype))(keys)
         rest = sample_domain(first, z, box, torch.tensor(init_scale, dtype=dtype, device=device))
+        if box is None:  # every side open (vmap returns no None)
+            inf = torch.tensor(torch.inf, dtype=dtype, device=device)
+            box = leaf_bounds(-inf, inf)
         return Start(unravel(shape, first), torch.cat([first.unsqueeze(0), rest]), run_key,
-                     dtype, open_box(device, dtype) if box is None else box._replace(
-                         open=~box.finite))
+                     dtype, box._replace(open=~box.finite))
     except RuntimeError as e:  # the allocator's own words, with the size that asked for it
         message = str(e)
         if "out of memory" in message or "allocate" in message:
@@ -118,15 +111,13 @@ def reproduction_index(health: Tensor, reproduce: Tensor, active: Tensor | None 
 
     With ``active`` (a 0-d count ``n``) only the first ``n`` slots take part.
     """
-    size = health.shape[0]
-    slots = torch.arange(size, device=health.device)
-    if active is None:
-        order = torch.argsort(health, stable=True)  # the healthiest survivors, then copies
-        return torch.where(reproduce, order.index_select(0, slots % (size - size // 2)), slots)
-    inside = slots < active
-    order = torch.argsort(torch.where(inside, health, torch.inf), stable=True)
-    split = order.index_select(0, slots % (active - active // 2))  # as above, over n slots
-    return torch.where(reproduce & inside, split, slots)
+    slots = torch.arange(health.shape[0], device=health.device)
+    n = health.shape[0] if active is None else active
+    if active is not None:
+        inside = slots < n
+        health, reproduce = torch.where(inside, health, torch.inf), reproduce & inside
+    order = torch.argsort(health, stable=True)  # the healthiest survivors, then copies
+    return torch.where(reproduce, order.index_select(0, slots % (n - n // 2)), slots)
 
 
 class Noise(NamedTuple):

@@ -34,11 +34,11 @@ def reporter(progress: Progress, total: int | None = None,
     def show(info: dict) -> None:
         bar.n = info["num_evals"] if unit == "evals" else info["updates"]
         bar.set_postfix(best=f"{info['best_loss']:.6g}", refresh=False)
-        if "stopped" not in info:
+        if "stopped" in info:
+            bar.close()
+            print_line(info)
+        else:
             bar.refresh()
-            return
-        bar.close()
-        print_line(info)
 
     return show
 
@@ -47,7 +47,7 @@ def print_line(info: dict) -> None:
     if "stopped" in info:
         print(f"stopped by {info['stopped']} after {info['updates']} updates ({info['num_evals']} "
               f"evaluations, {info['seconds']:.1f}s): best {info['best_loss']:.6g}", flush=True)
-        return
-    print(f"step {info['step']:6d}  evals {info['num_evals']:9d}  "
-          f"best {info['best_loss']:.6g}  mean {info['mean_loss']:.6g}  "
-          f"{info['seconds']:.1f}s", flush=True)
+    else:
+        print(f"step {info['step']:6d}  evals {info['num_evals']:9d}  best "
+              f"{info['best_loss']:.6g}  mean {info['mean_loss']:.6g}  {info['seconds']:.1f}s",
+              flush=True)

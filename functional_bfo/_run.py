@@ -40,13 +40,11 @@ def run(
     """Apply ``opt.update`` to ``state`` until a stopping rule fires; return the last state.
 
     Whether a lower or a higher loss is better comes from the optimizer (``maximize=`` of
-    its factory), for ``target_loss`` and ``patience`` alike. In eager, an update that ends
-    no cycle runs without the masked cycle events: the same states as a loop of
-    ``opt.update``, in 0.88x its time over :func:`functional_bfo.adaptive_bfo`, 0.92-0.95x
-    over the others. A :func:`functional_bfo.black_box_search` state runs until its own
-    budget is spent (``state.phase == "done"``, reason ``"max_evals"``) or another rule
-    fires; it takes no ``max_evals`` or ``compile`` here, and non-finite losses do not stop
-    it (its restarts look elsewhere).
+    its factory). In eager, an update that ends no cycle skips the masked cycle events: the
+    states of a loop of ``opt.update``, faster. A :func:`functional_bfo.black_box_search`
+    state runs until its own budget is spent (``state.phase == "done"``, reason
+    ``"max_evals"``) or another rule fires; it takes no ``max_evals`` or ``compile`` here,
+    and non-finite losses do not stop it (its restarts look elsewhere).
 
     Args:
         opt: the optimizer that made ``state``.
@@ -62,9 +60,8 @@ def run(
         patience: stop after this many updates without the best improving by ``min_delta``.
         min_delta: the improvement that resets ``patience``.
         progress: True shows a ``tqdm`` bar of the evaluations (or updates, without
-            ``max_evals``) and the best loss where tqdm is installed, else prints a line
-            every ``log_every`` updates; either way a summary at the end. A callable
-            receives the same numbers as a dict instead.
+            ``max_evals``) and the best loss, or without tqdm prints a line every
+            ``log_every`` updates, and a summary at the end; a callable gets them as dicts.
         log_every: updates between progress reports.
         compile: run ``torch.compile(opt.update, fullgraph=True)``; a failure to compile is
             raised, never hidden by falling back to eager.
@@ -176,17 +173,12 @@ def run(
         save(state, checkpoint)
     if report is not None:
         mean = _read(state, with_mean=not search)[2]
-        info = progress_info(state, steps, evals, best, mean, started)
-        report({**info, "stopped": rules.reason})
+        report({**progress_info(state, steps, evals, best, mean, started), "stopped": rules.reason})
     return state
 
 
 def _read(state: Any, with_mean: bool = False) -> tuple[int, float, float, int]:
-    """num_evals, best_loss, mean finite loss (if asked), active bacteria: one transfer.
-
-    Raises:
-        RuntimeError: a distributed evaluation saw ranks score other candidates.
-    """
+    """num_evals, best_loss, mean finite loss (if asked), active bacteria: one transfer."""
     values = metrics(state) if with_mean else {"num_evals": state.num_evals,
                                                 "best_loss": state.best_loss}
     if hasattr(state, "active_size"):

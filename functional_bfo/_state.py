@@ -14,13 +14,13 @@ import optree
 import torch
 from torch import Tensor
 
-from ._checks import check_ordered, path_str
+from ._checks import check_ordered, interval, path_str
+from ._layout import layout, ravel, strided
 
 try:  # advisory locks tell a live writer's scratch file from a killed one's
     import fcntl
 except ImportError:  # Windows: no flock; killed writes' scratch files are then kept
     fcntl = None  # type: ignore[assignment]
-from ._layout import layout, ravel, strided
 
 State = TypeVar("State", bound=Any)  # a NamedTuple state of any variant
 FORMAT = "functional_bfo.state/1"
@@ -45,8 +45,7 @@ def with_hyperparams(state: State, **values: Any) -> State:
                         f"got {type(state).__name__}.")
     if unknown := sorted(set(values) - set(hp._fields)):
         raise ValueError(f"Unknown hyperparameters {unknown}; this state has {list(hp._fields)}.")
-    ranges = getattr(type(hp), "RANGES", {})
-    cast = {}
+    ranges, fields = getattr(type(hp), "RANGES", {}), {}
     for name, value in values.items():
         old = getattr(hp, name)
         try:
@@ -65,15 +64,10 @@ def with_hyperparams(state: State, **values: Any) -> State:
         except RuntimeError:
             raise ValueError(f"Invalid {name}: shape {tuple(new.shape)} does not fit the state's "
                              f"{tuple(old.shape)}.") from None
-        if name in ranges:  # read on the host: call it between updates, not inside one
-            low, high, low_open = ranges[name]
-            above = new > low if low_open else new >= low
-            if not bool((torch.isfinite(new) & above & (new <= high)).all()):
-                left, right = "(" if low_open else "[", ")" if math.isinf(high) else "]"
-                raise ValueError(f"Invalid {name}: {value!r}; expected finite values in "
-                                 f"{left}{low}, {high}{right}.")
-        cast[name] = new
-    new_hp = hp._replace(**cast)
+        if name in ranges and (box := _outside(new, *ranges[name])):  # read on the host
+            raise ValueError(f"Invalid {name}: {value!r}; expected finite values in {box}.")
+        fields[name] = new
+    new_hp = hp._replace(**fields)
     check_ordered(new_hp._asdict(), getattr(type(hp), "ORDERED", ()))
     return state._replace(hyperparams=new_hp)
 
@@ -81,15 +75,13 @@ def with_hyperparams(state: State, **values: Any) -> State:
 def save(state: Any, f: PathOrFile) -> None:
     """Write ``state`` to ``f`` as plain tensors, loadable with ``torch.load(weights_only=True)``.
 
-    A path is written atomically: to a temporary file in the same folder, flushed to disk,
-    then renamed over ``f``, so a write that fails or is killed leaves the previous
-    checkpoint intact; the temporary files that killed writes left beside ``f`` are removed
-    once a write succeeds (a write in progress holds a lock on its own, so that saves from
-    several threads or processes to one path all succeed, the last rename winning). A
-    symbolic link is followed: its target is written, the link kept. The pytree structure
-    is not stored (a custom NamedTuple is not on torch's allow-list): :func:`load` rebuilds
-    it from a template state. A digest of the tensors lets :func:`load` refuse a corrupted
-    file.
+    A path is written atomically (to a locked temporary file beside it, flushed to disk, then
+    renamed over it), so a write that fails or is killed leaves the previous checkpoint
+    intact, and saves to one path from several threads or processes all succeed, the last
+    rename winning; a good write removes the temporary files killed writes left. A symbolic
+    link's target is written, the link kept. The structure is not stored (a custom NamedTuple
+    is not on torch's allow-list): :func:`load` rebuilds it from a template state, and a
+    digest of the tensors lets it refuse a corrupted file.
 
     Raises:
         TypeError: ``state`` is not an optimizer's state of tensors.
@@ -123,18 +115,13 @@ def save(state: Any, f: PathOrFile) -> None:
             os.fsync(directory)
         finally:
             os.close(directory)
-    _remove_leftovers(folder, name, started)
-
-
-def _remove_leftovers(folder: str, name: str, before: float) -> None:
-    """Remove temporary files of killed writes of ``name``: unlocked, and older than ``before``."""
-    if fcntl is None:
-        return
-    for entry in os.scandir(folder):  # .{name}.XXXXXXXX.tmp: mkstemp's 8 random characters
+    # Killed writes' scratch files: .{name}.XXXXXXXX.tmp (mkstemp's 8 random characters),
+    # older than this write and unlocked.
+    for entry in os.scandir(folder) if fcntl is not None else ():
         if (entry.name.startswith(f".{name}.") and entry.name.endswith(".tmp")
                 and len(entry.name) == len(name) + 14 and entry.is_file(follow_symlinks=False)):
             with contextlib.suppress(OSError), open(entry.path, "rb") as held:
-                if entry.stat(follow_symlinks=False).st_mtime < before:
+                if entry.stat(follow_symlinks=False).st_mtime < started:
                     fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # else in use
                     os.unlink(entry.path)
 
@@ -142,13 +129,12 @@ def _remove_leftovers(folder: str, name: str, before: float) -> None:
 def with_start_loss(state: State, loss: Any, grad: Any = None) -> State:
     """``state`` before its first update, with bacterium 0 (the initial params) scored.
 
-    A driver that has just evaluated the params it started from (the ``torch.optim`` shell
-    scores the model before every step) hands over that loss, and for ``hybrid_bfo`` the
-    gradient there (a pytree like params), instead of paying for it again: the first update
-    then swims on from bacterium 0, and the hybrid's first tumble of bacterium 0 follows the
-    gradient. The loss counts as one evaluation and becomes the best; a non-finite loss
-    leaves bacterium 0 unknown (a non-finite gradient: its gradient unknown). It reads the
-    state's step on the host, so it takes one unbatched state (a batch of runs: per run).
+    A driver that has just scored its starting params (as the ``torch.optim`` shell does)
+    hands over that loss, and for ``hybrid_bfo`` the gradient there (a pytree like params),
+    instead of paying again: the first update swims on from bacterium 0, whose first hybrid
+    tumble follows the gradient. The loss counts as one evaluation and becomes the best; a
+    non-finite loss (gradient) leaves bacterium 0's loss (gradient) unknown. It reads the
+    step on the host, so it takes one unbatched state (a batch of runs: per run).
 
     Examples:
         >>> import torch, functional_bfo as fb
@@ -193,8 +179,7 @@ def to_dict(state: Any) -> dict[str, Any]:
     """``state`` as a dict of plain values and tensors (what :func:`save` writes)."""
     if not hasattr(state, "_fields"):
         raise TypeError(f"Expected the state returned by init/update, got {type(state).__name__}.")
-    paths, leaves, _ = optree.tree_flatten_with_path(state)
-    names = [_state_path(state, p) for p in paths]
+    leaves, _, names = _flatten(state)
     for name, x in zip(names, leaves):
         if not isinstance(x, Tensor):
             raise TypeError(f"save writes states whose leaves are tensors, but {name} is of "
@@ -213,29 +198,29 @@ def _digest(kind: str, names: list[str], leaves: list[Tensor]) -> str:
     return h.hexdigest()
 
 
-def _state_path(state: Any, path: tuple) -> str:
-    """A state leaf's path as ``state.population['b'][0]`` (optree names fields by index)."""
-    return f"state.{state._fields[path[0]]}" + path_str(path[1:], root="")
+def _flatten(state: Any) -> tuple[list[Any], optree.PyTreeSpec, list[str]]:
+    """Leaves, treespec, and leaf paths as ``state.population['b'][0]`` (optree indexes fields)."""
+    paths, leaves, spec = optree.tree_flatten_with_path(state)
+    return leaves, spec, [f"state.{state._fields[p[0]]}" + path_str(p[1:], root="") for p in paths]
 
 
 def load(f: PathOrFile, like: State, map_location: Any = None) -> State:
     """Read a state written by :func:`save`, with the structure of ``like``.
 
     ``like`` is any state of the same optimizer and params structure, e.g. a fresh
-    ``opt.init(params, key=...)``. A run resumed from the loaded state continues bitwise
-    identically to one that never stopped. The file's digest catches a truncated or
-    corrupted file, not an edited one (it is a checksum, not a signature: an editor can
-    recompute it), so the values are checked as ``init`` and ``with_hyperparams`` check
-    theirs. Load only files you trust: ``torch.load`` reads them, with ``weights_only=True``.
+    ``opt.init(params, key=...)``; a resumed run continues bitwise as one that never stopped.
+    The file's digest catches a truncated or corrupted file, not an edited one (an editor
+    can recompute it), so the values are checked too. Load only files you trust:
+    ``torch.load`` reads them, with ``weights_only=True``.
 
     Raises:
         ValueError: the file is not a complete, unmodified checkpoint written by
             :func:`save`, does not match ``like``, or holds a state no update makes
             (a hyperparameter out of range, non-finite positions, a negative counter).
-            (Opening a path that does not exist raises ``FileNotFoundError`` as usual.)
+            A missing path raises ``FileNotFoundError`` as usual.
     """
     if isinstance(f, (str, os.PathLike)):
-        with open(f, "rb") as handle:  # a missing or unreadable path raises OSError as usual
+        with open(f, "rb") as handle:
             return load(handle, like, map_location)
     try:
         data = torch.load(f, map_location=map_location, weights_only=True)
@@ -261,8 +246,7 @@ def from_dict(data: Any, like: State) -> State:
             or _digest(data["type"], data["paths"], saved) != data["digest"]):
         raise ValueError("The checkpoint's tensors do not match its digest: the file was "
                          "modified or corrupted after it was written. Load an intact copy.")
-    paths, leaves, spec = optree.tree_flatten_with_path(like)
-    names = [_state_path(like, p) for p in paths]
+    leaves, spec, names = _flatten(like)
     if data["type"] != type(like).__name__ or data["paths"] != names:
         raise ValueError(f"Checkpoint holds a {data['type']} with leaves {data['paths']}, but "
                          f"like is a {type(like).__name__} with leaves {names}; pass a state of "
@@ -273,92 +257,77 @@ def from_dict(data: Any, like: State) -> State:
                              f"has {ref.dtype} {tuple(ref.shape)}; the optimizer (population "
                              "size) or params differ.")
     state = cast(State, spec.unflatten([x.to(ref.device) for x, ref in zip(saved, leaves)]))
-    check_values(state)
-    _check_box(state, like)
+    _check(state, like)
     mine, theirs = direction(state), direction(like, "like")
     if mine is not None and theirs is not None and mine != theirs:
-        raise ValueError(f"The checkpoint was written by a {WAYS[mine]} optimizer, but like "
-                         f"is a {WAYS[theirs]} one's state: a resumed run would hold the "
+        ways = {1.0: "minimizing", -1.0: "maximizing"}
+        raise ValueError(f"The checkpoint was written by a {ways[mine]} optimizer, but like "
+                         f"is a {ways[theirs]} one's state: a resumed run would hold the "
                          "wrong best. Pass like from an optimizer with the maximize= of the "
                          "run you resume.")
     return state
 
 
-def _check_box(state: Any, like: Any, where: str = "state") -> None:
-    """Refuse a state whose box is not ``like``'s: it was written under other bounds."""
+# The states a black-box search's state holds, checked as states of their own.
+HELD_STATES = ("swarm", "explorer", "faces", "walker")
+# What every value of these fields passes in any state that init and update make.
+VALUE_RULES: tuple[tuple[Any, str, tuple[str, ...]], ...] = (
+    (torch.isfinite, "holds NaN or infinite values, which no update makes",
+     ("population", "best_params", "best_row", "health", "step_sizes", "grads",
+      "reference_diversity", "start", "mean", "sigma_path", "metric")),
+    (lambda x: ~torch.isnan(x),  # +-inf: nothing found yet
+     "is NaN, which no update makes (a NaN best would never change)",
+     ("best_loss", "entry_best", "converged_best", "first", "progress")),
+    (lambda x: x >= 0, "is negative ({})",
+     ("step_sizes", "reference_diversity", "step", "num_evals", "disagreeing_ranks", "stall",
+      "grad_nonfinite", "grad_vanishing", "grad_exploding", "restarts", "failed",
+      "found_after", "stalled", "explorer_updates", "room")),
+)
+
+
+def _edited(what: str) -> ValueError:
+    return ValueError(f"The checkpoint's {what}: the file was edited or written by other code. "
+                      "Load an intact checkpoint.")
+
+
+def _outside(value: Tensor, low: float, high: float, low_open: bool) -> str:
+    """The range, e.g. ``(0, 1]``, if a value is outside it or not finite; else ``""``."""
+    above = value > low if low_open else value >= low
+    return "" if bool((torch.isfinite(value) & above & (value <= high)).all()) else interval(
+        low, high, low_open)
+
+
+def _check(state: Any, like: Any, where: str = "state") -> None:
+    """Refuse values no ``init``, ``update`` or ``with_hyperparams`` makes, or a box not ``like``'s.
+
+    The digest catches corruption, not edits (an editor can recompute it): values are read.
+    """
+    hp = getattr(state, "hyperparams", None)
+    ranges = dict(getattr(type(state), "RANGES", {}))
+    if hasattr(state, "active_size"):  # the bacteria a population can have in play
+        ranges["active_size"] = (1, state.losses.shape[-1], False)
+    for holder, at, table in ((state, where, ranges),
+                              (hp, f"{where}.hyperparams", getattr(type(hp), "RANGES", {}))):
+        for name, bounds in table.items():
+            if box := _outside(value := getattr(holder, name), *bounds):
+                raise _edited(f"{at}.{name} is {value.tolist()}, outside {box}, a value no "
+                              "init, update or with_hyperparams makes")
+    for low, high in getattr(type(hp), "ORDERED", ()):
+        if not bool(((a := getattr(hp, low)) <= (b := getattr(hp, high))).all()):
+            raise _edited(f"{where}.hyperparams.{low} ({a.tolist()}) is above its {high} "
+                          f"({b.tolist()}), which no init or with_hyperparams makes")
+    for test, problem, names in VALUE_RULES:
+        for name in names:
+            for x in optree.tree_leaves(cast(Any, getattr(state, name, None))):
+                if not bool(test(x).all()):
+                    raise _edited(f"{where}.{name} {problem.format(x.tolist())}")
     if hasattr(like, "box") and not all(map(torch.equal, state.box, like.box)):
         raise ValueError(f"The checkpoint's {where}.box differs from like's: it was written by "
                          "an optimizer with other bounds, which a resumed run would keep. Pass "
                          "like from an optimizer with the bounds of the run you resume.")
     for name in HELD_STATES:
-        if hasattr(like, name):
-            _check_box(getattr(state, name), getattr(like, name), f"{where}.{name}")
-
-
-# The states a black-box search's state holds, checked as states of their own.
-HELD_STATES = ("swarm", "explorer", "faces", "walker")
-# Fields whose every value is finite in any state that init and update make.
-FINITE_FIELDS = ("population", "best_params", "best_row", "health", "step_sizes", "grads",
-                 "reference_diversity", "start", "mean", "sigma_path", "metric")
-# Fields that are never NaN (inf means nothing found yet) and never negative.
-NOT_NAN_FIELDS = ("best_loss", "entry_best", "converged_best", "first", "progress")
-NONNEGATIVE_FIELDS = ("step_sizes", "reference_diversity")
-COUNTERS = ("step", "num_evals", "disagreeing_ranks", "stall", "active_size", "grad_nonfinite",
-            "grad_vanishing",
-            "grad_exploding", "restarts", "failed", "found_after", "stalled",
-            "explorer_updates", "room")
-EDITED = "the file was edited or written by other code. Load an intact checkpoint."
-
-
-def check_values(state: Any, where: str = "state") -> None:
-    """Refuse values that no ``init``, ``update`` or ``with_hyperparams`` makes.
-
-    A checkpoint's digest catches corruption, not edits (an editor can recompute it), so
-    :func:`load` checks the values too, on the host.
-    """
-    hp = getattr(state, "hyperparams", None)
-    for holder, at in ((state, where), (hp, f"{where}.hyperparams")):
-        for name, (low, high, low_open) in getattr(type(holder), "RANGES", {}).items():
-            value = getattr(holder, name)
-            above = value > low if low_open else value >= low
-            if not bool((torch.isfinite(value) & above & (value <= high)).all()):
-                left, right = "(" if low_open else "[", ")" if math.isinf(high) else "]"
-                raise ValueError(f"The checkpoint's {at}.{name} is {value.tolist()}, outside "
-                                 f"{left}{low}, {high}{right}, a value no init, update or "
-                                 f"with_hyperparams makes: {EDITED}")
-    for low, high in getattr(type(hp), "ORDERED", ()):
-        if not bool((getattr(hp, low) <= getattr(hp, high)).all()):
-            raise ValueError(f"The checkpoint's {where}.hyperparams.{low} "
-                             f"({getattr(hp, low).tolist()}) is above its {high} "
-                             f"({getattr(hp, high).tolist()}), which no init or "
-                             f"with_hyperparams makes: {EDITED}")
-    for name in FINITE_FIELDS:
-        field: Any = getattr(state, name, None)
-        for x in optree.tree_leaves(field) if field is not None else ():
-            if not bool(torch.isfinite(x).all()):
-                raise ValueError(f"The checkpoint's {where}.{name} holds NaN or infinite "
-                                 f"values, which no update makes: {EDITED}")
-    for name in NOT_NAN_FIELDS:
-        if (x := getattr(state, name, None)) is not None and bool(torch.isnan(x).any()):
-            raise ValueError(f"The checkpoint's {where}.{name} is NaN, which no update makes "
-                             f"(a NaN best would never change): {EDITED}")
-    for name in COUNTERS + NONNEGATIVE_FIELDS:
-        count = getattr(state, name, None)
-        if count is not None and not bool((count >= 0).all()):
-            raise ValueError(f"The checkpoint's {where}.{name} is negative ({count.tolist()}): "
-                             f"{EDITED}")
-    if (active := getattr(state, "active_size", None)) is not None:
-        size = state.losses.shape[-1]
-        if not bool(((active >= 1) & (active <= size)).all()):
-            raise ValueError(f"The checkpoint's {where}.active_size is {active.tolist()}, "
-                             f"outside [1, {size}], the bacteria a population of {size} can "
-                             f"have in play: {EDITED}")
-    for name in HELD_STATES:
         if hasattr(state, name):
-            check_values(getattr(state, name), f"{where}.{name}")
-
-
-WAYS = {1.0: "minimizing", -1.0: "maximizing"}
+            _check(getattr(state, name), getattr(like, name), f"{where}.{name}")
 
 
 def direction(state: Any, where: str = "state") -> float | None:
@@ -371,18 +340,13 @@ def direction(state: Any, where: str = "state") -> float | None:
     best = getattr(state, "best_loss", None)
     if best is None or best.dim() != 0 or bool(torch.isnan(best)):
         return None
-    held = [getattr(state, name).best_loss for name in ("swarm", "explorer")
-            if hasattr(state, name)]
-    if held:
-        others = torch.stack([x.to(best.dtype) for x in held])
-    elif (losses := getattr(state, "losses", None)) is not None:
-        others = losses[torch.isfinite(losses)]
-    else:  # a walker: its best alone
-        others = best.new_empty(0)
-    lower = bool((others < best).any()) or bool(best == -math.inf)
-    higher = bool((others > best).any()) or bool(best == math.inf)
+    held = [getattr(state, n).best_loss.to(best.dtype) for n in ("swarm", "explorer")
+            if hasattr(state, n)]
+    losses = getattr(state, "losses", best.new_empty(0))  # a walker: its best alone
+    others = torch.stack(held) if held else losses[torch.isfinite(losses)]
+    lower = bool((others < best).any() | (best == -math.inf))
+    higher = bool((others > best).any() | (best == math.inf))
     if lower and higher:
-        raise ValueError(f"The checkpoint's {where}.best_loss ({float(best)}) is neither "
-                         "the least nor the greatest of the losses it was kept from, as "
-                         f"every update keeps it: {EDITED}")
+        raise _edited(f"{where}.best_loss ({float(best)}) is neither the least nor the "
+                      "greatest of the losses it was kept from, as every update keeps it")
     return -1.0 if lower else 1.0 if higher else None
