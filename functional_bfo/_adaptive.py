@@ -194,10 +194,7 @@ def adaptive_bfo(
 
 
 def swarm_settings(population_size: int, **given: Any) -> AdaptiveSettings:
-    """:func:`adaptive_bfo`'s arguments validated, its defaults where not ``given``.
-
-    hybrid_bfo and the black box build their swarms with it.
-    """
+    """:func:`adaptive_bfo`'s arguments validated, its defaults where not ``given`` (hybrid)."""
     defaults = adaptive_bfo.__kwdefaults__ or {}
     if unknown := sorted(given.keys() - defaults.keys()):
         raise TypeError(f"adaptive_bfo() got an unexpected keyword argument {unknown[0]!r}")
@@ -319,12 +316,10 @@ def adaptive_plan(static: AdaptiveSettings, state: Any, cycles: bool, steer=None
         direction = metric.shape_directions(state.metric, direction)
     if steer is not None:
         direction = steer(direction, source, known)
-    last = torch.where(known, cost, torch.inf)
-    stay_aux = None if start_aux is None else start_aux(source)
     steps = steps if active is None else steps * active
-    ray = walk(population, direction, steps, known.to(dtype), bounds=box,
-               boundary=static.boundary, swims=static.swims, greedy=True, ties=True)
-    carry = ray.begin(last, (last, stay_aux), best, sign * state.best_loss)
+    ray, carry = walk(population, direction, steps, known, cost, (best, sign * state.best_loss),
+                      bounds=box, boundary=static.boundary, swims=static.swims, greedy=True,
+                      stay_aux=None if start_aux is None else start_aux(source))
     keep = AdaptiveKeep(cost, step_sizes, health, count, source, known)
     return Plan(ray, carry, active, keep, shape, count * (static.swims + 1))
 

@@ -321,10 +321,7 @@ def check_tag(expected: Tensor, tag: Tensor, variant: str) -> None:
 
 
 def costs_evaluation(settings: Any, state: Any, plan: Plan, loss_fn, args: tuple) -> Callable:
-    """``evaluate(rows) -> (costs, None, ranks)`` by ``settings.evaluator`` (ranks: None locally).
-
-    The rows go to it as params, or as rows with ``loss_of_row`` where it ``takes_rows``.
-    """
+    """``evaluate(rows) -> (costs, None, ranks)`` by ``settings.evaluator`` (ranks None: local)."""
     evaluator, sign = settings.evaluator, settings.sign
     dtype, shape = state.losses.dtype, plan.layout
     report = getattr(evaluator, "with_disagreement", None)  # fb.distributed's: ranks too

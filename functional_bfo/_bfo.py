@@ -246,11 +246,9 @@ def bfo_plan(static: BFOSettings, state: BFOState, cycles: bool) -> Plan:
         cost = cost + swarm_cost(population)
 
     direction, steps = tumble_directions(noise, static.tumble, hp.levy_beta, hp.step_size)
-    # An unknown bacterium first evaluates where it stands.
-    ray = walk(population, direction, steps, known.to(dtype), bounds=box,
-               boundary=static.boundary, swims=static.swims, swarm_cost=swarm_cost)
-    carry = ray.begin(torch.where(known, cost, torch.inf), None, best,
-                      static.sign * state.best_loss)
+    ray, carry = walk(population, direction, steps, known, cost,
+                      (best, static.sign * state.best_loss), bounds=box,
+                      boundary=static.boundary, swims=static.swims, swarm_cost=swarm_cost)
     return Plan(ray, carry, None, health, shape, static.size * (static.swims + 1))
 
 

@@ -61,20 +61,25 @@ class SwimResult(NamedTuple):
     moved: Tensor  # (P,) bool: the bacterium left where it stood
 
 
-def walk(population: Tensor, direction: Tensor, step_length: Tensor, start: Tensor, *,
-         bounds: LeafBounds | None, boundary: str, swims: int,
-         swarm_cost: Callable[[Params], Tensor] | None = None, greedy: bool = False,
-         ties: bool = False) -> Ray:
-    """The ray ``theta + (start + k) C phi``, ``k = 0 .. swims``, with its swim rule.
+def walk(population: Tensor, direction: Tensor, step_length: Tensor, known: Tensor,
+         cost: Tensor, best: tuple[Tensor, Tensor], *, bounds: LeafBounds | None,
+         boundary: str, swims: int, swarm_cost: Callable[[Params], Tensor] | None = None,
+         greedy: bool = False, stay_aux: Any = None) -> tuple[Ray, SwimCarry]:
+    """The ray ``theta + k C phi``, ``swims + 1`` points, and the swim's start.
 
-    Passino's bacterium ends at the last point reached (each one before improved); ``greedy``
-    at the last that improved, or stays; ``ties`` count as improving.
+    The ray starts at ``k = 1``, or 0 where the ``cost`` is not ``known``. Passino's bacterium
+    ends at the last point reached (each one before improved), whatever the first costs; a
+    ``greedy`` one at the last no worse than the one before, or stays (with ``stay_aux``).
     """
     ks = torch.arange(swims + 1, dtype=step_length.dtype, device=step_length.device)
-    distances = (start + ks.unsqueeze(1)) * step_length
+    distances = (known.to(cost.dtype) + ks.unsqueeze(1)) * step_length
     built = (ray_point(population, direction, distances, bounds, boundary)
              if population.numel() < ORDER_POINTS_FROM else None)
-    return Ray(population, direction, distances, built, bounds, boundary, swarm_cost, greedy, ties)
+    last = torch.where(known, cost, torch.inf)
+    raw, aux = (last, stay_aux) if greedy else (torch.full_like(last, torch.inf), None)
+    return (Ray(population, direction, distances, built, bounds, boundary, swarm_cost, greedy),
+            SwimCarry(torch.ones_like(last, dtype=torch.bool), last,
+                      torch.full_like(last, -1, dtype=torch.int64), raw, raw, aux, *best))
 
 
 class SwimCarry(NamedTuple):
@@ -101,16 +106,7 @@ class Ray(NamedTuple):
     bounds: LeafBounds | None
     boundary: str
     swarm_cost: Callable[[Params], Tensor] | None
-    greedy: bool
-    ties: bool
-
-    def begin(self, last: Tensor, stay: tuple[Tensor, Any] | None, best_params: Params,
-              best_cost: Tensor) -> SwimCarry:
-        """Before the first point: Passino's bacterium arrives there whatever its cost."""
-        raw, aux = (torch.full_like(last, torch.inf), None) if stay is None else stay
-        return SwimCarry(torch.ones_like(last, dtype=torch.bool), last,
-                         torch.full_like(last, -1, dtype=torch.int64), raw, raw, aux,
-                         best_params, best_cost)
+    greedy: bool  # stays unless a point is no worse than the one before (Passino's: moves)
 
     def points(self, along: Tensor, first: int = 0) -> Tensor:
         """The candidates at ``along`` (G, P), points ``first`` on: G P rows, point-major."""
@@ -129,7 +125,7 @@ class Ray(NamedTuple):
             cost = point_raw
             if self.swarm_cost is not None:  # J_cc per point: the same sums whatever the batch
                 cost = point_raw + self.swarm_cost(point_rows(candidates, g, size))
-            improved = running & (cost <= previous if self.ties else cost < previous)
+            improved = running & (cost <= previous if self.greedy else cost < previous)
             ends = improved if self.greedy else running
             point = end[0] + ends  # ends holds on a prefix of the points: a count
             if self.swarm_cost is None:  # the compared cost is the raw one: one where for both

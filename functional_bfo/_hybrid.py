@@ -180,6 +180,7 @@ def hybrid_init(static: AdaptiveSettings, params: Params, *, key: Key) -> Hybrid
     """The adaptive start, no gradient known yet, the mask from ``grad_mask``."""
     state = adaptive_init(static, params, key=key)
     size, device, dtype = static.size, state.losses.device, state.losses.dtype
+    zero = torch.zeros((), dtype=torch.int64, device=device)
     hp = HybridBFOHyperparams(**state.hyperparams._asdict(), **{
         k: torch.tensor(v, dtype=dtype, device=device) for k, v in static.gradient.mix.items()})
     return per_run(HybridBFOState(
@@ -188,9 +189,7 @@ def hybrid_init(static: AdaptiveSettings, params: Params, *, key: Key) -> Hybrid
         grad_known=torch.zeros(size, dtype=torch.bool, device=device),
         grad_mask=_mask_row(params, static.gradient.grad_mask),
         grad_norms=torch.full((size,), torch.nan, dtype=dtype, device=device),
-        grad_nonfinite=torch.zeros((), dtype=torch.int64, device=device),
-        grad_vanishing=torch.zeros((), dtype=torch.int64, device=device),
-        grad_exploding=torch.zeros((), dtype=torch.int64, device=device),
+        grad_nonfinite=zero, grad_vanishing=zero, grad_exploding=zero,  # per_run copies them
         hyperparams=hp,
     ))
 
@@ -264,10 +263,7 @@ def told_aux(static: AdaptiveSettings, state: HybridBFOState, asked: Ask, *,
 def hybrid_evaluation(static: AdaptiveSettings, state: HybridBFOState, plan: Plan,
                       loss_fn: LossFn, args: tuple
                       ) -> Callable[[Tensor], tuple[Tensor, Tensor | None, Tensor | None]]:
-    """Costs of candidate rows, their gradient rows, and the ranks that disagreed.
-
-    Gradients are None where ``grad=`` serves; the ranks None for a local evaluator.
-    """
+    """Costs of candidate rows, their gradient rows (None where ``grad=`` serves), the ranks."""
     mask, shape, given = state.grad_mask, plan.layout, plan.given is not None
     evaluator, chunk_size, sign = static.evaluator, static.gradient.chunk_size, static.sign
     report = getattr(evaluator, "with_disagreement", None)  # fb.distributed's: ranks too
@@ -278,10 +274,8 @@ def hybrid_evaluation(static: AdaptiveSettings, state: HybridBFOState, plan: Pla
             by_rows = getattr(evaluator, "takes_rows", False)
             if given:
                 differentiable = partial(loss_of_row, loss_fn, shape) if by_rows else loss_fn
-            elif by_rows:
-                differentiable = _differentiable_rows(loss_fn, mask, shape, True)
             else:
-                differentiable = _differentiable(loss_fn, unravel(shape, mask), True)
+                differentiable = _differentiable(loss_fn, mask, shape, by_rows, True)
             population = rows if by_rows else unravel(shape, rows)
             out, differing = (evaluator(differentiable, population, *args), None) if (
                 report is None) else report(differentiable, population, *args)
@@ -296,7 +290,7 @@ def hybrid_evaluation(static: AdaptiveSettings, state: HybridBFOState, plan: Pla
                 losses = batched(partial(loss_of_row, loss_fn, shape), rows, args, chunk_size)
             grads = None
         else:  # by the rows: the gradient comes out as rows too
-            grads, losses = batched(torch.func.grad_and_value(_differentiable_rows(
+            grads, losses = batched(torch.func.grad_and_value(_differentiable(
                 loss_fn, mask, shape)), rows, args, chunk_size)
         # Detached: a loss that touches tensors outside params which require grad (a model's
         # other weights) must not leave their autograd graph in the state.
@@ -343,41 +337,31 @@ def _mask_row(params: Params, grad_mask: Any) -> Tensor:
         torch.tensor(sizes, device=device), output_size=sum(sizes))
 
 
-def _differentiable_rows(loss_fn: LossFn, mask: Tensor, shape: Layout,
-                         by_evaluator: bool = False) -> Callable[..., Tensor]:
-    """``loss_fn`` of a row, differentiated through the coordinates ``mask`` marks only."""
+def _differentiable(loss_fn: LossFn, mask: Tensor, shape: Layout, of_rows: bool = True,
+                    by_evaluator: bool = False) -> Callable[..., Tensor]:
+    """``loss_fn`` of a row (or of params), differentiated through the ``mask``ed coordinates."""
+    masks: list[Any] | None = None if of_rows else shape.spec.flatten_up_to(unravel(shape, mask))
 
-    def loss(row: Tensor, *args: Any) -> Tensor:
-        params = unravel(shape, torch.where(mask, row, row.detach()))
-        return _checked(loss_fn(params, *args), by_evaluator)
+    def loss(x: Any, *args: Any) -> Tensor:
+        if masks is None:
+            params = unravel(shape, torch.where(mask, x, x.detach()))
+        else:
+            leaves: list[Any] = shape.spec.flatten_up_to(x)
+            params = shape.spec.unflatten([torch.where(m, v, v.detach())
+                                           for v, m in zip(leaves, masks)])
+        if not check_loss(out := loss_fn(params, *args)).requires_grad:
+            raise ValueError(
+                "loss_fn is not differentiable with respect to params: its output carries no "
+                "gradient from them (.detach(), .item(), integer or boolean ops?). hybrid_bfo "
+                "follows the gradient on the leaves marked in grad_mask; for gradient-free "
+                "search use adaptive_bfo, or pass update(..., grad=...) computed by other "
+                "means." + (" With an evaluator, the evaluator must differentiate loss_fn and "
+                            "return (losses, grads): functional_bfo.evaluate's evaluators "
+                            "return losses only, and fb.distributed.sharded needs grads=True."
+                            if by_evaluator else ""))
+        return out
 
     return loss
-
-
-def _differentiable(loss_fn: LossFn, masks: Params, by_evaluator: bool = False) -> LossFn:
-    """``loss_fn`` of params, differentiated through the ``masks``ed leaves only."""
-    leaf_masks, spec = optree.tree_flatten(masks)
-
-    def loss(params: Params, *args: Any) -> Tensor:
-        given: list[Any] = spec.flatten_up_to(params)
-        leaves = [torch.where(m, x, x.detach()) for x, m in zip(given, leaf_masks)]
-        return _checked(loss_fn(spec.unflatten(leaves), *args), by_evaluator)
-
-    return loss
-
-
-def _checked(out: Any, by_evaluator: bool = False) -> Tensor:
-    """``out`` if it is one floating scalar carrying a gradient, else a clear error."""
-    if not check_loss(out).requires_grad:
-        raise ValueError(
-            "loss_fn is not differentiable with respect to params: its output carries no "
-            "gradient from them (.detach(), .item(), integer or boolean ops?). hybrid_bfo "
-            "follows the gradient on the leaves marked in grad_mask; for gradient-free search "
-            "use adaptive_bfo, or pass update(..., grad=...) computed by other means." + (
-                " With an evaluator, the evaluator must differentiate loss_fn and return "
-                "(losses, grads): functional_bfo.evaluate's evaluators return losses only, and "
-                "fb.distributed.sharded needs grads=True." if by_evaluator else ""))
-    return out
 
 
 def _mix(direction: Tensor, grads: Tensor, usable: Tensor, mask: Tensor, weight: Tensor,
@@ -396,7 +380,6 @@ def _mix(direction: Tensor, grads: Tensor, usable: Tensor, mask: Tensor, weight:
     d_norm = d_g.square().sum(1).sqrt()
     renorm = torch.where(d_norm > 0, phi_norm / d_norm.clamp_min(1e-30), 0.0)
     return torch.where(usable[:, None], direction - phi_g + renorm[:, None] * d_g, direction)
-
 
 
 HYBRID = Variant("hybrid_bfo", HybridBFOState, hybrid_init, hybrid_plan, hybrid_finish,
