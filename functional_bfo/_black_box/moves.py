@@ -15,13 +15,12 @@ from .._bounds import LeafBounds, box_relative, project, sample_domain
 
 def kicked(state: AdaptiveBFOState, box: LeafBounds | None, jitter: float,
            key: Key) -> AdaptiveBFOState:
-    """Every bacterium kicked and kept: even rows by ``N(0, jitter)``, odd ones redrawn.
+    """Every bacterium kicked and kept, its loss forgotten and its step at least three kicks.
 
-    Even rows hop to a neighbouring basin of a rotated landscape; odd rows get one coordinate
-    redrawn in the box, another basin of a separable one. Losses are forgotten (the next
-    tumble is kept), and steps below three kicks grow back.
+    Even rows move by ``N(0, jitter)`` (a neighbouring basin of a rotated landscape), odd
+    ones get one coordinate redrawn in the box (another basin of a separable one).
     """
-    x = state.population  # (P, n), ``box`` its rows' box
+    x = state.population
     dtype, (size, n) = state.losses.dtype, x.shape
     z = random.normal(key, (size * n,), dtype).reshape(size, n)
     which = (random.uniform(random.fold_in(key, 1), (size,), dtype) * n).long().clamp(max=n - 1)

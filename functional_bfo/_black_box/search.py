@@ -1,15 +1,13 @@
-"""The black-box setup: AdaptiveBFO swarms stepping in box widths, restarted, as ask/tell.
+"""The black box: AdaptiveBFO swarms stepping in box widths, restarted, as ask/tell.
 
-Phases, a round each (docs/variants.md): converge (small swarms, restarted once they stop
-progressing; a learning one in a valley goes on as ``_walker``), explore (after
-``explore_after`` failed swarms, one kicked swarm), then faces and polish. Every decision
-compares losses with each other in float64, so ``f``, ``f + c`` and ``a * f`` run alike.
+Phases (docs/variants.md): converge (small swarms, restarted once they stop progressing; one
+in a valley goes on as the walker), explore (one kicked swarm after ``explore_after`` failed
+ones), then faces and polish. Decisions compare losses with each other only, in float64.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import warnings
 from typing import Any, NamedTuple
@@ -20,7 +18,7 @@ from torch import Tensor
 
 from .. import _metric as metric
 from .. import random
-from .._adaptive import ADAPTIVE, AdaptiveBFOState, swarm_settings
+from .._adaptive import ADAPTIVE, AdaptiveBFOState, AdaptiveSettings, swarm_settings
 from .._ask_tell import (
     Ask,
     at_step,
@@ -34,7 +32,7 @@ from .._ask_tell import (
     told_costs,
 )
 from .._base import Key, LossFn, Optimizer, Params
-from .._bounds import LeafBounds, check_bounds, flat_box, project, sample_domain
+from .._bounds import LeafBounds, flat_box, project, sample_domain
 from .._checks import check_float, check_int, check_losses, check_params
 from .._layout import Layout, layout, ravel, unravel
 from .._progress import reporter
@@ -56,11 +54,9 @@ PHASES = ("converge", "explore", "faces", "polish", "done")
 class BlackBoxState(NamedTuple):
     """The state of :func:`black_box_search`: its swarms, the best point, the counters.
 
-    Tensors only, in shapes that ``init`` fixes, so that :func:`functional_bfo.save` and
-    :func:`functional_bfo.load` take it in every phase. Its own points are rows of the
-    params' ``D`` coordinates in float64; ``given`` holds the params' structure. The
-    converging swarm is kept with a learner's metric whatever its kind (an isotropic swarm's
-    is unused), and the walker whether it walks or not.
+    Tensors in shapes that ``init`` fixes (:func:`functional_bfo.save` takes it in every
+    phase); its points are float64 rows of the params' ``D`` coordinates. The converging swarm
+    keeps a learner's metric whatever its kind, and the walker is kept whether it walks or not.
     """
 
     stage: Tensor  # () int64: the next round's phase, an index into PHASES
@@ -159,32 +155,27 @@ def black_box_search(bounds: Any, *, max_evals: int, population_size: int = 8,
     swarms = swarm_settings(population_size, **settings)
     plain = swim_optimizer(ADAPTIVE, swarms)  # isotropic tumbles
     learner = swim_optimizer(ADAPTIVE, swarms._replace(metric_rate=rate)) if rate else plain
-    sign, evaluator = swarms.sign, swarms.evaluator
-    bounds = check_bounds(bounds)
     per_round = population_size * (swim_length + 1)
     if budget < per_round:
         raise ValueError(f"Invalid max_evals: {max_evals}; one update costs population_size "
                          f"* (swim_length + 1) = {per_round} evaluations, so give at least "
                          "that or a smaller swarm.")
     main_budget = budget - per_round * int(polish_share * budget / per_round)
-
     shared = {k: v for k, v in settings.items() if k not in ("evaluator", "swim_batch")}
     fixed = settings_digest(("black_box_search", budget, stall_limit, rtol, hand_over, kick,
                              rate, polish_share, population_size, shared))
-    search = _Search(budget=budget, main_budget=main_budget, per_round=per_round,
-                     stall_limit=stall_limit, rtol=rtol, hand_over=hand_over, kick=kick,
-                     metric_rate=rate, population_size=population_size,
-                     chemotaxis_steps=chemotaxis_steps, sign=sign, bounds=bounds,
-                     boundary=swarms.boundary, evaluator=evaluator, plain=plain,
-                     learner=learner, fixed=fixed)
+    search = _Search(swarms._replace(metric_rate=rate), plain, learner, budget, main_budget,
+                     per_round, stall_limit, rtol, hand_over, kick, fixed)
     return Optimizer(taking_key(search.init, "black_box_search"), search.update,
                      bool(plain.maximize), search.ask, search.tell)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Search:
+class _Search(NamedTuple):
     """:func:`black_box_search`'s settings, and the steps its rounds are made of."""
 
+    swarms: AdaptiveSettings  # the swarms' (metric_rate: the learners' and the walker's)
+    plain: Optimizer  # isotropic tumbles
+    learner: Optimizer  # a learned metric
     budget: int
     main_budget: int  # the polish starts once a round would pass it
     per_round: int  # a whole swarm's evaluations in a round
@@ -192,59 +183,51 @@ class _Search:
     rtol: float
     hand_over: int | None
     kick: float
-    metric_rate: float
-    population_size: int
-    chemotaxis_steps: int
-    sign: float
-    bounds: Any
-    boundary: str  # the swarms' and the walker's
-    evaluator: Any
-    plain: Optimizer  # isotropic tumbles
-    learner: Optimizer  # a learned metric
     fixed: int  # the settings' digest, in every round's tag
 
     def cost(self, loss: Tensor) -> float:
-        return self.sign * float(loss)
+        return self.swarms.sign * float(loss)
 
     def sides(self, s: BlackBoxState) -> tuple[Tensor, Tensor]:
         """Each coordinate's low and high face, (D,) rows of the swarms' box (float64)."""
         box, size = s.explorer.box, s.start.shape[-1]
         return box.low.expand(size), box.high.expand(size)
 
-    def optimizer(self, s: BlackBoxState) -> Optimizer:
-        """The optimizer of the next round's swarm, without cycle events where none ends."""
+    def optimizer(self, s: BlackBoxState, swarm: AdaptiveBFOState) -> Optimizer:
+        """The optimizer of the round of ``swarm``, without cycle events where none ends."""
         learns = s.phase != "explore" and bool(s.swarm_learns)
-        return at_step(self.learner if learns else self.plain, int(_swarm(s).step))
+        return at_step(self.learner if learns else self.plain, int(swarm.step))
 
     def init(self, params: Params, *, key: Key) -> BlackBoxState:
         check_params(params)
         given = optree.tree_map(lambda x: x.detach().clone(), params)
-        row = ravel(in_float64(layout(given)), given)
+        row = ravel(layout(given), given).to(torch.float64)  # float32 or 64: exact
         no, zero, inf = torch.tensor(False), torch.tensor(0), torch.tensor(math.inf).double()
         s = BlackBoxState(  # type: ignore[call-arg]  # RANGES is a class constant
             stage=zero, swarm=None, swarm_learns=no,  # type: ignore[arg-type]  # set below
             explorer=self.plain.init(as_params(row, given), key=random.fold_in(
                 key, EXPLORER_STREAM)),
             faces=None, walker=None, best_row=row,  # type: ignore[arg-type]
-            best_loss=torch.tensor(self.sign * math.inf, dtype=torch.float64, device=row.device),
+            best_loss=torch.tensor(self.swarms.sign * math.inf, dtype=torch.float64,
+                                   device=row.device),
             num_evals=zero, step=zero, restarts=zero, failed=zero, entry_best=inf,
             converged_best=inf, found_after=zero, first=inf, progress=inf, stalled=zero,
             gain=zero.double(), valley=no, explorer_updates=zero, start=row, given=given,
             key=key.to(row.device), given_box=flat_box(  # never None: a box
-                self.bounds, layout(params), row.device, torch.float64))  # type: ignore[arg-type]
+                self.swarms.bounds, layout(params), row.device,
+                torch.float64))  # type: ignore[arg-type]
         closed = moves.face_scan(row, math.inf, *self.sides(s), 0)._replace(
             stage=torch.tensor(moves.CLOSED))
         s = self.restarted(s._replace(faces=closed), row, 0)
         return self.after(s._replace(walker=self.narrowed(s.swarm)))  # idle until a valley
 
     def ask(self, state: BlackBoxState) -> Ask:
-        swarm = self.round_swarm(state)
+        swarm, tag = self.round_swarm(state), round_tag(state, self.fixed)
         if swarm is not None:
-            return self.optimizer(state).ask(swarm)._replace(  # type: ignore[misc]
-                tag=round_tag(state, self.fixed))
+            return self.optimizer(state, swarm).ask(swarm)._replace(tag=tag)  # type: ignore[misc]
         rows = self.round_rows(state)
         return Ask(as_params(rows.clone(), state.given), torch.ones(
-            len(rows), dtype=torch.bool, device=rows.device), round_tag(state, self.fixed))
+            len(rows), dtype=torch.bool, device=rows.device), tag)
 
     def tell(self, state: BlackBoxState, asked: Ask, losses: Any, *,
              check: bool = True) -> BlackBoxState:
@@ -253,58 +236,54 @@ class _Search:
         if check:
             check_tag(round_tag(state, self.fixed), asked.tag, "black_box_search")
         if swarm is not None:  # its tell checks the swarm and the rows
-            return self.told(state, swarm, self.optimizer(state).tell(  # type: ignore[misc]
-                swarm, asked, losses, check=False))
+            tell = self.optimizer(state, swarm).tell
+            return self.after(self.told(state, swarm, tell(  # type: ignore[misc]
+                swarm, asked, losses, check=False)))
         rows = moves.face_count(state.faces, *self.sides(state)) if state.phase == "faces" else (
             self.per_round)  # the walker's
         if tuple(asked.mask.shape) != (rows,):  # a stale answer was named as one above
             raise ValueError(f"asked has {len(asked.mask)} rows, but the state's round "
                              f"{int(state.step)} ({state.phase}) has {rows}: tell the Ask "
                              "that ask(state) returned for this state.")
-        costs = told_costs(state.swarm, asked, losses, self.sign, "black_box_search", check=False)
-        return self.after(self.told_faces(state, costs) if state.phase == "faces" else
-                          self.walked(state, costs, self.walker_round(state)))
+        return self.after(self.rows_told(state, told_costs(
+            state.swarm, asked, losses, self.swarms.sign, "black_box_search", check=False)))
 
     def update(self, state: BlackBoxState, loss_fn: LossFn, *args: Any) -> BlackBoxState:
         """One round: ``tell(state, ask(state), losses)``, a swarm's by its own ``update``."""
-        swarm, loss_fn = self.round_swarm(state), self.in_given_dtypes(state, loss_fn)
+        swarm, like = self.round_swarm(state), layout(state.given)
+        loss = loss_fn if like.dtypes == (torch.float64,) * len(like.dtypes) else (
+            lambda p, *a: loss_fn(as_given(ravel(layout(p), p), like, state.given_box), *a))
         if swarm is not None:
-            return self.told(state, swarm, self.optimizer(state).update(swarm, loss_fn, *args))
+            return self.after(self.told(state, swarm, self.optimizer(state, swarm).update(
+                swarm, loss, *args)))
         drawn = None if state.phase == "faces" else self.walker_round(state)
         rows = self.round_rows(state) if drawn is None else drawn[1]
-        report = getattr(self.evaluator, "with_disagreement", None)  # fb.distributed's
+        evaluator = self.swarms.evaluator
+        report = getattr(evaluator, "with_disagreement", None)  # fb.distributed's
         with torch.no_grad():
             given = as_params(rows.clone(), state.given)  # the loss may edit it, not the state
-            losses, differing = (self.evaluator(loss_fn, given, *args), None) if (
-                report is None) else report(loss_fn, given, *args)
+            losses, differing = (evaluator(loss, given, *args), None) if (
+                report is None) else report(loss, given, *args)
             losses = check_losses(losses, len(rows))
         if differing is not None:  # kept by the explorer, which no restart replaces
             ranks = state.explorer.disagreeing_ranks | differing
             state = state._replace(explorer=state.explorer._replace(disagreeing_ranks=ranks))
-        costs = rank_costs(losses.to(state.swarm.losses), self.sign)
-        return self.after(self.told_faces(state, costs) if drawn is None else
-                          self.walked(state, costs, drawn))
-
-    def in_given_dtypes(self, s: BlackBoxState, loss_fn: LossFn) -> LossFn:
-        """``loss_fn`` taking its params in the given dtypes, as :func:`black_box` does."""
-        like = layout(s.given)
-        if like.dtypes == (torch.float64,) * len(like.dtypes):  # the swarms' already
-            return loss_fn
-        return lambda p, *args: loss_fn(as_given(ravel(layout(p), p), like, s.given_box), *args)
+        costs = rank_costs(losses.to(state.swarm.losses), self.swarms.sign)
+        return self.after(self.rows_told(state, costs, drawn))
 
     def walking(self, s: BlackBoxState) -> bool:
         """Whether the converging search is the walker: a swarm in a valley, large enough."""
         return bool(s.valley) and self.per_round >= walker.MIN_ROUND
+
+    def walker_round(self, s: BlackBoxState) -> tuple[Tensor, Tensor]:
+        """The walker's round: its normal draws and its points."""
+        return walker.draw(s.walker, self.per_round, s.explorer.box, self.swarms.boundary)
 
     def round_rows(self, s: BlackBoxState) -> Tensor:
         """The points of a round of face moves or of the walker, rows (float64)."""
         if s.phase == "faces":
             return moves.face_rows(s.faces, *self.sides(s))
         return self.walker_round(s)[1]
-
-    def walker_round(self, s: BlackBoxState) -> tuple[Tensor, Tensor]:
-        """The walker's round: its normal draws and its points."""
-        return walker.draw(s.walker, self.per_round, s.explorer.box, self.boundary)
 
     def round_swarm(self, state: BlackBoxState) -> AdaptiveBFOState | None:
         """The swarm whose round is next (None: the face moves' or the walker's), checked."""
@@ -315,37 +294,59 @@ class _Search:
             raise ValueError(f"black_box_search has spent its budget ({int(state.num_evals)} "
                              f"of {self.budget} evaluations; no round fits): the best point "
                              "is state.best_params, its loss state.best_loss.")
-        walks = state.phase == "converge" and self.walking(state)
-        return None if state.phase == "faces" or walks else _swarm(state)
+        if state.phase == "faces" or state.phase == "converge" and self.walking(state):
+            return None
+        if state.phase == "explore":
+            return state.explorer
+        w = state.swarm  # as its optimizer takes it
+        return w if bool(state.swarm_learns) else w._replace(metric=state.explorer.metric)
 
     def told(self, state: BlackBoxState, swarm: AdaptiveBFOState,
              new: AdaptiveBFOState) -> BlackBoxState:
         """After ``swarm``'s round (``new``): the best point, the counters, the phase's rule."""
         found = ravel(layout(new.best_params), new.best_params)
-        s = _with(self.better(state, found, new.best_loss), step=int(state.step) + 1,
-                  num_evals=int(state.num_evals) + int(new.num_evals - swarm.num_evals))
+        s = self.counted(state, found, new.best_loss, int(new.num_evals - swarm.num_evals))
         if state.phase == "converge":
-            return self.after(self.converged(s, new))
+            return self.converged(s, new)
         if state.phase == "polish":
-            return self.after(s._replace(swarm=self.kept(s, new)))
+            return s._replace(swarm=self.kept(s, new))
         updates = int(s.explorer_updates) + 1
         if updates % JITTER_PERIOD == 0:  # a kick moves bacteria, never the best seen
             new = moves.kicked(new, new.box, self.kick, random.fold_in(
                 random.fold_in(s.key, EXPLORER_STREAM), updates))
-        return self.after(_with(s, explorer=new, explorer_updates=updates))
+        return _with(s, explorer=new, explorer_updates=updates)
+
+    def rows_told(self, s: BlackBoxState, costs: Tensor,
+                  drawn: tuple[Tensor, Tensor] | None = None) -> BlackBoxState:
+        """After a round of face moves, or of the walker (``drawn``: its draws and points)."""
+        if s.phase == "faces":
+            faces, row = moves.face_scan_told(s.faces, costs, *self.sides(s))
+            return self.counted(s, row.clone(), self.swarms.sign * costs.min(), len(costs),
+                                faces=faces)
+        (draws, rows), hp = drawn or self.walker_round(s), s.swarm.hyperparams
+        new = walker.told(s.walker, draws, costs.to(torch.float64), self.swarms.sign,
+                          self.swarms.metric_rate, (float(hp.step_size_min),
+                                                    float(hp.step_size_max)),
+                          s.explorer.box, self.swarms.boundary)
+        return self.converged(self.counted(s, rows[int(costs.argmin())].clone(),
+                                           self.swarms.sign * costs.min(), len(costs)), new)
+
+    def counted(self, s: BlackBoxState, row: Tensor, loss: Tensor, spent: int,
+                **fields: Any) -> BlackBoxState:
+        """``s`` after a round that spent ``spent`` evaluations, its best ``row`` at ``loss``."""
+        loss = loss.to(torch.float64).reshape(())
+        if self.cost(loss) < self.cost(s.best_loss):
+            s = s._replace(best_row=row, best_loss=loss)
+        return _with(s, num_evals=int(s.num_evals) + spent, step=int(s.step) + 1, **fields)
 
     def kept(self, s: BlackBoxState, new: AdaptiveBFOState) -> AdaptiveBFOState:
         """A round's converging or polishing swarm as ``s`` keeps it (``BlackBoxState``)."""
         return new if bool(s.swarm_learns) else new._replace(metric=s.swarm.metric)
 
-    def new_swarm(self, learns: bool, s: BlackBoxState, row: Tensor,
-                  key: Key) -> AdaptiveBFOState:
-        """A learning or plain swarm with bacterium 0 at ``row``, the rest uniform in the box."""
-        return (self.learner if learns else self.plain).init(as_params(row, s.given), key=key)
-
     def restarted(self, s: BlackBoxState, start: Tensor, restarts: int) -> BlackBoxState:
         """``s`` with a new swarm at ``start``; even ones learn a metric, odd ones find funnels."""
-        swarm = self.new_swarm(restarts % 2 == 0, s, start, random.fold_in(s.key, 2 * restarts))
+        swarm = (self.plain if restarts % 2 else self.learner).init(
+            as_params(start, s.given), key=random.fold_in(s.key, 2 * restarts))
         learns = swarm.metric.width.numel() > 0  # a plain swarm's metric has 0 coordinates
         if not learns and s.swarm is not None:  # a learner's metric, unused
             swarm = swarm._replace(metric=s.swarm.metric)
@@ -354,21 +355,17 @@ class _Search:
                      gain=0.0, valley=False)
 
     def converged(self, s: BlackBoxState, new: AdaptiveBFOState | walker.Walker) -> BlackBoxState:
-        """After a converging round: a restart once the swarm stopped progressing.
-
-        The rule (gains of ``rtol``, ``HOLDING_PATIENCE``, ``BEHIND_BUDGET``) is docs/variants.md's
-        "Restarts"; the walker starts the counts afresh.
-        """
+        """After a converging round: a restart once a rule below says it stopped progressing."""
         entry_best, was_valley = float(s.entry_best), bool(s.valley)
         before = s.walker if isinstance(new, walker.Walker) else s.swarm
         now, spent = self.cost(new.best_loss), int(new.num_evals - before.num_evals)
         first, progress, stalled, gain = (float(s.first), float(s.progress),
                                           int(s.stalled) + spent, float(s.gain))
         behind = progress > entry_best
-        valley = was_valley or (bool(s.swarm_learns) and int(new.step) % self.chemotaxis_steps == 0
+        valley = was_valley or (bool(s.swarm_learns)
+                                and int(new.step) % self.swarms.chemotaxis_steps == 0
                                 and found_valley(metric.condition(new.metric)))
-        if valley and not was_valley:  # the valley's own descent starts here, a walker's
-            # where the rounds are large enough for one, else the swarm's as it is
+        if valley and not was_valley:  # the valley's descent (the walker's) counts afresh
             first, progress, stalled, gain = now, now, 0, 0.0
             if isinstance(new, AdaptiveBFOState) and self.per_round >= walker.MIN_ROUND:
                 new = self.narrowed(new)
@@ -395,87 +392,56 @@ class _Search:
 
     def narrowed(self, w: AdaptiveBFOState) -> walker.Walker:
         """A swarm in a valley as the walker, at its best bacterium with its step and metric."""
-        i = int((self.sign * w.losses).nan_to_num(math.inf).argmin())
+        i = int((self.swarms.sign * w.losses).nan_to_num(math.inf).argmin())
         return walker.start(w.population[i].to(torch.float64, copy=True), w.step_sizes[i], w.metric,
                             w.best_loss, random.fold_in(w.key, WALKER_STREAM), w.num_evals)
-
-    def walked(self, s: BlackBoxState, costs: Tensor,
-               drawn: tuple[Tensor, Tensor]) -> BlackBoxState:
-        """After the walker's round ``drawn``: the best point, its rule, the restart rule."""
-        (draws, rows), hp = drawn, s.swarm.hyperparams
-        new = walker.told(s.walker, draws, costs.to(torch.float64), self.sign, self.metric_rate,
-                          (float(hp.step_size_min), float(hp.step_size_max)),
-                          s.explorer.box, self.boundary)
-        return self.converged(self.counted(s, rows[int(costs.argmin())], costs), new)
-
-    def face_moves(self, s: BlackBoxState) -> moves.FaceScan:
-        """The polish's face moves: the best point's coordinates moved onto the box's faces."""
-        room = min(self.budget - int(s.num_evals),
-                   int(FACE_SHARE * (self.budget - self.main_budget)))
-        if not math.isfinite(float(s.best_loss)) or len(s.best_row) > FACE_SCAN_SIZE:
-            room = 0
-        return moves.face_scan(s.best_row, self.cost(s.best_loss), *self.sides(s), room)
-
-    def told_faces(self, s: BlackBoxState, costs: Tensor) -> BlackBoxState:
-        """After a round of face moves: the best of them, and the next round."""
-        faces, row = moves.face_scan_told(s.faces, costs, *self.sides(s))
-        return self.counted(s, row, costs, faces=faces)
-
-    def counted(self, s: BlackBoxState, best_row: Tensor, costs: Tensor,
-                **fields: Any) -> BlackBoxState:
-        """``s`` after a round of rows that cost ``costs``: counted, ``fields`` replaced."""
-        return _with(self.better(s, best_row.clone(), self.sign * costs.min()),
-                     num_evals=int(s.num_evals) + len(costs), step=int(s.step) + 1, **fields)
 
     def after(self, s: BlackBoxState) -> BlackBoxState:
         """``s`` with the phase of the next round, and the swarm or moves it needs."""
         fits = int(s.num_evals) + self.per_round <= self.budget
         polishing = int(s.num_evals) + self.per_round > self.main_budget
-        if int(s.faces.stage) == moves.CLOSED and polishing and fits:  # the polish opens
-            s = s._replace(faces=self.face_moves(s))
+        if int(s.faces.stage) == moves.CLOSED and polishing and fits:  # the polish opens:
+            # the best point's coordinates moved onto the box's faces
+            room = min(self.budget - int(s.num_evals),
+                       int(FACE_SHARE * (self.budget - self.main_budget)))
+            if not math.isfinite(float(s.best_loss)) or len(s.best_row) > FACE_SCAN_SIZE:
+                room = 0
+            s = s._replace(faces=moves.face_scan(s.best_row, self.cost(s.best_loss),
+                                                 *self.sides(s), room))
         if int(s.faces.stage) in (moves.SINGLES, moves.UNION):
             return _with(s, stage=PHASES.index("faces"))
         if not fits:
             return _with(s, stage=PHASES.index("done"))
         if polishing:
-            if s.phase == "polish":
-                return s
-            swarm, learns = self.polisher(s)
-            return _with(s, stage=PHASES.index("polish"), swarm=swarm, swarm_learns=learns,
-                         valley=False)
+            return s if s.phase == "polish" else self.polishing(s)
         exploring = self.hand_over is not None and int(s.failed) >= self.hand_over
         return _with(s, stage=PHASES.index("explore" if exploring else "converge"))
 
-    def polisher(self, s: BlackBoxState) -> tuple[AdaptiveBFOState, bool]:
-        """The polishing swarm gathered at the best point (losses known, no dispersal).
+    def polishing(self, s: BlackBoxState) -> BlackBoxState:
+        """``s`` polishing: a swarm at the best point, steps ``jitter`` down ``POLISH_DECADES``.
 
-        Steps from ``jitter`` down over ``POLISH_DECADES``; it goes on from the converging swarm
-        (or the walker's metric) where that holds the best, else from a new one.
+        No dispersal; the converging swarm (or the walker's metric) goes on where it holds the
+        best, else a new one.
         """
-        key = random.fold_in(s.key, POLISHER_STREAM)
-        walked = self.walking(s)
+        key, size = random.fold_in(s.key, POLISHER_STREAM), self.swarms.size
+        walked, state, learns = self.walking(s), s.swarm, bool(s.swarm_learns)
         held = self.cost((s.walker if walked else s.swarm).best_loss) <= self.cost(s.best_loss)
-        state, learns = (s.swarm, bool(s.swarm_learns)) if held else (
-            self.new_swarm(False, s, s.best_row, key)._replace(metric=s.swarm.metric), False)
-        if held and walked:  # the walker's metric
-            state = self.new_swarm(True, s, s.best_row, key)._replace(
+        if not held:
+            state, learns = self.plain.init(as_params(s.best_row, s.given), key=key)._replace(
+                metric=s.swarm.metric), False
+        elif walked:  # with the walker's metric
+            state = self.learner.init(as_params(s.best_row, s.given), key=key)._replace(
                 metric=s.walker.metric._replace(path=torch.zeros_like(s.walker.metric.path)))
-        steps = self.kick * torch.logspace(0, -POLISH_DECADES, self.population_size,
-                                           dtype=torch.float64)
-        hp = state.hyperparams  # no dispersal
-        return state._replace(
-            population=s.best_row.expand(self.population_size, -1).clone(),
-            step_sizes=steps.to(state.step_sizes),
+        steps = self.kick * torch.logspace(0, -POLISH_DECADES, size, dtype=torch.float64)
+        hp = state.hyperparams
+        state = state._replace(
+            population=s.best_row.expand(size, -1).clone(), step_sizes=steps.to(state.step_sizes),
             losses=torch.full_like(state.losses, float(s.best_loss)),
             hyperparams=hp._replace(elimination_prob=torch.zeros_like(hp.elimination_prob),
                                     elimination_prob_max=torch.zeros_like(
-                                        hp.elimination_prob_max))), learns
-
-    def better(self, s: BlackBoxState, row: Tensor, loss: Tensor) -> BlackBoxState:
-        """``s`` with ``row`` as its best point if its ``loss`` beats its best."""
-        loss = loss.to(torch.float64).reshape(())
-        return s._replace(best_row=row, best_loss=loss) if self.cost(loss) < self.cost(
-            s.best_loss) else s
+                                        hp.elimination_prob_max)))
+        return _with(s, stage=PHASES.index("polish"), swarm=state, swarm_learns=learns,
+                     valley=False)
 
 
 def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_evals: int,
@@ -581,8 +547,7 @@ def progressed(now: float, progress: float, entry_best: float, first: float, gai
                valley: bool, rtol: float) -> bool:
     """A gain of ``rtol`` of the way still to the best before, or of its own descent.
 
-    Behind, the way to ``entry_best``; ahead, its descent from ``first``, or in a valley
-    its last gain.
+    Behind, the way to ``entry_best``; ahead, its descent from ``first`` (in a valley: last gain).
     """
     behind = progress > entry_best
     return (progress - now > rtol * (progress - entry_best if behind else first - progress)
@@ -601,25 +566,14 @@ def overspent(spent: int, found_after: int, behind: bool) -> bool:
 
 def as_params(rows: Tensor, given: Params) -> Params:
     """Rows ``(..., D)`` as params like ``given``, in float64: views of ``rows``."""
-    return unravel(in_float64(layout(given)), rows)
-
-
-def in_float64(like: Layout) -> Layout:
-    """The layout ``like`` with every leaf float64, as the search's rows hold them."""
-    return like._replace(dtypes=(torch.float64,) * len(like.dtypes), dtype=torch.float64)
+    like = layout(given)
+    return unravel(like._replace(dtypes=(torch.float64,) * len(like.dtypes),
+                                 dtype=torch.float64), rows)
 
 
 def as_given(row: Tensor, like: Layout, box: LeafBounds | None) -> Params:
     """A float64 row in the layout ``like``'s dtypes, clipped into its inward-rounded box."""
     return unravel(like, project(row, box, "clip"))
-
-
-def _swarm(state: BlackBoxState) -> AdaptiveBFOState:
-    """The swarm whose round is next, as its optimizer takes it."""
-    if state.phase == "explore":
-        return state.explorer
-    w = state.swarm
-    return w if bool(state.swarm_learns) else w._replace(metric=state.explorer.metric)
 
 
 def _with(state: BlackBoxState, **fields: Any) -> BlackBoxState:

@@ -18,6 +18,7 @@ from .. import random
 from .._base import Key
 from .._bounds import LeafBounds, project
 from .._metric import TumbleMetric
+from .._tree import where
 
 MIN_ROUND = 4  # fewer: the best half is one point (mu_eff 1), and C learns nothing
 
@@ -98,7 +99,7 @@ def told(w: Walker, z: Tensor, costs: Tensor, sign: float, rate: float,
          sigma_range: tuple[float, float], box: LeafBounds | None, boundary: str) -> Walker:
     """The walker after the round ``z`` cost ``costs`` (``sign`` times the losses, float64).
 
-    A round with no finite cost leaves it as it was but for its round count.
+    A round with no finite cost leaves it as it was but for its counts.
     """
     (lam, n), m = z.shape, w.metric
     r = rates(lam, n, rate)
@@ -131,28 +132,21 @@ def told(w: Walker, z: Tensor, costs: Tensor, sign: float, rate: float,
     mu, seen = sum(weight > 0 for weight in r.weights), torch.isfinite(ranked[0])
     keep = (info != 0) | (ranked[0] == ranked[mu - 1]) | ~seen
     scale = torch.where(keep, 1.0, scale).sqrt()
-    moved = _into_box(w._replace(
-        mean=w.mean + y_w * w.sigma * m.width,
-        sigma=(sigma * scale).clamp(sigma_range[0] / math.sqrt(n), sigma_range[1] / math.sqrt(n)),
-        metric=TumbleMetric(torch.where(keep, m.cov, cov), torch.where(keep, m.factor, factor),
-                            m.width, path / scale),
-        sigma_path=sigma_path, best_loss=torch.where(
-            ranked[0] < sign * w.best_loss, sign * ranked[0], w.best_loss)), box, boundary)
-
-    def held(new: Tensor, old: Tensor) -> Tensor:  # what a round with no finite cost keeps
-        return torch.where(seen, new, old)
-
+    low, high = (bound / math.sqrt(n) for bound in sigma_range)
+    sigma = (sigma * scale).clamp(low, high)
     # A round whose best ranks tie (a plateau) grows the step to see past it, as pycma's
     # flat-fitness rule does.
     flat = seen & (ranked[0] == ranked[math.ceil(0.1 + lam / 4)])
-    grown = (moved.sigma * math.exp(0.2 + r.c_sigma / r.d_sigma)).clamp(
-        sigma_range[0] / math.sqrt(n), sigma_range[1] / math.sqrt(n))
-    mm = moved.metric
-    return moved._replace(
-        mean=held(moved.mean, w.mean), sigma=held(torch.where(flat, grown, moved.sigma), w.sigma),
-        sigma_path=held(moved.sigma_path, w.sigma_path), step=w.step + 1,
-        num_evals=w.num_evals + lam, metric=mm._replace(
-            cov=held(mm.cov, m.cov), factor=held(mm.factor, m.factor), path=held(mm.path, m.path)))
+    sigma = torch.where(flat, (sigma * math.exp(0.2 + r.c_sigma / r.d_sigma)).clamp(low, high),
+                        sigma)
+    moved = _into_box(w._replace(
+        mean=w.mean + y_w * w.sigma * m.width, sigma=sigma, sigma_path=sigma_path,
+        metric=TumbleMetric(torch.where(keep, m.cov, cov), torch.where(keep, m.factor, factor),
+                            m.width, path / scale),
+        best_loss=torch.where(ranked[0] < sign * w.best_loss, sign * ranked[0], w.best_loss)),
+        box, boundary)
+    held = where(seen, moved, w)  # a round with no finite cost keeps all but its counts
+    return held._replace(step=w.step + 1, num_evals=w.num_evals + lam)
 
 
 def _into_box(w: Walker, box: LeafBounds | None, boundary: str) -> Walker:
