@@ -1,15 +1,11 @@
 """Evaluators on ``torch.distributed``: a population sharded across ranks, or the data.
 
 Both keep the state identical on every rank: each rank runs the same ``update`` with the
-same key, and only the losses (and the hybrid's gradients) cross processes.
-
-- :func:`sharded` splits the candidates: each rank scores its slice and the losses are
-  all-gathered. Bacterium noise depends only on (key, step, bacterium), so any world size
-  gives the one-process trajectory: bit for bit where a candidate's loss does not depend
-  on how many are scored together, to float rounding where it does (matrix products,
-  whose kernels round by batch shape).
-- :func:`data_parallel` splits the data: each rank scores every candidate on its own shard
-  and the losses are all-reduced, weighted by shard size.
+same key, and only the losses (and the hybrid's gradients) cross processes. Bacterium noise
+depends only on (key, step, bacterium), so with :func:`sharded` any world size gives the
+one-process trajectory: bit for bit where a candidate's loss does not depend on how many
+are scored together, to float rounding where it does (matrix products, whose kernels round
+by batch shape). :func:`data_parallel` splits the data instead.
 
 Launch with ``torchrun`` (gloo on CPU, NCCL on GPU) and call ``init_process_group`` first,
 with a ``timeout`` of minutes rather than torch's default 30: a rank that dies makes the
@@ -19,6 +15,7 @@ so ``torch.compile(update, fullgraph=True)`` captures them (as functional collec
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import pickle
 from typing import Any
@@ -40,20 +37,7 @@ from .evaluate import Evaluator, batched
 __all__ = ["DataParallel", "Sharded", "check_agreement", "check_replicas", "data_parallel",
            "disagreeing", "sharded"]
 
-FAILED = ("functional_bfo.distributed: rank {rank} of {world} could not get the other ranks' "
-          "{what}: the collective failed, or waited the process group's whole timeout "
-          "(init_process_group(timeout=...); torch's default is 30 minutes). Another rank "
-          "raised, was killed, or is still evaluating: look for the first error in the other "
-          "ranks' logs.")
-DISAGREE = ("functional_bfo.distributed: the candidates differ across ranks (ranks {ranks} "
-            "disagree with rank 0), so the ranks scored other points and their states have "
-            "drifted apart. Every rank must run the same key and see the same losses: build "
-            "the key from one seed on every rank, evaluate with sharded() or data_parallel(), "
-            "and keep rank-local data out of the loss unless it goes through data_parallel().")
 LAST_BIT = 52  # a rank >= 52 sets this bit: the mask stays exact as a float64 (materialize)
-UNDER_VMAP = ("functional_bfo.distributed evaluators cannot run under torch.func.vmap over "
-              "runs: collectives have no batching rule. Run one optimizer per process, or "
-              "loop over the runs.")
 
 
 def sharded(group: Any = None, *, grads: bool = False, chunk_size: int | None = None,
@@ -104,24 +88,28 @@ def data_parallel(group: Any = None, *, weight: float = 1.0, grads: bool = False
                         check_float("weight", weight, 0.0, low_open=True))
 
 
+@dataclasses.dataclass(eq=False)
 class Sharded:
     """The evaluator :func:`sharded` makes; ``around(inner, grads)`` swaps its local one."""
 
-    def __init__(self, group: Any, grads: bool, chunk_size: int | None,
-                 inner: Evaluator | None) -> None:
-        check_bool("grads", grads)
-        if chunk_size is not None:
-            check_int("chunk_size", chunk_size, 1)
-        if inner is not None and not callable(inner):
-            raise TypeError(f"inner must be an evaluator (a callable); got {inner!r}.")
-        self.group, self.grads, self.chunk_size, self.inner = group, grads, chunk_size, inner
+    group: Any
+    grads: bool
+    chunk_size: int | None
+    inner: Evaluator | None
+
+    def __post_init__(self) -> None:
+        check_bool("grads", self.grads)
+        if self.chunk_size is not None:
+            check_int("chunk_size", self.chunk_size, 1)
+        if self.inner is not None and not callable(self.inner):
+            raise TypeError(f"inner must be an evaluator (a callable); got {self.inner!r}.")
 
     def around(self, inner: Evaluator, grads: bool) -> Sharded:
-        """The same evaluator, scoring this rank's candidates with ``inner``.
+        """The same evaluator, scoring this rank's candidates (or data) with ``inner``.
 
         ``inner`` returns ``(losses, grads)`` if ``grads``, else the losses.
         """
-        return type(self)(self.group, grads, self.chunk_size, inner)
+        return dataclasses.replace(self, inner=inner, grads=grads)
 
     def local(self, loss_fn: LossFn, population: Params, args: tuple) -> tuple[Tensor, Any]:
         """This rank's losses (and gradients, or None) of ``population``, checked."""
@@ -130,12 +118,12 @@ class Sharded:
             return leaf.new_empty(0), population if self.grads else None  # grads: the empty rows
         if self.inner is not None:
             out = self.inner(loss_fn, population, *args)
-            losses, grads = out if self.grads else (out, None)
-        elif self.grads:
-            grads, losses = batched(torch.func.grad_and_value(loss_fn), population, args,
-                                    self.chunk_size)
+        elif self.grads:  # grad_and_value gives (grads, losses)
+            out = batched(torch.func.grad_and_value(loss_fn), population, args,
+                          self.chunk_size)[::-1]
         else:
-            grads, losses = None, batched(loss_fn, population, args, self.chunk_size)
+            out = batched(loss_fn, population, args, self.chunk_size)
+        losses, grads = out if self.grads else (out, None)
         return check_losses(losses, leaf.shape[0]), grads
 
     def __call__(self, loss_fn: LossFn, population: Params, *args: Any):
@@ -152,56 +140,42 @@ class Sharded:
         """
         world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         size = optree.tree_leaves(population)[0].shape[0]
-        counts = [len(part) for part in torch.arange(size).tensor_split(world)]
+        counts = [size // world + (r < size % world) for r in range(world)]  # tensor_split's
         start = sum(counts[:rank])
         local = optree.tree_map(lambda x: x[start:start + counts[rank]], population)
         losses, grads = self.local(loss_fn, local, args)
         mine = torch.cat([losses.to(torch.float64), _checksum(population, losses.device)])
-        parts = _gather_parts(mine, [n + 1 for n in counts], self.group, "losses")
-        losses = torch.cat([part[:n] for part, n in zip(parts, counts)])
-        differing = _differing(torch.stack([part[n] for part, n in zip(parts, counts)]))
-        if not self.grads:
-            return losses, differing
-        leaves, spec = optree.tree_flatten(grads)
-        return (losses, spec.unflatten([_gather(g, counts, self.group, "gradients")
-                                        for g in leaves])), differing
+        parts = _gather(mine, [n + 1 for n in counts], self.group, "losses")
+        out: Any = torch.cat([part[:-1] for part in parts])
+        if self.grads:
+            out = out, optree.tree_map(
+                lambda g: torch.cat(_gather(g, counts, self.group, "gradients")), grads)
+        return out, _differing(torch.stack([part[-1] for part in parts]))
 
 
+@dataclasses.dataclass(eq=False)
 class DataParallel(Sharded):
     """The evaluator :func:`data_parallel` makes; ``around(inner)`` as for :class:`Sharded`."""
 
-    def __init__(self, group: Any, grads: bool, chunk_size: int | None,
-                 inner: Evaluator | None, weight: float) -> None:
-        super().__init__(group, grads, chunk_size, inner)
-        self.weight = weight
-
-    def around(self, inner: Evaluator, grads: bool) -> DataParallel:
-        """The same evaluator, scoring this rank's data with ``inner`` (as for Sharded)."""
-        return type(self)(self.group, grads, self.chunk_size, inner, self.weight)
+    weight: float = 1.0
 
     def with_disagreement(self, loss_fn: LossFn, population: Params, *args: Any
                           ) -> tuple[Any, Tensor]:
-        """What ``__call__`` returns, and the ranks whose candidates were not rank 0's.
-
-        Each rank's checksum of the candidates has its own slot in the losses' all-reduce.
-        """
+        """As :meth:`Sharded.with_disagreement`; the checksums' slots ride in the all-reduce."""
         world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
-        size = optree.tree_leaves(population)[0].shape[0]
         losses, grads = self.local(loss_fn, population, args)
-        leaves, spec = optree.tree_flatten(grads) if self.grads else ([], None)
-        parts = [losses.to(torch.float64)] + [g.to(torch.float64).reshape(-1) for g in leaves]
-        weighted = torch.cat(parts + [losses.new_ones(1, dtype=torch.float64)]) * self.weight
+        leaves, spec = optree.tree_flatten(grads)  # None: no leaves
+        weighted = torch.cat([losses.to(torch.float64)]
+                             + [g.to(torch.float64).reshape(-1) for g in leaves]
+                             + [losses.new_ones(1, dtype=torch.float64)]) * self.weight
         slots = torch.zeros(world, dtype=torch.float64, device=losses.device).index_put(
             (torch.tensor([rank], device=losses.device),), _checksum(population, losses.device))
         flat = torch.cat([weighted, slots])
         _collective(lambda: dist.all_reduce(flat, group=self.group), self.group, "losses")
-        weighted, checks = flat[:-world], flat[-world:]
-        losses, *rest = (weighted[:-1] / weighted[-1]).split([size] + [g.numel() for g in leaves])
-        if not self.grads:
-            return losses, _differing(checks)
-        assert spec is not None  # self.grads: grads were flattened
-        return (losses, spec.unflatten([part.reshape(g.shape).to(g.dtype)
-                                        for part, g in zip(rest, leaves)])), _differing(checks)
+        losses, *rest = (flat[:-world - 1] / flat[-world - 1]).split(
+            [losses.numel()] + [g.numel() for g in leaves])
+        grads = spec.unflatten([part.reshape(g.shape).to(g.dtype) for part, g in zip(rest, leaves)])
+        return ((losses, grads) if self.grads else losses), _differing(flat[-world:])
 
 
 def check_replicas(state: Any, group: Any = None) -> None:
@@ -226,20 +200,12 @@ def check_replicas(state: Any, group: Any = None) -> None:
             digest.update(data.view(torch.uint8).numpy().tobytes())
         else:  # None, numbers: their pickled bytes (repr abbreviates big arrays)
             digest.update(pickle.dumps(leaf))
-    nccl = dist.get_backend(group) == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend(group) == "nccl" else "cpu"
     mine = torch.tensor([int.from_bytes(digest.digest()[:8], "little", signed=True)],
                         dtype=torch.int64, device=device)
-    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    _collective(lambda: dist.all_gather(parts, mine, group=group), group, "state checksums")
-    values = [int(p.item()) for p in parts]
-    if differ := [rank for rank, value in enumerate(values) if value != values[0]]:
-        raise RuntimeError(
-            f"functional_bfo.distributed: the state differs across ranks (ranks {differ} "
-            "disagree with rank 0). Every rank must run the same key and see the same "
-            "losses: build the key from one seed on every rank, evaluate with sharded() or "
-            "data_parallel(), and keep rank-local data out of the loss unless it goes "
-            "through data_parallel().")
+    values = [int(part) for part in _gather(mine, [1] * dist.get_world_size(group), group,
+                                            "state checksums")]
+    _refuse("the state differs", [r for r, value in enumerate(values) if value != values[0]])
 
 
 def check_agreement(state: Any) -> None:
@@ -259,13 +225,22 @@ def check_agreement(state: Any) -> None:
 
 def refuse_disagreement(mask: int) -> None:
     """A RuntimeError naming the ranks in ``mask``, a ``disagreeing_ranks`` read on the host."""
-    if ranks := disagreeing(mask):
-        raise RuntimeError(DISAGREE.format(ranks=ranks))
+    _refuse("the candidates differ", disagreeing(mask),
+            ", so the ranks scored other points and their states have drifted apart")
 
 
 def disagreeing(mask: int) -> list[int]:
     """The ranks a ``disagreeing_ranks`` mask names: bit ``r`` is rank ``r`` (52: 52 or above)."""
     return [r for r in range(LAST_BIT + 1) if mask >> r & 1]
+
+
+def _refuse(what: str, ranks: list[int], why: str = "") -> None:
+    if ranks:
+        raise RuntimeError(
+            f"functional_bfo.distributed: {what} across ranks (ranks {ranks} disagree with rank "
+            f"0){why}. Every rank must run the same key and see the same losses: build the key "
+            "from one seed on every rank, evaluate with sharded() or data_parallel(), and keep "
+            "rank-local data out of the loss unless it goes through data_parallel().")
 
 
 def _checksum(population: Params, device: torch.device) -> Tensor:
@@ -284,19 +259,13 @@ def _differing(checks: Tensor) -> Tensor:
     return low | (differ[LAST_BIT:].any().to(torch.int64) << LAST_BIT)
 
 
-def _gather_parts(local: Tensor, counts: list[int], group: Any, what: str) -> list[Tensor]:
-    """Every rank's rows of ``local`` in rank order, each padded to the longest."""
-    padded = local.new_zeros((max(counts),) + local.shape[1:])
+def _gather(local: Tensor, counts: list[int], group: Any, what: str) -> list[Tensor]:
+    """Every rank's rows of ``local``, ``counts[r]`` of rank ``r``'s, in rank order."""
+    padded = local.new_zeros((max(counts),) + local.shape[1:])  # one size for the collective
     padded[:local.shape[0]] = local
     parts = [torch.empty_like(padded) for _ in counts]
     _collective(lambda: dist.all_gather(parts, padded, group=group), group, what)
-    return parts
-
-
-def _gather(local: Tensor, counts: list[int], group: Any, what: str) -> Tensor:
-    """Every rank's rows of ``local`` in rank order (padded to one size for the collective)."""
-    parts = _gather_parts(local, counts, group, what)
-    return torch.cat([part[:n] for part, n in zip(parts, counts)])
+    return [part[:n] for part, n in zip(parts, counts)]
 
 
 def _collective(run: Any, group: Any, what: str) -> None:
@@ -305,8 +274,14 @@ def _collective(run: Any, group: Any, what: str) -> None:
         run()
     except RuntimeError as e:
         if "Batching rule" in str(e):
-            e.add_note(UNDER_VMAP)
+            e.add_note("functional_bfo.distributed evaluators cannot run under torch.func.vmap "
+                       "over runs: collectives have no batching rule. Run one optimizer per "
+                       "process, or loop over the runs.")
         else:
-            e.add_note(FAILED.format(rank=dist.get_rank(group),
-                                     world=dist.get_world_size(group), what=what))
+            e.add_note(f"functional_bfo.distributed: rank {dist.get_rank(group)} of "
+                       f"{dist.get_world_size(group)} could not get the other ranks' {what}: "
+                       "the collective failed, or waited the process group's whole timeout "
+                       "(init_process_group(timeout=...); torch's default is 30 minutes). "
+                       "Another rank raised, was killed, or is still evaluating: look for the "
+                       "first error in the other ranks' logs.")
         raise
