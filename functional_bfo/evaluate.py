@@ -1,12 +1,11 @@
 """Population evaluators: how ``loss_fn`` is applied to every bacterium of a population.
 
-An evaluator is any callable ``evaluator(loss_fn, population, *args) -> Tensor`` returning one loss
-per row of ``population``, shape ``(N,)``: ``N = P`` candidates, or ``swim_batch * P`` when the
-optimizer stacks several swim points of each bacterium into one call. ``vmap`` (the default) batches
-the whole population into one call of ``loss_fn`` through ``torch.func.vmap``, optionally in chunks
-to bound memory; ``loop`` calls ``loss_fn`` once per bacterium, for losses that cannot be vmapped. A
-distributed evaluator implements the same protocol (it may shard the population across processes),
-which is why bacterium randomness never depends on how the population is split.
+An evaluator returns one loss per row of ``population``, shape ``(N,)``: ``N = P`` candidates,
+or ``swim_batch * P`` when the optimizer stacks several swim points of each bacterium into one
+call. :func:`vmap` (the default) batches the rows into calls of ``loss_fn``; :func:`loop`
+calls it once per bacterium. A distributed evaluator implements the same protocol (it may
+shard the population across processes), which is why bacterium randomness never depends on
+how the population is split.
 """
 
 from __future__ import annotations
@@ -23,17 +22,6 @@ from ._checks import LOSS_TYPE_MSG, check_int, check_loss, check_losses
 
 __all__ = ["Evaluator", "loop", "vmap"]
 
-VMAP_ADVICE = (
-    "functional_bfo: loss_fn could not be batched by torch.func.vmap over the population. "
-    "Losses that call .item(), .tolist() or .numpy(), branch in Python on tensor values, "
-    "update captured tensors in place, or index with boolean masks cannot be batched: build "
-    "the optimizer with evaluator=functional_bfo.evaluate.loop() (slower, calls loss_fn once "
-    "per bacterium), or rewrite the branch with torch.where."
-)
-# What torch.func.vmap's own failures say: only these get the advice above.
-VMAP_FAILURES = ("vmap", "Batching rule", "data pointer of Tensor that doesn't have storage",
-                 "doesn't match the broadcast shape")
-
 
 def batched(fn: Any, population: Params, args: tuple, chunk_size: int | None = None) -> Any:
     """``torch.func.vmap(fn)`` over the rows, ``args`` closed over (cheaper than ``in_dims``).
@@ -48,8 +36,16 @@ def batched(fn: Any, population: Params, args: tuple, chunk_size: int | None = N
         raise TypeError(LOSS_TYPE_MSG.format(what="a value that is not a tensor")) from e
     except RuntimeError as e:
         message = str(e)  # not read in a generator: dynamo cannot trace a captured ``e``
-        if any(marker in message for marker in VMAP_FAILURES):
-            e.add_note(VMAP_ADVICE)
+        if any(marker in message for marker in (  # torch.func.vmap's own failures
+                "vmap", "Batching rule", "data pointer of Tensor that doesn't have storage",
+                "doesn't match the broadcast shape")):
+            e.add_note(
+                "functional_bfo: loss_fn could not be batched by torch.func.vmap over the "
+                "population. Losses that call .item(), .tolist() or .numpy(), branch in Python "
+                "on tensor values, update captured tensors in place, or index with boolean "
+                "masks cannot be batched: build the optimizer with "
+                "evaluator=functional_bfo.evaluate.loop() (slower, calls loss_fn once per "
+                "bacterium), or rewrite the branch with torch.where.")
         raise
 
 
@@ -59,11 +55,11 @@ class Evaluator(Protocol):
     ``population`` has a leading bacterium axis on every leaf; ``args`` go to ``loss_fn``
     unbatched. Must be pure and sync-free to keep ``update`` compilable. An evaluator whose
     class has ``takes_rows = True`` (this module's) treats ``population`` as any pytree: it
-    is handed the population's rows, one ``(N, D)`` tensor, and a ``loss_fn`` that takes a
-    row, so that ``vmap`` batches one tensor rather than every leaf of the params. An evaluator
-    with a ``with_disagreement`` method (:mod:`functional_bfo.distributed`'s) is called by
-    it, returning also the mask of the ranks whose candidates were not rank 0's, which the
-    optimizers keep in ``state.disagreeing_ranks``.
+    is handed the population's rows, one ``(N, D)`` tensor, and a ``loss_fn`` of a row, so
+    that ``vmap`` batches one tensor rather than every leaf of the params. One with a
+    ``with_disagreement`` method (:mod:`functional_bfo.distributed`'s) is called by it, which
+    also returns the mask of ranks whose candidates were not rank 0's (kept in
+    ``state.disagreeing_ranks``).
     """
 
     def __call__(self, loss_fn: LossFn, population: Params, *args: Any) -> Tensor:
@@ -93,10 +89,6 @@ def check_evaluator(evaluator: Any,
     return evaluator
 
 
-def _population_size(population: Params) -> int:
-    return optree.tree_leaves(population)[0].shape[0]
-
-
 def vmap(chunk_size: int | None = None) -> Evaluator:
     """Evaluate the population with ``torch.func.vmap(loss_fn)``.
 
@@ -107,7 +99,7 @@ def vmap(chunk_size: int | None = None) -> Evaluator:
     """
     if chunk_size is not None:
         check_int("chunk_size", chunk_size, 1)
-    return _Vmap(chunk_size)
+    return _Local(chunk_size)
 
 
 def loop() -> Evaluator:
@@ -116,11 +108,11 @@ def loop() -> Evaluator:
     For losses that ``vmap`` cannot batch. Under ``torch.compile`` the loop is unrolled, so
     prefer small populations there.
     """
-    return _Loop()
+    return _Local(0)
 
 
-class _Vmap:
-    """:func:`vmap`'s evaluator."""
+class _Local:
+    """:func:`vmap`'s evaluator, or :func:`loop`'s (``chunk_size`` 0)."""
 
     takes_rows = True  # see Evaluator
 
@@ -128,17 +120,10 @@ class _Vmap:
         self.chunk_size = chunk_size
 
     def __call__(self, loss_fn: LossFn, population: Params, *args: Any) -> Tensor:
-        losses = batched(loss_fn, population, args, self.chunk_size)
-        return check_losses(losses, _population_size(population))
-
-
-class _Loop:
-    """:func:`loop`'s evaluator."""
-
-    takes_rows = True  # see Evaluator
-
-    def __call__(self, loss_fn: LossFn, population: Params, *args: Any) -> Tensor:
-        size = _population_size(population)
-        losses = [check_loss(loss_fn(optree.tree_map(lambda x, i=i: x[i], population), *args))
-                  for i in range(size)]
-        return check_losses(torch.stack(losses), size)
+        size = optree.tree_leaves(population)[0].shape[0]
+        if self.chunk_size == 0:  # loop()
+            rows = [optree.tree_map(lambda x, i=i: x[i], population) for i in range(size)]
+            losses = torch.stack([check_loss(loss_fn(row, *args)) for row in rows])
+        else:
+            losses = batched(loss_fn, population, args, self.chunk_size)
+        return check_losses(losses, size)

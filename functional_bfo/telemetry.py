@@ -13,10 +13,7 @@ __all__ = ["materialize", "metrics"]
 
 
 def disagreeing_ranks(state: Any) -> Tensor | None:
-    """The ranks a distributed evaluation found disagreeing, as a mask (None: not a state).
-
-    A black-box search's are its swarms'.
-    """
+    """A state's mask of ranks found disagreeing (a search's: its swarms'); None: no state."""
     if hasattr(state, "disagreeing_ranks"):
         return state.disagreeing_ranks
     if hasattr(state, "swarm") and hasattr(state, "explorer"):
@@ -55,17 +52,13 @@ def metrics(state: Any) -> dict[str, Tensor]:
     finite = torch.isfinite(losses)
     count = finite.sum()
     nan_if_none = torch.where(count > 0, 0.0, torch.nan)  # NaN where no loss is finite
-    out = {
-        "best_loss": state.best_loss,
-        "mean_loss": torch.where(finite, losses, 0).sum() / count.clamp_min(1) + nan_if_none,
-        "median_loss": torch.where(finite, losses, torch.nan).nanmedian(),
-        "worst_loss": torch.where(finite, losses, -torch.inf).max() + nan_if_none,
-        "nonfinite_losses": (~finite).sum(),
-        "diversity": diversity(state.population, losses.dtype),
-        "step": state.step,
-        "num_evals": state.num_evals,
-        "disagreeing_ranks": state.disagreeing_ranks,
-    }
+    out = {"best_loss": state.best_loss,
+           "mean_loss": torch.where(finite, losses, 0).sum() / count.clamp_min(1) + nan_if_none,
+           "median_loss": torch.where(finite, losses, torch.nan).nanmedian(),
+           "worst_loss": torch.where(finite, losses, -torch.inf).max() + nan_if_none,
+           "nonfinite_losses": (~finite).sum(),
+           "diversity": diversity(state.population, losses.dtype), "step": state.step,
+           "num_evals": state.num_evals, "disagreeing_ranks": state.disagreeing_ranks}
     if hasattr(state, "grad_norms"):  # gradient telemetry of hybrid_bfo
         known = torch.isfinite(state.grad_norms)
         out.update(grad_norm_mean=torch.where(known, state.grad_norms, 0).sum()
@@ -94,11 +87,10 @@ def materialize(values: dict[str, Tensor]) -> dict[str, float | int]:
         >>> fb.materialize(fb.metrics(state))["num_evals"]
         20
     """
-    names = list(values)
-    if not names:
+    if not values:
         return {}
-    tensors = [torch.as_tensor(values[n]) for n in names]
+    tensors = [torch.as_tensor(x) for x in values.values()]
     device = next((x.device for x in tensors if x.device.type != "cpu"), tensors[0].device)
     stacked = torch.stack([x.to(device, torch.float64).reshape(()) for x in tensors])  # to 2**53
     return {n: v if x.is_floating_point() else int(v)
-            for n, x, v in zip(names, tensors, stacked.tolist())}
+            for n, x, v in zip(values, tensors, stacked.tolist())}
