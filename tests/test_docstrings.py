@@ -44,7 +44,7 @@ def test_the_examples_of_each_adapter_module_run(name):
 
 
 def test_every_module_with_examples_is_found():
-    assert {"optimizers", "fastai", "loggers", "_candidates", "scipy", "optuna"} <= set(MODULES)
+    assert {"optimizers", "fastai", "loggers", "_candidates", "scipy", "optuna", "nevergrad"} <= set(MODULES)
 
 
 def test_the_scipy_example_of_the_integrations_page_runs():
@@ -69,6 +69,19 @@ def test_the_optuna_example_of_the_integrations_page_runs():
     best = space["study"].best_params
     assert best["layers"] == 3 and abs(best["dropout"] - 0.2) < 1e-9
     assert space["study"].best_value < 0.5 + 1e-3
+
+
+def test_the_nevergrad_example_of_the_integrations_page_runs():
+    """docs/integrations.md's registry example, as a user pastes it."""
+    pytest.importorskip("nevergrad")
+    page = pathlib.Path(__file__).parents[1] / "docs" / "integrations.md"
+    example = next(block for block in re.findall(r"```python\n(.*?)```", page.read_text(),
+                                                  re.S) if "adapters import nevergrad" in block)
+    space: dict = {}
+    quick = example.replace("print(", "(").replace("budget=3000", "budget=1000")
+    exec(compile(quick, str(page), "exec"), space)
+    best = space["best"]
+    assert space["simulate"](*best.args, **best.kwargs) - 7.0 < 1e-4
 
 
 def test_the_vmap_over_seeds_recipe_of_the_concepts_page_runs():
