@@ -137,11 +137,6 @@ def _threefry(k0: Tensor, k1: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, T
     return kernels.threefry(*_lanes(device, k0, k1, x0, x1))
 
 
-def _threefry_fake(k0, k1, x0, x1):
-    shape = torch.broadcast_shapes(k0.shape, k1.shape, x0.shape, x1.shape)
-    return x0.new_empty(shape), x0.new_empty(shape)
-
-
 def _threefry_vmap(info, in_dims, *args: Tensor):
     """Batching rule: the op is elementwise with broadcasting, so align and call it once."""
     rank = max(a.dim() - (d is not None) for a, d in zip(args, in_dims))
@@ -156,12 +151,12 @@ def _threefry_vmap(info, in_dims, *args: Tensor):
 _LIB = torch.library.Library("functional_bfo", "FRAGMENT")
 
 
-def _define(schema: str, impl, fake, vmap):
-    """Define ``functional_bfo::<schema>``: one kernel for every device, a fake, a vmap rule."""
+def _define(schema: str, impl, reference, vmap):
+    """Define ``functional_bfo::<schema>``: one kernel, the reference as fake, a vmap rule."""
     name = schema[: schema.index("(")]
     _LIB.define(schema)
     _LIB.impl(name, impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"functional_bfo::{name}", fake, lib=_LIB)
+    torch.library.register_fake(f"functional_bfo::{name}", reference, lib=_LIB)
     torch.library.register_vmap(f"functional_bfo::{name}", vmap, lib=_LIB)
     return getattr(torch.ops.functional_bfo, name).default
 
@@ -169,7 +164,7 @@ def _define(schema: str, impl, fake, vmap):
 # Opaque: inlined, the 20 dependent rounds cost inductor minutes per call site.
 _threefry_op = _define(
     "threefry2x32(Tensor k0, Tensor k1, Tensor x0, Tensor x1) -> (Tensor, Tensor)",
-    _threefry, _threefry_fake, _threefry_vmap)
+    _threefry, _threefry_rounds, _threefry_vmap)
 
 
 def threefry2x32(key: Tensor, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
@@ -288,7 +283,7 @@ def _inverse_normal_cdf(u: Tensor, erfinv=torch.erfinv) -> Tensor:
 
 
 # Opaque, so compiled graphs run eager's erfinv (inductor's CPU loop rounds differently).
-_erfinv_op: Any = _define("erfinv(Tensor x) -> Tensor", torch.erfinv, torch.empty_like,
+_erfinv_op: Any = _define("erfinv(Tensor x) -> Tensor", torch.erfinv, torch.erfinv,
                           lambda info, in_dims, x: (_erfinv_op(x), in_dims[0]))
 
 
@@ -379,8 +374,7 @@ def _normal_rows_vmap(info, in_dims, key, counter, rows, cols, compute):
 # An update's noise in one opaque op: compiled runs eager's kernels, and their bits.
 _normal_rows_op = _define(
     "normal_rows(Tensor key, Tensor counter, int rows, int cols, ScalarType compute) -> Tensor",
-    _normal_rows_kernel, lambda key, counter, rows, cols, compute: key.new_empty(
-        (rows, cols), dtype=compute), _normal_rows_vmap)
+    _normal_rows_kernel, _normal_rows, _normal_rows_vmap)
 
 
 def tree_normal_like(key: Tensor, tree, dtype: torch.dtype | None = None):
