@@ -13,6 +13,7 @@ the CPU (:data:`CPU_KERNEL`) and CUDA (docs/design.md, "Randomness").
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import math
@@ -27,17 +28,20 @@ import optree
 import torch
 from torch import Tensor
 
-try:  # the C kernel, compiled at install time where a compiler is found (setup.py)
-    from . import _threefry as _c_module  # type: ignore[attr-defined]  # built C, no stub
-except ImportError:
-    _c_module = None
-if os.environ.get("FUNCTIONAL_BFO_CPU_KERNEL") == "numpy":  # chosen at run time
-    _c_module = None
-
 __all__ = ["CPU_KERNEL", "bits", "fold_in", "key", "normal", "normal_rows", "split", "threefry2x32",
            "tree_normal_like", "uniform"]
 
-CPU_KERNEL = "c" if _c_module is not None else "numpy"
+_C: Any = None  # the C kernel's functions, called through ctypes on tensors' data pointers
+with contextlib.suppress(ImportError):  # built at install where a compiler is found (setup.py)
+    if os.environ.get("FUNCTIONAL_BFO_CPU_KERNEL") != "numpy":  # numpy: chosen at run time
+        from . import _threefry as _c_module  # type: ignore[attr-defined]  # built C, no stub
+
+        _C = ctypes.CDLL(_c_module.__file__)
+        _C.threefry2x32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 \
+            + [ctypes.c_void_p] * 2 + [ctypes.c_int64]
+        _C.unit_rows.argtypes = [ctypes.c_int64] * 6 + [ctypes.c_void_p]
+        _C.threefry2x32.restype = _C.unit_rows.restype = None
+CPU_KERNEL = "c" if _C is not None else "numpy"
 """Which kernel the CPU runs: ``"c"`` (built at install) or ``"numpy"`` (no compiler then, or
 ``FUNCTIONAL_BFO_CPU_KERNEL=numpy`` in the environment)."""
 
@@ -99,13 +103,6 @@ def _c_unit_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
     return out
 
 
-_C: Any = None  # the C functions, called through ctypes on tensors' data pointers
-if _c_module is not None:
-    _C = ctypes.CDLL(_c_module.__file__)
-    _C.threefry2x32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 \
-        + [ctypes.c_void_p] * 2 + [ctypes.c_int64]
-    _C.unit_rows.argtypes = [ctypes.c_int64] * 6 + [ctypes.c_void_p]
-    _C.threefry2x32.restype = _C.unit_rows.restype = None
 _CPU = SimpleNamespace(threefry=_numpy_block, unit_rows=None) if _C is None else \
     SimpleNamespace(threefry=_c_block, unit_rows=_c_unit_rows)
 
@@ -113,13 +110,11 @@ _CPU = SimpleNamespace(threefry=_numpy_block, unit_rows=None) if _C is None else
 @functools.cache
 def _cuda_kernels(index: int) -> Any:
     """The Triton kernels for CUDA device ``index``; None without triton or before Volta."""
-    if torch.cuda.get_device_capability(index) < (7, 0):
-        return None
     try:
         from . import _threefry_cuda
     except ImportError:
         return None
-    return _threefry_cuda
+    return _threefry_cuda if torch.cuda.get_device_capability(index) >= (7, 0) else None
 
 
 def _kernels(device: torch.device) -> Any:
