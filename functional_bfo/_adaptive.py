@@ -148,20 +148,18 @@ def adaptive_bfo(
         elimination_prob: ``P_ed`` with no pressure.
         elimination_prob_max: ``P_ed`` under full pressure.
         stagnation_steps: ``N_stag``, updates without improvement that mean full pressure.
-        min_population_size: let the active population vary between this and
-            ``population_size`` (a mask over the fixed buffer): at each reproduction it grows
-            by ``max(1, P // 8)`` once the best has stalled ``stagnation_steps`` updates and
-            shrinks by one while the best improves. Inactive slots neither move nor count in
-            ``num_evals`` (``vmap`` still computes their padding evaluations). None keeps all
-            ``population_size`` active.
+        min_population_size: let the active population vary between this and ``population_size`` (a
+            mask over the fixed buffer): at each reproduction it grows by ``max(1, P // 8)`` once
+            the best has stalled ``stagnation_steps`` updates and shrinks by one while the best
+            improves. Inactive slots neither move nor count in ``num_evals`` (``vmap`` still
+            computes their padding evaluations). None keeps all ``population_size`` active.
         tumble: ``"gaussian"`` or ``"levy"`` (see :func:`functional_bfo.bfo`).
         levy_beta: stability index of Lévy tumbles, in (0, 1.99].
         bounds: as in :func:`functional_bfo.bfo`.
         boundary: ``"clip"``, ``"reflect"`` or ``"wrap"``.
-        relative_steps: measure ``step_size``, ``step_size_min`` and ``step_size_max`` in
-            units of each coordinate's box width where the box is finite (absolute where
-            it is not), so one setting suits a +-1 box and a +-600 one. Part of the
-            black-box setup (docs/variants.md).
+        relative_steps: measure ``step_size``, ``step_size_min`` and ``step_size_max`` in units of
+            each coordinate's box width where the box is finite (absolute where it is not), so one
+            setting suits a +-1 box and a +-600 one. Part of the black-box setup (docs/variants.md).
         metric_rate: above 0, tumbles follow a metric (``state.metric``) learned from the
             swarm's successful tumbles at this rate (2.0 in the black-box setup), so that they
             point along a narrow rotated valley; a lone bacterium learns from its evolution
@@ -269,9 +267,7 @@ class AdaptiveSettings(NamedTuple):
 class AdaptiveKeep(NamedTuple):
     """What an adaptive update keeps from before its swim for after it."""
 
-    cost: Tensor  # (P,) sign-adjusted losses after reproduction (NaN where unknown)
     step_sizes: Tensor  # (P,) clamped step sizes after reproduction and dispersal
-    health: Tensor  # (P,) health after reproduction
     active_size: Tensor  # () the active population size
     source: Tensor  # (P,) reproduction source of each slot
     known: Tensor  # (P,) whether each bacterium knew its loss before the swim
@@ -320,8 +316,8 @@ def adaptive_plan(static: AdaptiveSettings, state: Any, cycles: bool, steer=None
     ray, carry = walk(population, direction, steps, known, cost, (best, sign * state.best_loss),
                       bounds=box, boundary=static.boundary, swims=static.swims, greedy=True,
                       stay_aux=None if start_aux is None else start_aux(source))
-    keep = AdaptiveKeep(cost, step_sizes, health, count, source, known)
-    return Plan(ray, carry, active, keep, shape, count * (static.swims + 1))
+    keep = AdaptiveKeep(step_sizes, count, source, known)
+    return Plan(ray, carry, active, health, keep, shape, count * (static.swims + 1), held=cost)
 
 
 def cycle_event(static: AdaptiveSettings, flag: Tensor, state: Any, slots: Tensor, noise: Noise,
@@ -367,15 +363,12 @@ def adaptive_finish(static: AdaptiveSettings, state: AdaptiveBFOState, plan: Pla
 
 def adaptive_fields(static: AdaptiveSettings, state: Any, plan: Plan, result: SwimResult) -> dict:
     """The update after its swim: the 1/5th success rule, the stall count, the counters."""
-    hp, sign, keep, active = state.hyperparams, static.sign, plan.keep, plan.active
+    hp, keep = state.hyperparams, plan.keep
     # The 1/5th success rule (a tie moves and counts as a success), only where the cost was known.
     grow = torch.where(result.moved & keep.known, hp.adaptation_rate, -hp.adaptation_rate / 4)
     adapted = (keep.step_sizes * torch.exp(grow)).clamp(hp.step_size_min, hp.step_size_max)
-    improved = result.best_cost < sign * state.best_loss
+    improved = result.best_cost < static.sign * state.best_loss
     return dict(
-        population=result.population,
-        losses=sign * _on_active(active, result.raw_cost, keep.cost),
-        health=keep.health + _on_active(active, result.cost, 0),
         step_sizes=torch.where(keep.known, adapted, keep.step_sizes),
         stall=torch.where(improved, torch.zeros_like(state.stall), state.stall + 1),
         reference_diversity=state.reference_diversity,
@@ -383,10 +376,5 @@ def adaptive_fields(static: AdaptiveSettings, state: Any, plan: Plan, result: Sw
     )
 
 
-def _on_active(active: Tensor | None, x: Tensor, other: Tensor | float) -> Tensor:
-    """``x`` on active slots, ``other`` on the rest (``active`` None: every slot is active)."""
-    return x if active is None else torch.where(active, x, other)
-
-
 ADAPTIVE = Variant("adaptive_bfo", AdaptiveBFOState, adaptive_init, adaptive_plan,
-                   adaptive_finish, costs_evaluation)
+                   costs_evaluation, adaptive_finish)

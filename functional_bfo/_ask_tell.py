@@ -30,16 +30,19 @@ MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as an int64: spreads each posit
 class Plan(NamedTuple):
     """One update before any loss: the ray, the swim's start, and what the variant keeps.
 
-    ``active`` (P,) marks the bacteria in play (None: all); the rest are padding scored +inf.
+    ``active`` (P,) marks the bacteria in play (None: all); the rest are padding scored +inf,
+    and keep their losses (``held``, sign-adjusted) and health.
     """
 
     ray: Ray
     carry: SwimCarry
     active: Tensor | None
-    keep: Any
+    health: Tensor  # (P,) before the swim's costs are added to it
+    keep: Any  # the variant's own
     layout: Layout  # the params' structure: rows <-> params
     evaluations: Any  # () int64 tensor or int: what the round adds to num_evals
     given: Any = None  # what the caller gave update beyond the contract (the hybrid's grad)
+    held: Any = None  # (P,) tensor with active
 
     def padded(self, costs: Tensor) -> Tensor:
         """``costs`` of stacked points, the padding rows at +inf (their aux is never read)."""
@@ -136,14 +139,15 @@ class Variant(NamedTuple):
 
     ``settings`` (a NamedTuple) has at least ``size``, ``sign``, ``swim_batch`` and
     ``chemotaxis_steps``; ``plan``'s ``cycles`` is False where no cycle ends (:func:`at_step`).
+    The scaffold writes the fields every state has; ``finish`` the variant's own.
     """
 
     name: str
     state_type: type
     init: Callable[..., Any]  # init(settings, params, *, key) -> state
     plan: Callable[..., Plan]  # plan(settings, state, cycles, **given): the update before losses
-    finish: Callable[..., dict]  # (settings, state, plan, result) -> fields but the shared ones
     evaluation: Callable[..., Callable]  # (settings, state, plan, loss_fn, args) -> rows scorer
+    finish: Callable[..., dict] | None = None  # (settings, state, plan, result) -> its own fields
     told_aux: Callable[..., Any] | None = None  # (settings, state, asked, **given): tell's aux
     update_takes: str | None = None  # the keyword update takes beyond the contract
     tell_takes: str | None = None  # and tell (hybrid_bfo's grad= and grads=)
@@ -221,10 +225,14 @@ def _build(variant: Variant, settings: Any, fixed: int, cycles: bool) -> Optimiz
 
     def finished(state: Any, plan: Plan, result: SwimResult,
                  disagreed: Tensor | None = None) -> Any:
+        raw, cost = result.raw_cost, result.cost
+        if plan.active is not None:
+            raw, cost = torch.where(plan.active, raw, plan.held), torch.where(plan.active, cost, 0)
         ranks = state.disagreeing_ranks if disagreed is None else (  # None: a local evaluator
             state.disagreeing_ranks | disagreed)
         return variant.state_type(
-            **variant.finish(settings, state, plan, result),
+            **({} if variant.finish is None else variant.finish(settings, state, plan, result)),
+            population=result.population, losses=sign * raw, health=plan.health + cost,
             best_params=unravel(plan.layout, result.best_params),
             best_loss=sign * result.best_cost, key=state.key, step=state.step + 1,
             num_evals=state.num_evals + plan.evaluations, box=state.box,

@@ -13,7 +13,7 @@ from ._ask_tell import Plan, Variant, costs_evaluation, cycle_ends, swim_optimiz
 from ._base import Key, Optimizer, Params
 from ._bounds import BOUNDARY_MODES, LeafBounds, check_bounds, is_closed, update_box
 from ._checks import check_bool, check_choice, check_float, check_int
-from ._chemotaxis import TUMBLES, SwimResult, tumble_directions, walk
+from ._chemotaxis import TUMBLES, tumble_directions, walk
 from ._layout import layout, ravel
 from ._population import bacterium_noise, disperse, initial_population, per_run, reproduce
 from .evaluate import Evaluator, check_evaluator
@@ -249,13 +249,7 @@ def bfo_plan(static: BFOSettings, state: BFOState, cycles: bool) -> Plan:
     ray, carry = walk(population, direction, steps, known, cost,
                       (best, static.sign * state.best_loss), bounds=box,
                       boundary=static.boundary, swims=static.swims, swarm_cost=swarm_cost)
-    return Plan(ray, carry, None, health, shape, static.size * (static.swims + 1))
-
-
-def bfo_finish(static: BFOSettings, state: BFOState, plan: Plan, result: SwimResult) -> dict:
-    """Its own fields after the swim: where each bacterium ended, and its health."""
-    return dict(population=result.population, losses=static.sign * result.raw_cost,
-                health=plan.keep + result.cost)
+    return Plan(ray, carry, None, health, None, shape, static.size * (static.swims + 1))
 
 
 def cell_to_cell(positions: Tensor, swarm: Tensor, swarm_sq: Tensor, hp: BFOHyperparams,
@@ -271,4 +265,4 @@ def cell_to_cell(positions: Tensor, swarm: Tensor, swarm_sq: Tensor, hp: BFOHype
             + hp.h_repel * torch.exp(-hp.w_repel * d2)).sum(dim=1)
 
 
-BFO = Variant("bfo", BFOState, bfo_init, bfo_plan, bfo_finish, costs_evaluation)
+BFO = Variant("bfo", BFOState, bfo_init, bfo_plan, costs_evaluation)

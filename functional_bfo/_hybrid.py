@@ -116,12 +116,11 @@ def hybrid_bfo(
         vanishing_threshold: gradient norms below this count as vanishing in telemetry.
         exploding_threshold: gradient norms above this count as exploding in telemetry.
         chunk_size: evaluate at most this many bacteria at once.
-        evaluator: None evaluates losses and gradients with ``torch.func.grad_and_value``
-            under ``vmap``; else ``evaluator(loss_fn, population, *args) -> (losses,
-            grads)`` with one loss per row of ``population`` and ``grads`` like it (NaN
-            where a gradient is unknown), for losses that cannot be vmapped (the
-            ``torch.optim`` adapter calls a closure per bacterium). ``loss_fn`` there is
-            already restricted to the marked leaves.
+        evaluator: None evaluates losses and gradients with ``torch.func.grad_and_value`` under
+            ``vmap``; else ``evaluator(loss_fn, population, *args) -> (losses, grads)`` with one
+            loss per row of ``population`` and ``grads`` like it (NaN where a gradient is unknown),
+            for losses that cannot be vmapped (the ``torch.optim`` adapter calls a closure per
+            bacterium). ``loss_fn`` there is already restricted to the marked leaves.
         **adaptive_kwargs: every other argument of :func:`functional_bfo.adaptive_bfo`
             (step sizes, swim_length, bounds, maximize, ...), except its ``evaluator``.
 
@@ -382,5 +381,5 @@ def _mix(direction: Tensor, grads: Tensor, usable: Tensor, mask: Tensor, weight:
     return torch.where(usable[:, None], direction - phi_g + renorm[:, None] * d_g, direction)
 
 
-HYBRID = Variant("hybrid_bfo", HybridBFOState, hybrid_init, hybrid_plan, hybrid_finish,
-                 hybrid_evaluation, told_aux, "grad", "grads")
+HYBRID = Variant("hybrid_bfo", HybridBFOState, hybrid_init, hybrid_plan, hybrid_evaluation,
+                 hybrid_finish, told_aux, "grad", "grads")
