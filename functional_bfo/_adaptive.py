@@ -192,7 +192,7 @@ def adaptive_bfo(
 
 
 def swarm_settings(population_size: int, **given: Any) -> AdaptiveSettings:
-    """:func:`adaptive_bfo`'s arguments validated, its defaults where not ``given`` (hybrid)."""
+    """:func:`adaptive_bfo`'s validated settings; its defaults where not ``given`` (hybrid too)."""
     defaults = adaptive_bfo.__kwdefaults__ or {}
     if unknown := sorted(given.keys() - defaults.keys()):
         raise TypeError(f"adaptive_bfo() got an unexpected keyword argument {unknown[0]!r}")

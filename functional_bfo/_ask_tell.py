@@ -42,7 +42,7 @@ class Plan(NamedTuple):
     layout: Layout  # the params' structure: rows <-> params
     evaluations: Any  # () int64 tensor or int: what the round adds to num_evals
     given: Any = None  # what the caller gave update beyond the contract (the hybrid's grad)
-    held: Any = None  # (P,) tensor with active
+    held: Any = None  # (P,) with active: the sign-adjusted losses kept out of play
 
     def padded(self, costs: Tensor) -> Tensor:
         """``costs`` of stacked points, the padding rows at +inf (their aux is never read)."""
@@ -200,7 +200,7 @@ def _build(variant: Variant, settings: Any, fixed: int, cycles: bool) -> Optimiz
     def ask(state: Any) -> Ask:
         check_state(state, size, variant.state_type, name)
         steps = variant.plan(settings, state, cycles)
-        distances = steps.ray.distances  # the mask: the candidates whose loss the update reads
+        distances = steps.ray.distances  # the mask below: the rows whose loss the update reads
         mask = torch.ones(distances.numel(), dtype=torch.bool, device=distances.device) if (
             steps.active is None) else steps.active.repeat(distances.shape[0])
         return Ask(unravel(steps.layout, steps.ray.points(distances)), mask,
