@@ -304,10 +304,11 @@ class _Search(NamedTuple):
     def told(self, state: BlackBoxState, swarm: AdaptiveBFOState,
              new: AdaptiveBFOState) -> BlackBoxState:
         """After ``swarm``'s round (``new``): the best point, the counters, the phase's rule."""
-        found = ravel(layout(new.best_params), new.best_params)
-        s = self.counted(state, found, new.best_loss, int(new.num_evals - swarm.num_evals))
+        spent = int(new.num_evals - swarm.num_evals)
+        s = self.counted(state, ravel(layout(new.best_params), new.best_params), new.best_loss,
+                         spent)
         if state.phase == "converge":
-            return self.converged(s, new)
+            return self.converged(s, new, spent)
         if state.phase == "polish":
             return s._replace(swarm=self.kept(s, new))
         updates = int(s.explorer_updates) + 1
@@ -319,17 +320,17 @@ class _Search(NamedTuple):
     def rows_told(self, s: BlackBoxState, costs: Tensor,
                   drawn: tuple[Tensor, Tensor] | None = None) -> BlackBoxState:
         """After a round of face moves, or of the walker (``drawn``: its draws and points)."""
+        loss, spent = self.swarms.sign * costs.min(), len(costs)
         if s.phase == "faces":
             faces, row = moves.face_scan_told(s.faces, costs, *self.sides(s))
-            return self.counted(s, row.clone(), self.swarms.sign * costs.min(), len(costs),
-                                faces=faces)
+            return self.counted(s, row.clone(), loss, spent, faces=faces)
         (draws, rows), hp = drawn or self.walker_round(s), s.swarm.hyperparams
         new = walker.told(s.walker, draws, costs.to(torch.float64), self.swarms.sign,
                           self.swarms.metric_rate, (float(hp.step_size_min),
                                                     float(hp.step_size_max)),
                           s.explorer.box, self.swarms.boundary)
-        return self.converged(self.counted(s, rows[int(costs.argmin())].clone(),
-                                           self.swarms.sign * costs.min(), len(costs)), new)
+        best = rows[int(costs.argmin())].clone()
+        return self.converged(self.counted(s, best, loss, spent), new, spent)
 
     def counted(self, s: BlackBoxState, row: Tensor, loss: Tensor, spent: int,
                 **fields: Any) -> BlackBoxState:
@@ -354,11 +355,10 @@ class _Search(NamedTuple):
                      entry_best=s.converged_best, first=math.inf, progress=math.inf, stalled=0,
                      gain=0.0, valley=False)
 
-    def converged(self, s: BlackBoxState, new: AdaptiveBFOState | walker.Walker) -> BlackBoxState:
-        """After a converging round: a restart once a rule below says it stopped progressing."""
-        entry_best, was_valley = float(s.entry_best), bool(s.valley)
-        before = s.walker if isinstance(new, walker.Walker) else s.swarm
-        now, spent = self.cost(new.best_loss), int(new.num_evals - before.num_evals)
+    def converged(self, s: BlackBoxState, new: AdaptiveBFOState | walker.Walker,
+                  spent: int) -> BlackBoxState:
+        """After a converging round that spent ``spent``: a restart once a rule below says so."""
+        entry_best, was_valley, now = float(s.entry_best), bool(s.valley), self.cost(new.best_loss)
         first, progress, stalled, gain = (float(s.first), float(s.progress),
                                           int(s.stalled) + spent, float(s.gain))
         behind = progress > entry_best

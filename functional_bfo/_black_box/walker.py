@@ -139,24 +139,16 @@ def told(w: Walker, z: Tensor, costs: Tensor, sign: float, rate: float,
     flat = seen & (ranked[0] == ranked[math.ceil(0.1 + lam / 4)])
     sigma = torch.where(flat, (sigma * math.exp(0.2 + r.c_sigma / r.d_sigma)).clamp(low, high),
                         sigma)
-    moved = _into_box(w._replace(
-        mean=w.mean + y_w * w.sigma * m.width, sigma=sigma, sigma_path=sigma_path,
-        metric=TumbleMetric(torch.where(keep, m.cov, cov), torch.where(keep, m.factor, factor),
-                            m.width, path / scale),
-        best_loss=torch.where(ranked[0] < sign * w.best_loss, sign * ranked[0], w.best_loss)),
-        box, boundary)
+    mean, path = w.mean + y_w * w.sigma * m.width, path / scale
+    cov, factor = torch.where(keep, m.cov, cov), torch.where(keep, m.factor, factor)
+    if box is not None and boundary == "reflect":  # a mirrored mean: its metric and paths too
+        odd = torch.remainder(mean - box.low, box.reflect_period) > box.width  # open: NaN
+        flip = torch.where(odd, -1.0, 1.0).to(mean)
+        cov, factor = flip[:, None] * cov * flip, flip[:, None] * factor * flip
+        sigma_path, path = flip * sigma_path, flip * path
+    moved = w._replace(
+        mean=project(mean, box, boundary), sigma=sigma, sigma_path=sigma_path,
+        metric=TumbleMetric(cov, factor, m.width, path),
+        best_loss=torch.where(ranked[0] < sign * w.best_loss, sign * ranked[0], w.best_loss))
     held = where(seen, moved, w)  # a round with no finite cost keeps all but its counts
     return held._replace(step=w.step + 1, num_evals=w.num_evals + lam)
-
-
-def _into_box(w: Walker, box: LeafBounds | None, boundary: str) -> Walker:
-    """``w`` with its mean projected into the box; reflected, its metric and paths mirrored too."""
-    mean = project(w.mean, box, boundary)
-    if box is None or boundary != "reflect":
-        return w._replace(mean=mean)
-    odd = torch.remainder(w.mean - box.low, box.reflect_period) > box.width  # open: NaN
-    flip = torch.where(odd, -1.0, 1.0).to(mean)
-    m = w.metric
-    return w._replace(mean=mean, sigma_path=flip * w.sigma_path, metric=m._replace(
-        cov=flip[:, None] * m.cov * flip, factor=flip[:, None] * m.factor * flip,
-        path=flip * m.path))
