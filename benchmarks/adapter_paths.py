@@ -18,7 +18,7 @@ import pathlib
 import resource
 
 import torch
-from common import baseline, compile_cold, machine, median_ms, paired_ms, parser, table, write
+from common import baseline, median_ms, paired_ms, parse, table, write
 from problems import mlp
 from torch import nn
 
@@ -33,17 +33,17 @@ def bench(cls, widths, samples, population, repeats, device) -> dict:
            "params": sum(p.numel() for p in model.parameters())}
     for path, settings in (("closure", {}), ("fast_eager", {}),
                            ("fast_chunked", {"chunk_size": CHUNK})):
-        params = model.parameters() if path == "closure" else model.named_parameters()
-        opt = cls(params, population_size=population, seed=0, **settings)
-        step = stepper(opt, path, model, x, y)
+        opt, step = stepper(cls, path, model, x, y, population_size=population, **settings)
         row[f"{path}_ms"] = median_ms(step, repeats, device, warmup=1 if path == "closure" else 2)
         if path == "closure":
             evals_per_step = opt.num_evals / (repeats + 1)
-        row[f"{path}_faults"] = faults_per_step(step)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt  # memory taken back from
+        for _ in range(5):  # the system, per step
+            step()
+        row[f"{path}_faults"] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 5
 
     torch.compiler.reset()
-    opt = cls(model.named_parameters(), population_size=population, seed=0, compile=True)
-    compiled_step = stepper(opt, "fast", model, x, y)
+    _, compiled_step = stepper(cls, "fast", model, x, y, population_size=population, compile=True)
     first_ms = median_ms(compiled_step, 1, device, warmup=0)  # the first step compiles
     row["fast_compiled_ms"] = median_ms(compiled_step, repeats, device)
     row["compile_s"] = (first_ms - row["fast_compiled_ms"]) / 1e3
@@ -56,14 +56,6 @@ def bench(cls, widths, samples, population, repeats, device) -> dict:
     return row
 
 
-def faults_per_step(step, count: int = 5) -> float:
-    """Page faults per call of ``step``: memory the process took back from the system."""
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(count):
-        step()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / count
-
-
 def keep_freed_memory() -> bool:
     """Make glibc keep freed memory for reuse rather than return it; False where it cannot."""
     try:
@@ -74,25 +66,15 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(mmap_threshold, 1 << 30) and libc.mallopt(trim_threshold, 1 << 30))
 
 
-def kept_memory_ms(row, cls, widths, samples, population, repeats, device) -> None:
-    """The eager paths again, each on a fresh optimizer, once glibc keeps freed memory."""
-    model, x, y = mlp(widths, samples, device)
-    for path, params in (("closure", model.parameters), ("fast_eager", model.named_parameters)):
-        opt = cls(params(), population_size=population, seed=0)
-        row[f"{path}_kept_ms"] = median_ms(stepper(opt, path, model, x, y), repeats, device,
-                                           warmup=1)
-
-
 def shells(cls, baseline_cls, widths, samples, population, repeats, device) -> dict:
     """One step of each path (the fast one eager) under both shells, timed in turn."""
     row = {"class": cls.__name__}
     for path in ("closure", "fast"):
         steps, evals = [], []
         for shell in (baseline_cls, cls):
-            model, x, y = mlp(widths, samples, device)
-            params = model.parameters() if path == "closure" else model.named_parameters()
-            opt = shell(params, population_size=population, seed=0)
-            steps.append(stepper(opt, path, model, x, y))
+            opt, step = stepper(shell, path, *mlp(widths, samples, device),
+                                population_size=population)
+            steps.append(step)
             evals.append(opt)
         base_ms, ours_ms, ratio = paired_ms(steps[0], steps[1], repeats, device)
         count = [opt.num_evals / (repeats + 2) for opt in evals]
@@ -102,9 +84,11 @@ def shells(cls, baseline_cls, widths, samples, population, repeats, device) -> d
     return row
 
 
-def stepper(opt, path: str, model, x, y):
-    """One ``opt.step`` on the closure path or a fast one (``fast...``); the hybrid's
-    closure runs backward, as its gradients need."""
+def stepper(cls, path: str, model, x, y, **settings):
+    """A ``cls`` optimizer of ``model`` (``seed=0``) and one ``opt.step`` on the closure path or
+    a fast one (``fast...``); the hybrid's closure runs backward, as its gradients need."""
+    opt = cls(model.parameters() if path == "closure" else model.named_parameters(), seed=0,
+              **settings)
     criterion = nn.CrossEntropyLoss()
 
     def closure():
@@ -117,7 +101,7 @@ def stepper(opt, path: str, model, x, y):
     def loss_fn(params):
         return criterion(torch.func.functional_call(model, params, (x,)), y)
 
-    return (lambda: opt.step(closure)) if path == "closure" else (
+    return opt, (lambda: opt.step(closure)) if path == "closure" else (
         lambda: opt.step(loss_fn=loss_fn))
 
 
@@ -125,44 +109,39 @@ def compare(args, widths, samples, population, repeats, classes) -> None:
     base, subject = baseline(args.baseline, "adapters")
     rows = [shells(c, getattr(base, c.__name__), widths, samples, population, repeats,
                    args.device) for c in classes]
-    result = {"machine": machine(args.device), "quick": args.quick, "model": list(widths),
-              "samples": samples, "baseline": subject, "rows": rows}
     md = [f"# The shell's cost against `{subject}`'s", "",
           f"MLP {'-'.join(map(str, widths))} (tanh) on {samples} samples, population "
-          f"{population}, both shells over this core, one step each in turn, {repeats} pairs. "
-          f"Machine: {result['machine']}", ""]
+          f"{population}, both shells over this core, one step each in turn, {repeats} pairs.", ""]
     md += table("class | path | baseline ms | ours ms | ours / baseline | evals (baseline, "
                 "ours) | per evaluation", [
                     [r["class"], path, f"{c['baseline_ms']:.2f}", f"{c['ours_ms']:.2f}",
                      f"{c['ratio']:.3f}", f"{c['baseline_evals']:.0f}, {c['ours_evals']:.0f}",
                      f"{c['ratio_per_eval']:.3f}"]
                     for r in rows for path, c in (("closure", r["closure"]), ("fast", r["fast"]))])
-    write(args, "adapter_shells", result, md)
+    write(args, "adapter_shells", {"model": list(widths), "samples": samples, "baseline": subject,
+                                   "rows": rows}, md)
 
 
 def main() -> None:
-    p = parser(__doc__)
-    p.add_argument("--baseline", type=pathlib.Path, help="a checkout whose shell to compare")
-    args = p.parse_args()
-    compile_cold()
+    args = parse(__doc__, ("--baseline", {
+        "type": pathlib.Path, "help": "a checkout whose shell to compare"}), cold=True)
     widths, samples = ((16, 32, 4), 128) if args.quick else ((64, 128, 10), 256)
-    population = 16 if args.quick else 64
-    repeats = 3 if args.quick else 10
+    population, repeats = (16, 3) if args.quick else (64, 10)
     classes = [BFO] if args.quick else [BFO, AdaptiveBFO, HybridBFO]
     if args.baseline is not None:
         return compare(args, widths, samples, population, repeats * (1 if args.quick else 6),
                        classes)
     rows = [bench(c, widths, samples, population, repeats, args.device) for c in classes]
     kept = args.device == "cpu" and keep_freed_memory()
-    for row, c in zip(rows, classes) if kept else ():
-        kept_memory_ms(row, c, widths, samples, population, repeats, args.device)
-    result = {"machine": machine(args.device), "quick": args.quick, "model": list(widths),
-              "samples": samples, "rows": rows}
+    for row, c in zip(rows, classes) if kept else ():  # the eager paths, fresh optimizers
+        model, x, y = mlp(widths, samples, args.device)
+        for path in ("closure", "fast_eager"):
+            _, step = stepper(c, path, model, x, y, population_size=population)
+            row[f"{path}_kept_ms"] = median_ms(step, repeats, args.device, warmup=1)
     md = [f"# Adapter paths: closure vs vmapped fast path ({args.device})", "",
           f"MLP {'-'.join(map(str, widths))} (tanh) on {samples} samples, cross-entropy, "
           f"population {population}, default swim length. Memory kept: the eager paths again "
-          "once glibc keeps the memory it frees (`mallopt`, as jemalloc and tcmalloc do). "
-          f"Machine: {result['machine']}", ""]
+          "once glibc keeps the memory it frees (`mallopt`, as jemalloc and tcmalloc do).", ""]
     md += table("class | params | evals/step | closure ms | fast eager ms | fast compiled ms | "
                 "closure / fast | compile s | break-even steps | page faults a step (closure, "
                 f"fast) | fast eager, chunk_size={CHUNK} ms | page faults a step | memory kept: "
@@ -177,7 +156,7 @@ def main() -> None:
                     + ([f"{r['closure_kept_ms']:.1f}", f"{r['fast_eager_kept_ms']:.2f}",
                         f"{r['closure_kept_ms'] / r['fast_eager_kept_ms']:.2f}x"] if kept
                        else ["-"] * 3) for r in rows])
-    write(args, "adapter_paths", result, md)
+    write(args, "adapter_paths", {"model": list(widths), "samples": samples, "rows": rows}, md)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 import torch
-from common import machine, parser, table, write
+from common import parse, table, write
 
 import functional_bfo as fb
 
@@ -34,23 +34,12 @@ def problems(dim: int) -> dict:
     rotation = np.linalg.qr(np.random.default_rng(0).standard_normal((dim, dim)))[0]
     scale = 1e6 ** (np.arange(dim) / (dim - 1))
     t_shift, t_rotation, t_scale = (torch.tensor(a) for a in (shift, rotation, scale))
-
-    def rastrigin_np(x):
-        z = np.asarray(x) - shift
-        return float(10 * dim + (z * z - 10 * np.cos(2 * np.pi * z)).sum()) + OFFSET
-
-    def rastrigin_t(p):
-        z = p["x"] - t_shift
-        return 10 * dim + (z * z - 10 * torch.cos(2 * math.pi * z)).sum() + OFFSET
-
-    return {
-        "sphere": (lambda p: (p["x"] - t_shift).square().sum() + OFFSET,
-                   lambda x: float(np.square(np.asarray(x) - shift).sum()) + OFFSET),
-        "rastrigin": (rastrigin_t, rastrigin_np),
-        "rotated ellipsoid": (
-            lambda p: (t_scale * (t_rotation @ (p["x"] - t_shift)).square()).sum() + OFFSET,
-            lambda x: float((scale * (rotation @ (np.asarray(x) - shift)) ** 2).sum()) + OFFSET),
-    }
+    forms = {"sphere": lambda z, xp, *_: (z * z).sum(),  # of z = x - shift, numpy's or torch's
+             "rastrigin": lambda z, xp, *_: 10 * dim + (z * z - 10 * xp.cos(2 * math.pi * z)).sum(),
+             "rotated ellipsoid": lambda z, xp, r, s: (s * (r @ z) ** 2).sum()}
+    return {name: (lambda p, f=f: f(p["x"] - t_shift, torch, t_rotation, t_scale) + OFFSET,
+                   lambda x, f=f: float(f(np.asarray(x) - shift, np, rotation, scale)) + OFFSET)
+            for name, f in forms.items()}
 
 
 def run_fb(loss, budget: int, seed: int) -> dict:
@@ -82,7 +71,7 @@ def run_cma(loss, budget: int, seed: int) -> dict:
 
 
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    args = parse(__doc__, cpu=True)
     peer = importlib.util.find_spec("cma") is not None
     budget, seeds = (1000, [0]) if args.quick else (1000 * DIM, [0, 1, 2, 3, 4])
     rows = []
@@ -96,11 +85,9 @@ def main() -> None:
             row["ratio"] = statistics.median(r[0]["evals_per_s"] / r[1]["evals_per_s"]
                                              for r in runs)
         rows.append(row)
-    result = {"machine": machine("cpu"), "quick": args.quick, "dim": DIM, "budget": budget,
-              "seeds": seeds, "rows": rows}
     md = [f"# fb.black_box against pycma's BIPOP-CMA-ES ({'quick' if args.quick else 'full'})",
           "", f"D = {DIM}, box [{LOW:g}, {HIGH:g}], {budget} evaluations, medians over "
-          f"{len(seeds)} seeds. Machine: {result['machine']}", ""]
+          f"{len(seeds)} seeds.", ""]
     md += table("problem | fb evals/s | cma evals/s | fb / cma | fb error | cma error | fb "
                 "whole-swarm share", [
                     [r["problem"], f"{r['fb']['evals_per_s']:,.0f}",
@@ -108,7 +95,7 @@ def main() -> None:
                      f"{r['ratio']:.2f}x" if peer else "-", f"{r['fb']['error']:.3g}",
                      f"{r['cma']['error']:.3g}" if peer else "-",
                      f"{r['fb']['whole_share']:.0%}"] for r in rows])
-    write(args, "black_box_speed", result, md)
+    write(args, "black_box_speed", {"dim": DIM, "budget": budget, "seeds": seeds, "rows": rows}, md)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ best-2009 reference (a full run into ``benchmarks/results`` copies them to ``doc
 ``--jobs`` processes (default: one per core) each run a function at a time (two on 2 cores:
 9 minutes). ``--quick``: f1 and f5, D = 2, two instances, 200 x D evaluations.
 
-    python benchmarks/coco.py [--quick] [--optimizers NAME ...] [--dims D ...] [--jobs N]
+    python benchmarks/coco.py [--quick] [--optimizers NAME ...] [--jobs N]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import torch
-from common import RESULTS, machine, parser, table, write
+from common import RESULTS, parse, table, write
 from peers import run_peer
 from problems import numpy_loss, row_by_row
 
@@ -41,18 +41,6 @@ FIGURES = pathlib.Path(__file__).parents[1] / "docs" / "figures"
 
 class _TargetHit(Exception):
     """Raised by the evaluation that hits the final target, to end the run there."""
-
-
-def objective(problem) -> Callable[[np.ndarray], float]:
-    """``problem`` on one numpy vector, raising ``_TargetHit`` once the final target is hit."""
-
-    def f(x: np.ndarray) -> float:
-        y = float(problem(x))
-        if problem.final_target_hit:
-            raise _TargetHit
-        return y
-
-    return f
 
 
 def run_black_box(problem, f: Callable, seed: int, budget: int) -> None:
@@ -94,7 +82,7 @@ def experiment(name: str, selection: str, functions: list[int], folder: pathlib.
     return runs
 
 
-def observed(name: str, selection: str, folder: pathlib.Path, budget_per_dim: int) -> list[dict]:
+def observed(name: str, selection: str, folder: pathlib.Path, per_dim: int) -> list[dict]:
     """Every problem of COCO's ``bbob`` ``selection`` run by ``name``, observed into ``folder``."""
     import cocoex
 
@@ -107,10 +95,16 @@ def observed(name: str, selection: str, folder: pathlib.Path, budget_per_dim: in
         dim, function, instance = problem.dimension, problem.id_function, problem.id_instance
         optimum = cocoex.BareProblem("bbob", function, dim, instance).best_value()
         problem.observe_with(observer)
+
+        def f(x: np.ndarray, problem=problem) -> float:  # ends the run at the final target
+            y = float(problem(x))
+            if problem.final_target_hit:
+                raise _TargetHit
+            return y
+
         started = time.perf_counter()
         try:
-            RUNNERS[name](problem, objective(problem), 10_000 * dim + 100 * function + instance,
-                          budget_per_dim * dim)
+            RUNNERS[name](problem, f, 10_000 * dim + 100 * function + instance, per_dim * dim)
         except _TargetHit:
             pass
         error = problem.best_observed_fvalue1 - optimum
@@ -161,10 +155,10 @@ def ecdf_figures(folders: list[pathlib.Path], out: pathlib.Path, figures: pathli
 
 
 def markdown(summary: dict, links: dict[int, str], where: object, budget_per_dim: int,
-             info: dict, jobs: int, wall: dict[str, float]) -> list[str]:
+             jobs: int, wall: dict[str, float]) -> list[str]:
     lines = ["# COCO bbob: share of (function, instance, target) triples reached", "",
              f"{budget_per_dim} x D evaluations per run, COCO's 51 targets 10^[-8..2] on "
-             f"f - f_opt, a run stopped at the final target (solved). Machine: {info}", "",
+             "f - f_opt, a run stopped at the final target (solved).", "",
              f"Wall time in {jobs} processes: " + ", ".join(
                  f"{name} {seconds / 60:.0f} min" for name, seconds in wall.items())
              + "; the seconds column sums the runs' own.", ""]
@@ -177,16 +171,11 @@ def markdown(summary: dict, links: dict[int, str], where: object, budget_per_dim
 
 
 def main() -> None:
-    p = parser(__doc__)
-    p.add_argument("--optimizers", nargs="*", default=["fb.black_box"], choices=list(RUNNERS),
-                   help="default fb.black_box")
-    p.add_argument("--dims", nargs="*", type=int, help="default 2 3 5 10 20 (--quick: 2)")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                   help="processes, each running one function at a time (default: every core)")
-    args = p.parse_args()
-    if args.device != "cpu":
-        p.error("coco.py evaluates numpy functions row by row: use cpu")
-    dims = args.dims or ([2] if args.quick else [2, 3, 5, 10, 20])
+    args = parse(__doc__, ("--optimizers", {
+        "nargs": "*", "default": ["fb.black_box"], "choices": list(RUNNERS)}), ("--jobs", {
+        "type": int, "default": os.cpu_count() or 1, "help": "processes (default: every core)"}),
+        cpu=True)
+    dims = [2] if args.quick else [2, 3, 5, 10, 20]
     budget_per_dim = 200 if args.quick else BUDGET_PER_DIM
     selection = f"dimensions: {','.join(map(str, dims))} instance_indices: " + (
         "1-2" if args.quick else "1-15")
@@ -203,13 +192,11 @@ def main() -> None:
     where = FIGURES if to_docs else args.out / "coco"
     figures = ecdf_figures(folders, args.out / "coco" / "ppdata", where, args.quick)
     links = {dim: f"figures/{path.name}" if to_docs else str(path) for dim, path in figures.items()}
-    info = machine("cpu")
-    result = {"quick": args.quick, "machine": info, "jobs": args.jobs, "wall_seconds": wall,
+    result = {"jobs": args.jobs, "wall_seconds": wall, "budget_per_dim": budget_per_dim,
               "selection": f"{selection} function_indices: {','.join(map(str, functions))}",
-              "budget_per_dim": budget_per_dim, "targets": len(TARGETS), "summary": summary,
-              "figures": links}
+              "targets": len(TARGETS), "summary": summary, "figures": links}
     write(args, "coco", result, markdown(summary, links, "docs/figures" if to_docs else where,
-                                         budget_per_dim, info, args.jobs, wall))
+                                         budget_per_dim, args.jobs, wall))
 
 
 if __name__ == "__main__":

@@ -26,21 +26,23 @@ from functional_bfo import random as fbr
 RESULTS = pathlib.Path(__file__).parent / "results"
 
 
-def parser(doc: str) -> argparse.ArgumentParser:
+def parse(doc: str, *options: tuple[str, dict], cpu: bool = False, cold: bool = False
+          ) -> argparse.Namespace:
+    """The command line: --quick, --out, --device (``cpu``: none, the CPU) and ``options``, each
+    ``(flag, add_argument's keywords)``. ``cold`` turns inductor's caches off for the process,
+    so compile times are reported cold (with them a rerun would look almost free to compile)."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a ~1 minute smoke run")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--out", type=pathlib.Path, default=RESULTS, help="results folder")
-    return p
+    for flag, settings in options + (() if cpu else (("--device", {
+            "default": "cpu", "help": "cpu or cuda (default cpu)"}),)):
+        p.add_argument(flag, **settings)
+    if cold:
+        import torch._inductor.config  # 1.3 s to import: only where a script compiles
 
-
-def compile_cold() -> None:
-    """Turn inductor's caches off for this process, so compile times are reported cold (with
-    them a rerun would look almost free to compile); call it first thing in ``main``."""
-    import torch._inductor.config  # 1.3 s to import: only where a script compiles
-
-    torch._inductor.config.force_disable_caches = True
-    warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")  # says just that
+        torch._inductor.config.force_disable_caches = True
+        warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")  # says just that
+    return p.parse_args(namespace=argparse.Namespace(device="cpu"))
 
 
 def sync(device: str) -> None:
@@ -81,32 +83,27 @@ def paired_ms(floor: Callable[[], object], work: Callable[[], object], repeats: 
     load on a shared machine moves both and the ratio stays put."""
     for _ in range(2):
         floor(), work()
-    pairs = []
-    for _ in range(repeats):
-        times = []
-        for fn in (floor, work):
-            sync(device)
-            start = time.perf_counter()
-            fn()
-            sync(device)
-            times.append(1e3 * (time.perf_counter() - start))
-        pairs.append((times[0], times[1] / work_calls))
+    pairs = [(1e3 * timed(floor, device)[1], 1e3 * timed(work, device)[1] / work_calls)
+             for _ in range(repeats)]  # floor, then work
     return (statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs),
             statistics.median(b / a for a, b in pairs))
 
 
 def machine(device: str) -> dict:
-    out = {"platform": platform.platform(), "processor": platform.processor() or "unknown",
-           "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
-           "python": platform.python_version(), "device": device}
-    if device.startswith("cuda"):
-        out["gpu"] = torch.cuda.get_device_name()
-    return out
+    gpu = {"gpu": torch.cuda.get_device_name()} if device.startswith("cuda") else {}
+    return {"platform": platform.platform(), "processor": platform.processor() or "unknown",
+            "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "device": device, **gpu}
 
 
-def write(args: argparse.Namespace, name: str, result: dict, markdown: list[str]) -> None:
-    """Write ``<name>.json`` (compact: reruns keep results/ small) and ``<name>.md``, suffixed
-    by quick/device, and print the table."""
+def write(args: argparse.Namespace, name: str, result: dict, markdown: list[str],
+          header: bool = True) -> None:
+    """Write ``<name>.json`` (compact: reruns keep results/ small), with the commit, machine and
+    --quick, and ``<name>.md`` (``header``: those under its title), suffixed by quick/device;
+    print the table."""
+    result = {"commit": commit(), "machine": machine(args.device), "quick": args.quick, **result}
+    if header:
+        markdown[1:1] = ["", f"Commit `{result['commit']}`. Machine: {result['machine']}"]
     stem = name + ("_quick" if args.quick else "") + (
         "" if args.device == "cpu" else f"_{args.device.split(':')[0]}")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -118,11 +115,8 @@ def write(args: argparse.Namespace, name: str, result: dict, markdown: list[str]
 
 def peak_mb(fn: Callable[[], object], device: str = "cpu") -> float:
     """Peak memory allocated while ``fn`` runs, above what was allocated before it, in MiB.
-
-    CUDA: the caching allocator's peak. CPU: every allocation and free torch.profiler records
-    (``profile_memory=True``), summed in time order; an estimate, since an op's own
-    allocations and frees are netted at its start.
-    """
+    CUDA: the caching allocator's peak. CPU: torch.profiler's allocations and frees summed in
+    time order (an estimate: an op's own allocations and frees are netted at its start)."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -157,12 +151,9 @@ def commit(root: pathlib.Path | None = None, form: str = "%h") -> str:
 
 def baseline(root: pathlib.Path, package: str):
     """The ``package`` folder (``functional_bfo`` or ``adapters``) of another checkout ROOT,
-    imported beside ours as ``baseline_<package>``, and ROOT's last commit (hash, subject).
-
-    A core draws with this checkout's ``random`` module (one custom op can be registered once
-    per process), so ROOT's must be the same file: only the update differs. The adapters run
-    over this checkout's core.
-    """
+    imported beside ours as ``baseline_<package>``, and ROOT's last commit (hash, subject). A
+    core draws with this checkout's ``random`` (a custom op registers once per process), so
+    ROOT's must be the same file: only the update differs. Adapters run over this core."""
     folder = root.resolve() / package
     if not (folder / "__init__.py").exists():
         raise SystemExit(f"--baseline {root}: no {package}/__init__.py there.")

@@ -6,7 +6,7 @@ times updates and one all-gather; the model t(N) = a / N + b + calls x t_gather(
 (a: the evaluations, which split; b: what every rank repeats) and extrapolated. One process
 with N threads, the first thing a CPU user tries, is timed too.
 
-    python benchmarks/distributed.py [--quick] [--device cuda] [--processes 1,2]
+    python benchmarks/distributed.py [--quick] [--device cuda]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from common import machine, median_ms, parser, table, write
+from common import median_ms, parse, table, write
 from torch import nn
 
 import functional_bfo as fb
@@ -40,11 +40,6 @@ def setup(device: torch.device):
     return params, loss_fn, x, y
 
 
-def timed(fn, repeats: int, device: torch.device) -> float:
-    """Median seconds of ``fn`` over ``repeats`` calls (after one warm-up call)."""
-    return median_ms(fn, repeats, str(device), warmup=1) / 1e3
-
-
 def update_s(opt, problem, repeats: int, device: torch.device) -> float:
     """Median seconds of an update of ``opt`` on ``setup``'s problem, chained from ``init``."""
     params, loss_fn, x, y = problem
@@ -53,7 +48,7 @@ def update_s(opt, problem, repeats: int, device: torch.device) -> float:
     def update():
         state[0] = opt.update(state[0], loss_fn, x, y)
 
-    return timed(update, repeats, device)
+    return median_ms(update, repeats, str(device), warmup=1) / 1e3
 
 
 def rank_main(out: str, repeats: int) -> None:
@@ -75,13 +70,13 @@ def rank_main(out: str, repeats: int) -> None:
     losses = torch.zeros(population, dtype=torch.float64, device=device)
     parts = [torch.empty(-(-population // world), dtype=torch.float64, device=device)
              for _ in range(world)]
-    t_gather = timed(lambda: dist.all_gather(parts, losses[:parts[0].numel()]),
-                     repeats * 10, device)
+    t_gather = median_ms(lambda: dist.all_gather(parts, losses[:parts[0].numel()]),
+                         repeats * 10, str(device), warmup=1) / 1e3
     params, loss_fn, x, y = problem
     start = opt.init(params, key=fb.random.key(1).to(device))
     pop = fb.as_params(start, start.population)
-    t_eval = timed(lambda: fb.evaluate.vmap()(loss_fn, pop, x, y), repeats, device) * (
-        swims + 1)  # the swim's swims + 1 calls of P candidates
+    t_eval = median_ms(lambda: fb.evaluate.vmap()(loss_fn, pop, x, y), repeats, str(device),
+                       warmup=1) / 1e3 * (swims + 1)  # the swim's swims + 1 calls of P candidates
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps({
             "processes": world, "update_s": t_update, "gather_s": t_gather,
@@ -91,18 +86,9 @@ def rank_main(out: str, repeats: int) -> None:
     dist.destroy_process_group()
 
 
-def single_process(threads: int, repeats: int, device: torch.device) -> float:
-    """Seconds per update in one process with ``threads`` threads and no evaluator."""
-    torch.set_num_threads(threads)
-    return update_s(fb.adaptive_bfo(32, swim_length=4), setup(device), repeats, device)
-
-
 def main() -> None:
-    p = parser(__doc__)
-    p.add_argument("--processes", help="process counts, default 1,2 (--quick: 2)")
-    args = p.parse_args()
-    repeats = 1 if args.quick else 15
-    counts = [int(n) for n in (args.processes or ("2" if args.quick else "1,2")).split(",")]
+    args = parse(__doc__)
+    repeats, counts = (1, [2]) if args.quick else (15, [1, 2])
     device = torch.device("cuda" if args.device == "cuda" else "cpu")
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -124,12 +110,13 @@ def main() -> None:
         r["speedup"] = base["update_s"] / r["update_s"]
     gather = rows[-1]["gather_s"]  # the largest group's, for the extrapolation
     predicted = {n: a / n + b + base["calls"] * gather for n in (4, 8, 16)}
-    threads = {n: single_process(n, repeats, device) for n in counts} if (
-        device.type == "cpu" and not args.quick) else {}
-    result = dict(quick=args.quick, machine=machine(args.device), problem=PROBLEM, rows=rows,
-                  shared_s=a, fixed_s=b, predicted_s=predicted, one_process_threads_s=threads)
-    md = [f"# Sharded population across processes ({args.device})", "",
-          f"{PROBLEM}. Machine: {result['machine']}", "",
+    threads = {}  # seconds per update in one process of N threads, no evaluator
+    for n in counts if device.type == "cpu" and not args.quick else ():
+        torch.set_num_threads(n)
+        threads[n] = update_s(fb.adaptive_bfo(32, swim_length=4), setup(device), repeats, device)
+    result = dict(problem=PROBLEM, rows=rows, shared_s=a, fixed_s=b, predicted_s=predicted,
+                  one_process_threads_s=threads)
+    md = [f"# Sharded population across processes ({args.device})", "", f"{PROBLEM}.", "",
           "Each rank: one thread, `fb.distributed.sharded()`; the median time per update on "
           "rank 0, and of one all-gather of the losses (5 per update). Model: t(N) = a / N + "
           f"b + 5 t_gather(N), fitted: a = {a * 1e3:.1f} ms (the work that splits: "

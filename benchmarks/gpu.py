@@ -20,7 +20,7 @@ import warnings
 
 import optree
 import torch
-from common import commit, machine, median_ms, paired_ms, parser, peak_mb, sync, table, timed, write
+from common import commit, machine, median_ms, paired_ms, parse, peak_mb, sync, table, timed, write
 from peers import evox_pso
 from problems import CYCLE, SWIM, evaluation, rastrigin_problem, started
 
@@ -101,11 +101,7 @@ def evox_row(population: int, repeats: int) -> dict:
     step = torch.compile(workflow.step)
     _, compile_s = timed(step, DEVICE)
 
-    def steps():
-        for _ in range(CYCLE):
-            step()
-
-    ms = median_ms(steps, repeats, DEVICE) / CYCLE
+    ms = median_ms(lambda: [step() for _ in range(CYCLE)], repeats, DEVICE) / CYCLE
     return {"variant": "evox PSO", "population": population, "mode": "compiled", "ms": ms,
             "evals_per_s": population / (ms / 1e3), "compile_s": compile_s,
             "best_loss": float(algorithm.global_best_fit)}
@@ -248,11 +244,9 @@ def markdown(result: dict) -> list[str]:
 
 
 def main() -> None:
-    p = parser(__doc__)
-    p.add_argument("--budget", type=float, default=480.0, help="seconds before skipping rows")
-    p.add_argument("--only", default="", help="the rows whose name holds this, e.g. "
-                   "\"'hybrid_bfo', 65536\" (names as the skipped list prints them)")
-    args = p.parse_args()
+    args = parse(__doc__, ("--budget", {"type": float, "default": 480.0}), ("--only", {
+        "default": "", "help": "the rows whose name holds this, e.g. \"'hybrid_bfo', 65536\""}),
+        cpu=True)
     args.device = DEVICE
     if not torch.cuda.is_available():
         raise SystemExit("gpu.py needs a CUDA device.")
@@ -281,7 +275,7 @@ def main() -> None:
             result["failed"].append(f"{kind} {what}: {type(e).__name__}: {e}"[:300])
         print(f"[{time.perf_counter() - start:5.0f} s] {kind} {what}", flush=True)
     result["seconds"] = time.perf_counter() - start
-    write(args, "gpu_only" if args.only else "gpu", result, markdown(result))  # a part
+    write(args, "gpu_only" if args.only else "gpu", result, markdown(result), header=False)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 
 import torch
-from common import commit, machine, median_ms, parser, sync, table, write
+from common import commit, machine, median_ms, parse, sync, table, write
 from problems import CYCLE, FACTORIES, cycle, rastrigin_problem, started
 
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
@@ -23,10 +23,9 @@ SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize
 
 def profiled(run, device: str):
     """torch.profiler's events of one cycle."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.startswith("cuda"):
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+    kinds = torch.profiler.ProfilerActivity
+    with torch.profiler.profile(activities=[kinds.CPU] + [kinds.CUDA] * device.startswith("cuda")
+                                ) as prof:
         run()
         sync(device)
     return prof.events()
@@ -48,18 +47,14 @@ def profile_counts(run, device: str) -> dict:
     top_ops = [e for e in events if e.name.startswith("aten::") and e.device_type != gpu
                and not inside_op(e)]
     names = collections.Counter(e.name for e in events if e.device_type != gpu)
-    return {
-        "ops": len(top_ops) / CYCLE,
-        "launches": sum(n for name, n in names.items()
-                        if name in ("cudaLaunchKernel", "cudaLaunchKernelExC")
-                        or name.startswith("cuLaunchKernel")) / CYCLE,
-        "syncs": {name: (names[name] - own[name]) / CYCLE for name in SYNCS
-                  if names[name] > own[name]},
-        "memcpy_async": names["cudaMemcpyAsync"] / CYCLE,
-        "gpu_us": sum(e.time_range.elapsed_us() for e in events if e.device_type == gpu)
-        / CYCLE,
-        "top_ops": collections.Counter(e.name for e in top_ops).most_common(12),
-    }
+    return {"ops": len(top_ops) / CYCLE,
+            "launches": sum(n for name, n in names.items() if name.startswith("cuLaunchKernel")
+                            or name in ("cudaLaunchKernel", "cudaLaunchKernelExC")) / CYCLE,
+            "syncs": {name: (names[name] - own[name]) / CYCLE for name in SYNCS
+                      if names[name] > own[name]},
+            "memcpy_async": names["cudaMemcpyAsync"] / CYCLE,
+            "gpu_us": sum(e.time_range.elapsed_us() for e in events if e.device_type == gpu)
+            / CYCLE, "top_ops": collections.Counter(e.name for e in top_ops).most_common(12)}
 
 
 def op_us(device: str, repeats: int) -> float:
@@ -97,13 +92,13 @@ def markdown(result: dict) -> list[str]:
 
 
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    args = parse(__doc__)
     repeats = 3 if args.quick else 15
     populations = (32,) if args.quick else (256, 65536)
     result = {"commit": commit(), "machine": machine(args.device), "quick": args.quick,
               "op_us": op_us(args.device, repeats),
               "rows": [row(v, p, args.device, repeats) for p in populations for v in FACTORIES]}
-    write(args, "gpu_profile", result, markdown(result))
+    write(args, "gpu_profile", result, markdown(result), header=False)
 
 
 if __name__ == "__main__":

@@ -39,8 +39,7 @@ class _Counter:
     """Wraps ``f``: counts calls, tracks the best value and stops the peer at the budget."""
 
     def __init__(self, f: Objective, budget: int):
-        self.f, self.budget = f, budget
-        self.evals, self.best = 0, math.inf
+        self.f, self.budget, self.evals, self.best = f, budget, 0, math.inf
         self.history: list[tuple[int, float]] = []
 
     def __call__(self, x) -> float:
@@ -146,11 +145,9 @@ def available() -> list[str]:
     """Names of the peers whose package imports here."""
     names = []
     for name in PEERS:
-        try:
+        with contextlib.suppress(Exception):  # any import failure: the peer is unavailable
             importlib.import_module(name.split(".")[0])
-        except Exception:  # any import failure just means the peer is unavailable
-            continue
-        names.append(name)
+            names.append(name)
     return names
 
 

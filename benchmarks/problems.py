@@ -29,11 +29,6 @@ SCHWEFEL_ARGMIN = 420.968746227503
 STYBLINSKI_TANG_ARGMIN = -2.903534027771178
 
 
-def _rotation(dim: int, generator: torch.Generator) -> torch.Tensor:
-    q, r = torch.linalg.qr(torch.randn(dim, dim, generator=generator, dtype=torch.float64))
-    return q * torch.sign(torch.diagonal(r))
-
-
 def shift_of(name: str, dim: int, generator: torch.Generator) -> torch.Tensor:
     """Where the optimum of ``name`` sits: uniform in the middle 80% of half the box."""
     return (torch.rand(dim, generator=generator, dtype=torch.float64) * 1.6 - 0.8) * (
@@ -54,8 +49,8 @@ def make(name: str, dim: int, seed: int, rotate: bool = False):
     if name not in BOXES:
         raise ValueError(f"unknown problem {name!r}; expected one of {sorted(BOXES)}")
     shift, signs, generator = _placement(name, dim, seed)
-    rot = (_rotation(dim, generator) if rotate and name in ROTATABLE
-           else torch.eye(dim, dtype=torch.float64))
+    q, r = torch.linalg.qr(torch.randn(dim, dim, generator=generator, dtype=torch.float64))
+    rot = q * torch.sign(torch.diagonal(r)) if rotate and name in ROTATABLE else torch.eye(dim)
     weights = 10 ** (6 * torch.arange(dim, dtype=torch.float64) / max(dim - 1, 1))
     schwefel_min = _schwefel_terms(torch.tensor(SCHWEFEL_ARGMIN, dtype=torch.float64))
     st_min = _styblinski_tang_terms(torch.tensor(STYBLINSKI_TANG_ARGMIN, dtype=torch.float64))
@@ -105,14 +100,11 @@ def optimum(name: str, dim: int, seed: int) -> torch.Tensor:
 
 # COCO's 24 noiseless BBOB functions (Hansen et al. 2009), by function number. The suite's
 # problems live in the box [-5, 5]^D; instance ``seed + 1`` places each seed's optimum.
-BBOB = {1: "sphere", 2: "ellipsoid-separable", 3: "rastrigin-separable",
-        4: "bueche-rastrigin", 5: "linear-slope", 6: "attractive-sector", 7: "step-ellipsoid",
-        8: "rosenbrock", 9: "rosenbrock-rotated", 10: "ellipsoid", 11: "discus",
-        12: "bent-cigar", 13: "sharp-ridge", 14: "different-powers", 15: "rastrigin",
-        16: "weierstrass", 17: "schaffer-f7", 18: "schaffer-f7-ill", 19: "griewank-rosenbrock",
-        20: "schwefel", 21: "gallagher-101", 22: "gallagher-21", 23: "katsuura",
-        24: "lunacek-bi-rastrigin"}
-BBOB_NAMES = [f"f{number:02d} {name}" for number, name in BBOB.items()]
+BBOB_NAMES = [f"f{number:02d} {name}" for number, name in enumerate((
+    "sphere ellipsoid-separable rastrigin-separable bueche-rastrigin linear-slope attractive-"
+    "sector step-ellipsoid rosenbrock rosenbrock-rotated ellipsoid discus bent-cigar sharp-ridge "
+    "different-powers rastrigin weierstrass schaffer-f7 schaffer-f7-ill griewank-rosenbrock "
+    "schwefel gallagher-101 gallagher-21 katsuura lunacek-bi-rastrigin").split(), start=1)]
 BBOB_BOX = 5.0
 
 
@@ -127,11 +119,7 @@ def make_bbob(name: str, dim: int, seed: int, offset: bool = False):
         raise ValueError(f"unknown BBOB problem {name!r}; expected one of {BBOB_NAMES}")
     problem = cocoex.BareProblem("bbob", int(name[1:3]), dim, seed + 1)
     shift = 0.0 if offset else problem.best_value()
-
-    def f(x) -> float:
-        return float(problem(x)) - shift
-
-    return f, (-BBOB_BOX, BBOB_BOX), problem.best_value() - shift
+    return lambda x: float(problem(x)) - shift, (-BBOB_BOX, BBOB_BOX), problem.best_value() - shift
 
 
 # The update scripts' problems (a shifted Rastrigin in a box and a small MLP classifier) and
@@ -170,8 +158,7 @@ def mlp_problem(widths: tuple[int, ...], samples: int, device: str):
 def started(variant: str, population: int, problem, core=fb, **extra):
     """``(opt, state)``: ``variant`` of ``core`` on a ``*_problem`` triple, after one update."""
     params, loss, settings = problem
-    if variant == "hybrid_bfo":
-        extra["grad_mask"] = True
+    extra = {"grad_mask": True, **extra} if variant == "hybrid_bfo" else extra
     opt = getattr(core, variant)(population_size=population, swim_length=SWIM,
                                  chemotaxis_steps=CYCLE, **settings, **extra)
     return opt, opt.update(opt.init(params, key=core.random.key(0)), loss)
@@ -204,9 +191,5 @@ def numpy_loss(f):
 def row_by_row(f) -> fb.evaluate.Evaluator:
     """An evaluator calling ``f`` on each row of the population (the ``loop()`` evaluator
     does the same through one ``loss_fn`` call per bacterium, more slowly)."""
-
-    def evaluate(loss_fn, population) -> torch.Tensor:
-        x = population["x"]
-        return torch.tensor([f(row) for row in x.detach().numpy()], dtype=x.dtype)
-
-    return evaluate
+    return lambda loss_fn, population: torch.tensor(
+        [f(row) for row in population["x"].detach().numpy()], dtype=population["x"].dtype)

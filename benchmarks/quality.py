@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from common import machine, parser, table, write
+from common import parse, table, write
 from peers import PEERS, available, run_peer
 from problems import BBOB_NAMES, BOXES, make, make_bbob, numpy_loss, row_by_row
 
@@ -87,10 +87,7 @@ def problem(suite: str, name: str, dim: int, seed: int, offset: bool = False) ->
     def loss(params):
         return plain(params) + optimum
 
-    def f(x: np.ndarray) -> float:
-        return float(loss({"x": torch.from_numpy(x)}))
-
-    return Problem(loss, f, box, None, optimum)
+    return Problem(loss, lambda x: float(loss({"x": torch.from_numpy(x)})), box, None, optimum)
 
 
 def run_ours(label: str, task: Problem, dim: int, seed: int, budget: int,
@@ -137,20 +134,18 @@ def summarize(runs: list[dict], labels: list[str], names: list[str], dims: list[
     """Median floored error per (optimizer, function, D), and the targets' verdicts."""
     latest = {(r["optimizer"], r["function"], r["dim"], r["seed"]): r for r in runs}
     cells, curves = {}, {}
-    for name in names:
-        for dim in dims:
-            cell = {}
-            for label in labels:
-                found = [latest.get((label, name, dim, s)) for s in range(seeds)]
-                if any(r is None for r in found):
-                    continue
-                errors = [max(r["error"], FLOOR) for r in found]
-                cell[label] = {"median": statistics.median(errors), "errors": errors,
-                               "seconds": sum(r["seconds"] for r in found)}
-                curves[f"{label}|{name}|{dim}"] = [
-                    statistics.median(max(r["curve"][k], FLOOR) for r in found)
-                    for k in range(len(FRACTIONS))]
-            cells[f"{name}|{dim}"] = cell
+    for name, dim in itertools.product(names, dims):
+        cell = cells[f"{name}|{dim}"] = {}
+        for label in labels:
+            found = [latest.get((label, name, dim, s)) for s in range(seeds)]
+            if any(r is None for r in found):
+                continue
+            errors = [max(r["error"], FLOOR) for r in found]
+            cell[label] = {"median": statistics.median(errors), "errors": errors,
+                           "seconds": sum(r["seconds"] for r in found)}
+            curves[f"{label}|{name}|{dim}"] = [
+                statistics.median(max(r["curve"][k], FLOOR) for r in found)
+                for k in range(len(FRACTIONS))]
     verdict = {}
     for label in labels:
         d10 = [math.log10(cells[f"{n}|10"][label]["median"]) for n in names
@@ -176,7 +171,7 @@ def summarize(runs: list[dict], labels: list[str], names: list[str], dims: list[
 
 
 def markdown(summary: dict, labels: list[str], names: list[str], dims: list[int], seeds: int,
-             budget_factor: int, info: dict, suite: str, offsets: bool = False) -> list[str]:
+             budget_factor: int, suite: str, offsets: bool = False) -> list[str]:
     what = ("COCO's 24 noiseless BBOB functions (`cocoex`, instance seed + 1, box [-5, 5])"
             + ("; the optimizers see COCO's values f(x), minimum f(x*) != 0, and the errors "
                "are f(x) - f(x*)" if offsets else "")
@@ -187,7 +182,7 @@ def markdown(summary: dict, labels: list[str], names: list[str], dims: list[int]
     lines = [f"# Quality vs peers: median error over {seeds} seeds at {budget_factor} x D "
              "evaluations", "",
              f"{what}; errors below {FLOOR:g} count as {FLOOR:g}; bold is the best median of "
-             f"the row. Machine: {info}"]
+             "the row."]
     def row(cell: dict) -> list[str]:
         best = min((c["median"] for c in cell.values()), default=None)
         return [("**{:.3g}**" if cell[x]["median"] == best else "{:.3g}").format(
@@ -223,40 +218,28 @@ def read_runs(log) -> list[dict]:
 
 
 def main() -> None:
-    p = parser(__doc__)
-    p.add_argument("--optimizers", nargs="*", help="run only these (default: all, peers installed)")
-    p.add_argument("--functions", nargs="*", help="run only these functions")
-    p.add_argument("--dims", nargs="*", type=int, help="run and report only these dimensions")
-    p.add_argument("--rerun", action="store_true", help="rerun runs already in the log")
-    p.add_argument("--report-only", action="store_true", help="only rebuild the tables")
-    p.add_argument("--suite", choices=["eight", "bbob"], default="eight",
-                   help="the eight textbook functions (default) or COCO's 24 BBOB functions")
-    p.add_argument("--at-zero", dest="offsets", action="store_false",
-                   help="hand the optimizers the errors f(x) - min f (minimum 0) instead of "
-                   "losses with an offset (COCO's f(x); the eight functions plus a constant); "
-                   "logged and reported apart, as quality[_bbob]_at_zero")
-    args = p.parse_args()
-    if args.device != "cpu":
-        p.error("quality.py compares final errors, which do not depend on the device: use cpu")
+    args = parse(__doc__, ("--optimizers", {"nargs": "*", "choices": [*OURS, *PEERS],
+                                                "help": "run only these (default: all)"}),
+                     ("--rerun", {"action": "store_true", "help": "rerun logged runs"}),
+                     ("--report-only", {"action": "store_true", "help": "rebuild the tables"}),
+                     ("--suite", {"choices": ["eight", "bbob"], "default": "eight"}),
+                     ("--at-zero", {"dest": "offsets", "action": "store_false", "help": "hand "
+                                    "the optimizers f(x) - min f, minimum 0 (module docstring)"}),
+                     cpu=True)
     torch.set_num_threads(1)
     seeds = 2 if args.quick else 5
     per_dim = 200 if args.quick else 2000  # evaluations per dimension; --quick: a smoke run
-    dims = args.dims or ([2, 5] if args.quick else [2, 10, 30])  # run and reported
-    names = list(BOXES) if args.suite == "eight" else BBOB_NAMES
-    names = names[:2] if args.quick else names
+    dims = [2, 5] if args.quick else [2, 10, 30]  # run and reported
+    names = (list(BOXES) if args.suite == "eight" else BBOB_NAMES)[:2 if args.quick else None]
     labels = list(OURS) + available()
     todo = args.optimizers if args.optimizers is not None else labels
-    unknown = sorted(set(todo) - set(OURS) - set(PEERS))
-    if unknown:
-        p.error(f"unknown optimizers {unknown}; expected some of {list(OURS) + list(PEERS)}")
     result_name = "quality" + ("_bbob" if args.suite == "bbob" else "") + (
         "" if args.offsets else "_at_zero")
     log = args.out / f"{result_name}{'_quick' if args.quick else ''}_runs.jsonl"
     args.out.mkdir(parents=True, exist_ok=True)
     done = set() if args.rerun else {(r["optimizer"], r["function"], r["dim"], r["seed"])
                                      for r in read_runs(log)}
-    planned = [] if args.report_only else itertools.product(args.functions or names, dims,
-                                                             todo, range(seeds))
+    planned = [] if args.report_only else itertools.product(names, dims, todo, range(seeds))
     for name, dim, label, seed in planned:
         if (label, name, dim, seed) in done:
             continue
@@ -272,12 +255,9 @@ def main() -> None:
     logged = {r["optimizer"] for r in runs}
     labels += [name for name in PEERS if name in logged and name not in labels]
     summary = summarize(runs, labels, names, dims, seeds)
-    info = machine("cpu")
-    result = {"quick": args.quick, "suite": args.suite, "offsets": args.offsets,
-              "machine": info, "dims": dims,
-              "seeds": seeds,
+    result = {"suite": args.suite, "offsets": args.offsets, "dims": dims, "seeds": seeds,
               "budget_per_dim": per_dim, "floor": FLOOR, "fractions": FRACTIONS, **summary}
-    write(args, result_name, result, markdown(summary, labels, names, dims, seeds, per_dim, info,
+    write(args, result_name, result, markdown(summary, labels, names, dims, seeds, per_dim,
                                               args.suite, args.offsets))
 
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 import torch
-from common import machine, median_ms, parser, peak_mb, table, write
+from common import median_ms, parse, peak_mb, table, write
 from problems import FACTORIES, mlp_problem, rastrigin_problem
 
 import functional_bfo as fb
@@ -35,8 +35,7 @@ def _proc_kib(field: str) -> int:
 def peak_mib(run) -> float | None:
     """Memory one call of ``run`` adds at its peak on the CPU, in MiB: the peak resident set
     (VmHWM, reset through /proc/self/clear_refs) over the resident set before the call; only
-    meaningful in a process that has not yet freed anything larger (``peak_mib_cpu_fresh``).
-    """
+    meaningful in a process that has not yet freed anything larger (``--child-peak``)."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM to the current resident set
@@ -45,13 +44,6 @@ def peak_mib(run) -> float | None:
     base = _proc_kib("VmRSS")
     run()
     return (_proc_kib("VmHWM") - base) / 1024
-
-
-def peak_mib_cpu_fresh(spec: dict) -> float | None:
-    """``peak_mib`` of one CPU update measured in a fresh Python process."""
-    out = subprocess.run([sys.executable, __file__, "--child-peak", json.dumps(spec)],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _updater(spec: dict, device: str):
@@ -67,13 +59,16 @@ def _updater(spec: dict, device: str):
 
 
 def _timed(spec: dict, repeats: int, device: str):
-    """(state after one update, median ms of an update from it, its peak MiB) for a spec."""
+    """(state after one update, median ms of an update from it, its peak MiB) for a spec; the
+    CPU's peak in a fresh Python process."""
     state, opt, loss = _updater(spec, device)
     state = opt.update(state, loss)
     ms = median_ms(lambda: opt.update(state, loss), repeats, device)
-    peak = (peak_mb(lambda: opt.update(state, loss), device) if device.startswith("cuda")
-            else peak_mib_cpu_fresh(spec))
-    return state, ms, peak
+    if device.startswith("cuda"):
+        return state, ms, peak_mb(lambda: opt.update(state, loss), device)
+    child = subprocess.run([sys.executable, __file__, "--child-peak", json.dumps(spec)],
+                           capture_output=True, text=True, check=True)
+    return state, ms, json.loads(child.stdout.strip().splitlines()[-1])
 
 
 def measure(variant: str, population: int, dim: int, repeats: int, device: str) -> dict:
@@ -87,18 +82,6 @@ def measure(variant: str, population: int, dim: int, repeats: int, device: str) 
             "evals_per_s": population * 5 / (ms / 1e3), "peak_mib": peak}
 
 
-def device_memory_mib(device: str) -> float:
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_properties(device).total_memory / 2**20
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
-
-
-def measure_chunks(population: int, chunk_size: int | None, repeats: int, device: str) -> dict:
-    spec = {"problem": "mlp", "population": population, "chunk_size": chunk_size}
-    _, ms, peak = _timed(spec, repeats, device)
-    return {"population": population, "chunk_size": chunk_size, "ms": ms, "peak_mib": peak}
-
-
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--child-peak":  # one fresh-process CPU peak
         spec = json.loads(sys.argv[2])
@@ -109,27 +92,28 @@ def main() -> None:
         state, opt, loss = _updater(spec, "cpu")
         print(json.dumps(peak_mib(lambda: opt.update(state, loss))))
         return
-    args = parser(__doc__).parse_args()
+    args = parse(__doc__)
     device = args.device
-    populations = [16] if args.quick else [16, 64, 256, 1024, 4096]
-    dims = [] if args.quick else [10, 100, 1_000, 10_000, 100_000]
-    variants = ["bfo"] if args.quick else ["bfo", "adaptive_bfo"]
-    repeats = 3 if args.quick else 10
+    populations, dims = ([16], []) if args.quick else ([16, 64, 256, 1024, 4096],
+                                                       [10, 100, 1_000, 10_000, 100_000])
+    variants, repeats = (["bfo"], 3) if args.quick else (["bfo", "adaptive_bfo"], 10)
     rows = [measure(v, p, 30, repeats, device) for v in variants for p in populations]
     rows += [measure(v, 64, d, repeats, device) for v in variants for d in dims]
     chunk_population = 16 if args.quick else 1024
-    chunk_sizes = [None, 4] if args.quick else [None, 256, 64, 16]
-    chunks = [measure_chunks(chunk_population, c, 3, device) for c in chunk_sizes]
+    chunks = []
+    for c in [None, 4] if args.quick else [None, 256, 64, 16]:
+        spec = {"problem": "mlp", "population": chunk_population, "chunk_size": c}
+        _, ms, peak = _timed(spec, 3, device)
+        chunks.append({**spec, "ms": ms, "peak_mib": peak})
     whole = chunks[0]
     per_bacterium = whole["peak_mib"] / chunk_population if whole["peak_mib"] else None
-    capacity = device_memory_mib(device)
-    result = {"machine": machine(device), "quick": args.quick, "rows": rows,
-              "chunks": chunks, "chunk_peak_mib_per_bacterium": per_bacterium,
-              "device_memory_mib": capacity,
-              "unchunked_population_limit": (int(capacity / per_bacterium)
-                                             if per_bacterium else None)}
+    capacity = (torch.cuda.get_device_properties(device).total_memory if device.startswith("cuda")
+                else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / 2**20
+    result = {"rows": rows, "chunks": chunks, "chunk_peak_mib_per_bacterium": per_bacterium,
+              "device_memory_mib": capacity, "unchunked_population_limit": (
+                  int(capacity / per_bacterium) if per_bacterium else None)}
     md = [f"# Scaling of one eager update ({device})", "", "Shifted Rastrigin, swim length 4 "
-          f"(5 evaluations per bacterium per update). Machine: {result['machine']}", ""]
+          "(5 evaluations per bacterium per update).", ""]
     md += table("variant | P | D | ms / update | evaluations/s | update / floor | peak MiB", [
         [r["variant"], r["population"], r["dim"], f"{r['ms']:.2f}", f"{r['evals_per_s']:,.0f}",
          f"{r['over_floor']:.1f}", "n/a" if r["peak_mib"] is None else f"{r['peak_mib']:.2f}"]

@@ -23,7 +23,7 @@ import time
 import numpy as np
 import peers
 import torch
-from common import compile_cold, machine, parser, sync, table, timed, write
+from common import parse, sync, table, timed, write
 from problems import BOXES, shift_of
 
 import functional_bfo as fb
@@ -33,30 +33,22 @@ BOX = (-BOXES["rastrigin"], BOXES["rastrigin"])
 
 
 def rastrigin_pair(dim: int, seed: int, device: str):
-    """The same shifted Rastrigin as a torch loss on {"x": ...} and as a numpy function."""
+    """The same shifted Rastrigin as a torch loss on {"x": ...} (of one candidate, or of a batch:
+    a leading axis) and as a numpy function."""
     shift = shift_of("rastrigin", dim, torch.Generator().manual_seed(seed))
     shift_np, shift_t = shift.numpy(), shift.to(device=device, dtype=torch.float32)
 
-    def torch_loss(params):  # of one candidate, or of a batch (a leading axis)
-        z = params["x"] - shift_t
-        return 10 * dim + (z.square() - 10 * torch.cos(2 * math.pi * z)).sum(-1)
+    def rastrigin(z, xp):
+        return 10 * dim + (z * z - 10 * xp.cos(2 * math.pi * z)).sum(-1)
 
-    def numpy_loss(x: np.ndarray) -> float:
-        z = x - shift_np
-        return float(10 * dim + (z * z - 10 * np.cos(2 * math.pi * z)).sum())
-
-    return torch_loss, numpy_loss
+    return (lambda params: rastrigin(params["x"] - shift_t, torch),
+            lambda x: float(rastrigin(x - shift_np, np)))
 
 
 def whole_population(loss_fn, population, *args):
     """An evaluator for a loss written for a batch, as EvoX's ``Problem`` takes it: one call
     on every candidate (a leading axis on each leaf), no ``vmap``."""
     return loss_fn(population, *args)
-
-
-def time_to(history: list[tuple[int, float, float]], target: float) -> float | None:
-    """Seconds until the best reached ``target`` (history of (evals, best, seconds))."""
-    return next((s for _, b, s in history if b <= target), None)
 
 
 def row(name: str, kind: str, history: list[tuple[int, float, float]],
@@ -80,7 +72,7 @@ def steady(step, steps: int, per_step: int, device: str) -> list[tuple[int, floa
             for k, b in enumerate(torch.stack(bests).tolist(), start=1)]
 
 
-def run_ours(name: str, factory, loss, dim, population, budget, device, compiled: bool) -> dict:
+def run_ours(name: str, factory, loss, dim, population, budget, device, compiled=False) -> dict:
     """Our update in a plain loop, eager or compiled."""
     opt = factory(population_size=population, bounds=BOX)
     state = opt.init({"x": torch.zeros(dim, device=device)}, key=fb.random.key(0))
@@ -110,12 +102,10 @@ def run_adapter(name: str, loss, dim, population, budget, device, fast: bool) ->
     x = torch.nn.Parameter(torch.zeros(dim, device=device))
     opt = BFO([x], population_size=population, seed=0, reevaluate=False, bounds=BOX)
 
-    def closure():
-        return loss({"x": x}).item()
-
     history, start = [], time.perf_counter()
     while opt.num_evals < budget:
-        best = opt.step(loss_fn=lambda p: loss({"x": p[0]})) if fast else opt.step(closure)
+        best = (opt.step(loss_fn=lambda p: loss({"x": p[0]})) if fast
+                else opt.step(lambda: loss({"x": x}).item()))
         history.append((opt.num_evals, best, time.perf_counter() - start))
     return row(name, "ours", history)
 
@@ -161,11 +151,10 @@ def eager_against_evox(loss, dim: int, population: int, budget: int, device: str
     batched = functools.partial(fb.bfo, evaluator=whole_population)
     for _ in range(repeats):
         for name, row in (
-                ("ours", run_ours("fb.bfo eager", fb.bfo, loss, dim, population, budget,
-                                  device, False)),
+                ("ours", run_ours("fb.bfo eager", fb.bfo, loss, dim, population, budget, device)),
                 ("ours_run", run_driver(loss, dim, population, budget, device)),
                 ("ours_batched", run_ours("fb.bfo eager, batched loss", batched, loss, dim,
-                                          population, budget, device, False)),
+                                          population, budget, device)),
                 ("evox", run_evox("evox PSO eager", dim, population, budget, device, False))):
             rates[name].append(row["evals"] / row["seconds"])
     ratios = {"ratio" + name.removeprefix("ours"): statistics.median(
@@ -184,46 +173,36 @@ def run_peer(name: str, numpy_loss, dim, population, budget) -> dict:
 
 
 def main() -> None:
-    compile_cold()
-    p = parser(__doc__)
-    p.add_argument("--target", type=float, default=None,
-                   help="time-to-target threshold (default: 0.6 x the start loss)")
-    args = p.parse_args()
+    args = parse(__doc__, cold=True)
     dim, population = (10, 32) if args.quick else (30, 256)
     budget = 2_000 if args.quick else 40_000
     device = args.device
     loss, numpy_loss = rastrigin_pair(dim, 0, device)
     start_loss = numpy_loss(np.zeros(dim))
-    target = args.target if args.target is not None else 0.6 * start_loss
+    target = 0.6 * start_loss  # the time-to-target threshold
     ours = functools.partial(run_ours, loss=loss, dim=dim, population=population,
                              budget=budget, device=device)
     rows = [
-        ours("fb.bfo eager", fb.bfo, compiled=False),
-        ours("fb.bfo eager, swim_batch=5", functools.partial(fb.bfo, swim_batch=5),
-             compiled=False),  # the whole swim ray in one call
-        ours("fb.bfo eager, batched loss", functools.partial(fb.bfo, evaluator=whole_population),
-             compiled=False),
+        ours("fb.bfo eager", fb.bfo),
+        ours("fb.bfo eager, swim_batch=5", functools.partial(fb.bfo, swim_batch=5)),  # one call
+        ours("fb.bfo eager, batched loss", functools.partial(fb.bfo, evaluator=whole_population)),
         ours("fb.bfo compiled", fb.bfo, compiled=True),
         ours("fb.adaptive_bfo compiled", fb.adaptive_bfo, compiled=True),
-    ]
-    rows += [
         run_adapter("adapters.BFO fast path", loss, dim, population, budget, device, True),
         run_adapter("adapters.BFO closure", loss, dim, population,
-                    budget // (10 if not args.quick else 1), device, False),
-    ]
+                    budget // (10 if not args.quick else 1), device, False)]
     rows += [run_peer(name, numpy_loss, dim, population, budget) for name in peers.available()]
     if importlib.util.find_spec("evox") is not None:  # a torch peer: eager and compiled
         rows += [run_evox(f"evox PSO {mode}", dim, population, budget, device, mode == "compiled")
                  for mode in ("eager", "compiled")]
     for r in rows:
         r["evals_per_s"] = r["evals"] / r["seconds"]
-        r["seconds_to_target"] = time_to(r["history"], target)
+        r["seconds_to_target"] = next((s for _, b, s in r["history"] if b <= target), None)
     bfo_peers = [r for r in rows if r["kind"] == "bfo peer"]
     fastest = max(bfo_peers, key=lambda r: r["evals_per_s"]) if bfo_peers else None
     for r in rows:
         r["x_fastest_bfo_peer"] = r["evals_per_s"] / fastest["evals_per_s"] if fastest else None
-    result = {"machine": machine(device), "quick": args.quick, "dim": dim,
-              "population": population, "budget": budget, "target": target,
+    result = {"dim": dim, "population": population, "budget": budget, "target": target,
               "fastest_bfo_peer": fastest["name"] if fastest else None,
               "rows": [{k: v for k, v in r.items() if k != "history"} for r in rows],
               # Every improvement of every run would be 100s of KB: 100 points each.
@@ -233,7 +212,7 @@ def main() -> None:
           f"{population}, {budget} evaluations each (the adapter's closure path "
           f"{budget // (1 if args.quick else 10)}; our updates at least 100); target "
           f"{target:.1f} (start {start_loss:.1f}). Peers run on the CPU with a numpy "
-          f"objective. Machine: {result['machine']}", ""]
+          "objective.", ""]
     md += table("optimizer | evaluations/s | x fastest BFO peer | best | s to target | "
                 "compile s", [
                     [r["name"], f"{r['evals_per_s']:,.0f}", "" if r["x_fastest_bfo_peer"] is None

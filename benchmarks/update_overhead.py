@@ -12,8 +12,7 @@ eager update against the population plus one call.
 worktree add /tmp/old v0.3``; both draw with this checkout's ``random``), update for update in
 one process, eager and compiled: the cost of a change to the update itself.
 
-    python benchmarks/update_overhead.py [--quick] [--device cuda] [--variants bfo,...]
-                                         [--baseline ROOT]
+    python benchmarks/update_overhead.py [--quick] [--device cuda] [--baseline ROOT]
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import pathlib
 
 import optree
 import torch
-from common import baseline, compile_cold, machine, paired_ms, parser, peak_mb, table, timed, write
+from common import baseline, paired_ms, parse, peak_mb, table, timed, write
 from problems import CYCLE, SWIM, cycle, evaluation, mlp_problem, rastrigin_problem, started
 
 import functional_bfo as fb
@@ -99,27 +98,22 @@ def against(args, problems, variants, repeats) -> None:
                 row[mode] = {"baseline_ms": base_ms / CYCLE, "ours_ms": ours_ms / CYCLE,
                              "ratio": ratio}
             rows.append(row)
-    result = {"machine": machine(args.device), "quick": args.quick, "baseline": subject,
-              "rows": rows}
     md = [f"# Update time: this checkout's core against `{subject}` ({args.device})", "",
-          f"Machine: {result['machine']}", "", "Per update over chained updates, the two "
-          "cores back to back in one process; ratio: median of per-repeat ours / baseline.", ""]
+          "Per update over chained updates, the two cores back to back in one process; ratio: "
+          "median of per-repeat ours / baseline.", ""]
     md += table("problem | variant | P | eager baseline ms | eager ours ms | eager ratio | "
                 "compiled baseline ms | compiled ours ms | compiled ratio",
                 [[r["problem"], r["variant"], r["population"]] + [
                     f"{r[m][k]:.3f}" for m in ("eager", "compiled")
                     for k in ("baseline_ms", "ours_ms", "ratio")] for r in rows])
-    write(args, "update_overhead_baseline", result, md)
+    write(args, "update_overhead_baseline", {"baseline": subject, "rows": rows}, md)
 
 
 def main() -> None:
-    compile_cold()
-    p = parser(__doc__)
-    p.add_argument("--variants", default="bfo,adaptive_bfo,hybrid_bfo")
-    p.add_argument("--baseline", type=pathlib.Path, help="a checkout whose core to compare")
-    args = p.parse_args()
+    args = parse(__doc__, ("--baseline", {
+        "type": pathlib.Path, "help": "a checkout whose core to compare"}), cold=True)
     device = args.device
-    variants = ["bfo"] if args.quick else args.variants.split(",")
+    variants = ["bfo"] if args.quick else ["bfo", "adaptive_bfo", "hybrid_bfo"]
     modes = ["eager", "compiled"] + (["reduce-overhead"] if device.startswith("cuda") else [])
     repeats = 3 if args.quick else 30
     problems = ([("rastrigin-10", 16, rastrigin_problem(10, device))] if args.quick else
@@ -130,9 +124,7 @@ def main() -> None:
         return against(args, problems, variants, repeats)
     rows = [time_update(name, v, pop, prob, repeats, device, modes)
             for name, pop, prob in problems for v in variants]
-    result = {"machine": machine(device), "quick": args.quick, "updates": rows}
     md = [f"# Update overhead vs the vmapped-evaluation floor ({device})", "",
-          f"Machine: {result['machine']}", "",
           "Each ratio divides by the floor run the same way (N_s + 1 evaluation calls), as the "
           "median of per-repeat ratios, floor and update back to back; times per update over "
           f"{CYCLE} chained updates. `eager ray`: `swim_batch=N_s + 1`; `1-call floor`: its "
@@ -150,7 +142,7 @@ def main() -> None:
            f"{r['compiled_compile_s']:.1f}", f"{r['floor_peak_mb']:.3f}"]
         + [f"{r[f'{m}_peak_mb']:.3f}" if f"{m}_peak_mb" in r else "n/a" for m in modes]
         for r in rows])
-    write(args, "update_overhead", result, md)
+    write(args, "update_overhead", {"updates": rows}, md)
 
 
 if __name__ == "__main__":
