@@ -52,9 +52,8 @@ def run(
         loss_fn: ``loss_fn(params, *args) -> 0-d tensor``.
         *args: data passed to every ``loss_fn`` call.
         max_evals: stop before an update could take ``state.num_evals`` past this (the
-            first update runs unless ``state.num_evals`` is already there, to learn how many
-            evaluations one update costs; with a varying active population the next update
-            is assumed to use every slot).
+            first update runs unless the budget is spent, to learn what an update costs; with
+            a varying active population the next update is assumed to use every slot).
         max_steps: stop after this many updates.
         target_loss: stop once the best loss reaches it (``<=``, or ``>=`` when maximizing).
         patience: stop after this many updates without the best improving by ``min_delta``.
