@@ -175,8 +175,7 @@ def main() -> None:
         "nargs": "*", "default": ["fb.black_box"], "choices": list(RUNNERS)}), ("--jobs", {
         "type": int, "default": os.cpu_count() or 1, "help": "processes (default: every core)"}),
         cpu=True)
-    dims = [2] if args.quick else [2, 3, 5, 10, 20]
-    budget_per_dim = 200 if args.quick else BUDGET_PER_DIM
+    dims, budget_per_dim = ([2], 200) if args.quick else ([2, 3, 5, 10, 20], BUDGET_PER_DIM)
     selection = f"dimensions: {','.join(map(str, dims))} instance_indices: " + (
         "1-2" if args.quick else "1-15")
     # The multimodal functions first: they seldom stop at the final target, so take longest.

@@ -93,8 +93,7 @@ def markdown(result: dict) -> list[str]:
 
 def main() -> None:
     args = parse(__doc__)
-    repeats = 3 if args.quick else 15
-    populations = (32,) if args.quick else (256, 65536)
+    repeats, populations = (3, (32,)) if args.quick else (15, (256, 65536))
     result = {"commit": commit(), "machine": machine(args.device), "quick": args.quick,
               "op_us": op_us(args.device, repeats),
               "rows": [row(v, p, args.device, repeats) for p in populations for v in FACTORIES]}

@@ -83,9 +83,8 @@ def make(name: str, dim: int, seed: int, rotate: bool = False):
 
 def _placement(name: str, dim: int, seed: int):
     generator = torch.Generator().manual_seed(seed)
-    shift = shift_of(name, dim, generator)
-    signs = 1 - 2 * (torch.rand(dim, generator=generator, dtype=torch.float64) < 0.5).double()
-    return shift, signs, generator
+    return shift_of(name, dim, generator), 1 - 2 * (  # the shift, then the signs
+        torch.rand(dim, generator=generator, dtype=torch.float64) < 0.5).double(), generator
 
 
 def optimum(name: str, dim: int, seed: int) -> torch.Tensor:

@@ -123,8 +123,7 @@ def run_ours(label: str, task: Problem, dim: int, seed: int, budget: int,
 
 
 def run_other(label: str, task: Problem, dim: int, seed: int, budget: int) -> dict:
-    low, high = task.box
-    out = run_peer(label, task.f, dim, low, high, budget, None, seed)
+    out = run_peer(label, task.f, dim, *task.box, budget, None, seed)
     return {"error": out["best"] - task.optimum, "evals": out["evals"],
             "seconds": out["seconds"], "curve": _curve(out["history"], budget, task.optimum)}
 
@@ -227,8 +226,7 @@ def main() -> None:
                                     "the optimizers f(x) - min f, minimum 0 (module docstring)"}),
                      cpu=True)
     torch.set_num_threads(1)
-    seeds = 2 if args.quick else 5
-    per_dim = 200 if args.quick else 2000  # evaluations per dimension; --quick: a smoke run
+    seeds, per_dim = (2, 200) if args.quick else (5, 2000)  # per_dim: evaluations per dimension
     dims = [2, 5] if args.quick else [2, 10, 30]  # run and reported
     names = (list(BOXES) if args.suite == "eight" else BBOB_NAMES)[:2 if args.quick else None]
     labels = list(OURS) + available()

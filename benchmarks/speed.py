@@ -51,8 +51,7 @@ def whole_population(loss_fn, population, *args):
     return loss_fn(population, *args)
 
 
-def row(name: str, kind: str, history: list[tuple[int, float, float]],
-        compile_s: float = 0.0) -> dict:
+def row(name: str, kind: str, history: list, compile_s: float = 0.0) -> dict:
     """A table row from a run's history of (evals, best, seconds), its last entry the end."""
     evals, best, seconds = history[-1]
     return {"name": name, "kind": kind, "evals": evals, "seconds": seconds, "best": best,
@@ -174,8 +173,7 @@ def run_peer(name: str, numpy_loss, dim, population, budget) -> dict:
 
 def main() -> None:
     args = parse(__doc__, cold=True)
-    dim, population = (10, 32) if args.quick else (30, 256)
-    budget = 2_000 if args.quick else 40_000
+    dim, population, budget = (10, 32, 2_000) if args.quick else (30, 256, 40_000)
     device = args.device
     loss, numpy_loss = rastrigin_pair(dim, 0, device)
     start_loss = numpy_loss(np.zeros(dim))

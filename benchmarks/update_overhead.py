@@ -113,9 +113,8 @@ def main() -> None:
     args = parse(__doc__, ("--baseline", {
         "type": pathlib.Path, "help": "a checkout whose core to compare"}), cold=True)
     device = args.device
-    variants = ["bfo"] if args.quick else ["bfo", "adaptive_bfo", "hybrid_bfo"]
+    variants, repeats = (["bfo"], 3) if args.quick else (["bfo", "adaptive_bfo", "hybrid_bfo"], 30)
     modes = ["eager", "compiled"] + (["reduce-overhead"] if device.startswith("cuda") else [])
-    repeats = 3 if args.quick else 30
     problems = ([("rastrigin-10", 16, rastrigin_problem(10, device))] if args.quick else
                 [("rastrigin-30", 256, rastrigin_problem(30, device)),
                  ("mlp-64-128-10", 64, mlp_problem((64, 128, 10), 256, device))])
