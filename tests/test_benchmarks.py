@@ -29,7 +29,8 @@ QUICK = {"adapter_paths.py": "adapter_paths_quick",
          "quality.py": "quality_quick",
          "quality.py --suite bbob": "quality_bbob_quick",
          "coco.py": "coco_quick",
-         "black_box_speed.py": "black_box_speed_quick"}
+         "black_box_speed.py": "black_box_speed_quick",
+         "integrations.py": "integrations_quick"}
 
 
 @pytest.fixture(scope="module")
