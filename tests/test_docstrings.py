@@ -44,7 +44,8 @@ def test_the_examples_of_each_adapter_module_run(name):
 
 
 def test_every_module_with_examples_is_found():
-    assert {"optimizers", "fastai", "loggers", "_candidates", "scipy", "optuna", "nevergrad"} <= set(MODULES)
+    assert {"optimizers", "fastai", "loggers", "_candidates", "scipy", "optuna",
+            "nevergrad"} <= set(MODULES)
 
 
 def test_the_scipy_example_of_the_integrations_page_runs():
