@@ -79,7 +79,7 @@ def study(sampler: str, name: str, checkpoints: list[int], seed: int) -> tuple[l
 
 def nevergrad_run(name: str, function: str, dim: int, budget: int, seed: int) -> float | str:
     """The best loss ``name`` evaluated (as ``peers.py`` counts; nevergrad's recommendation,
-    for CMA its mean, can be worse), or why the run failed."""
+    for CMA its latest restart's best, can be worse), or why the run failed."""
     func = ArtificialFunction(function, block_dimension=dim)
     func.parametrization.random_state.seed(seed)  # draws the translation
     param = ng.p.Array(shape=(dim,))
