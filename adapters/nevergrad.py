@@ -34,9 +34,10 @@ class _BlackBoxBFO(base.Optimizer):
         settings = {k: v for k, v in given.items() if v is not None}
         rows_per_round = settings.get("swim_length", 1) + 1
         settings.setdefault("population_size", max(8, -(-num_workers // rows_per_round)))
+        round_size = settings["population_size"] * rows_per_round  # a budget below it: one round
         self._search: Any = fb.black_box_search(  # its ask and tell are never None
             (torch.zeros(size, dtype=torch.float64), torch.ones(size, dtype=torch.float64)),
-            max_evals=budget or BUDGET_PER_DIM * size, **settings)
+            max_evals=max(budget or BUDGET_PER_DIM * size, round_size), **settings)
         self._state: Any = None  # drawn at the first ask, from the parametrization's seed
         self._searches, self.spares = 0, 0  # spares: asked past the open round, not searched
         self._holders: dict[str, int] = {}  # candidate uid -> its row of the open round

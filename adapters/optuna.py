@@ -76,7 +76,13 @@ class BlackBoxSampler(optuna.samplers.BaseSampler):
             raise ValueError(f"Invalid n_trials: {n_trials!r}; expected an int >= 1, the trials "
                              "of one search.")
         self._n_trials, self._seed, self._settings = n_trials, seed, settings
-        fb.black_box_search((0.0, 1.0), max_evals=n_trials, **settings)  # bad settings fail now
+        try:  # bad settings fail here, not at the first trial
+            fb.black_box_search((0.0, 1.0), max_evals=n_trials, **settings)
+        except ValueError as error:  # a budget below one round: say it of n_trials
+            if not str(error).startswith("Invalid max_evals"):
+                raise
+            raise ValueError(f"Invalid n_trials: {n_trials};{str(error).split(';', 1)[1]}"
+                             ) from None
         self._independent = independent_sampler or optuna.samplers.RandomSampler(seed=seed)
         self._warn = warn_independent_sampling
         self._lock = threading.RLock()

@@ -107,6 +107,11 @@ def test_nan_and_infinite_losses_are_the_worst():
     assert bowl(best.value) - 10 < 1e-6
 
 
+def test_a_budget_below_one_round_runs_that_round():
+    opt = optimizer(ng.p.Array(shape=(2,), lower=-5, upper=5), budget=10)
+    assert opt.minimize(bowl) is not None and opt.num_tell == 10
+
+
 def test_a_spare_or_unasked_tell_leaves_the_search_alone():
     opt = optimizer(ng.p.Array(shape=(2,), lower=-5, upper=5), budget=400)
     first = opt.ask()

@@ -232,6 +232,7 @@ def test_without_a_search_space_the_first_completed_trial_fixes_it():
     (dict(search_space={"k": CategoricalDistribution([1, 2])}), ValueError, "no float or int"),
     (dict(search_space=[("x", FloatDistribution(0, 1))]), TypeError, "a dict of parameter"),
     (dict(search_space=SPACE, n_trials=0), ValueError, "Invalid n_trials"),
+    (dict(search_space=SPACE, n_trials=10), ValueError, "Invalid n_trials: 10; one update"),
     (dict(search_space=SPACE, population_size=0), ValueError, "population_size"),
 ])
 def test_bad_settings_fail_at_construction(kwargs, error, match):
