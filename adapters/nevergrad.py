@@ -81,7 +81,7 @@ class _BlackBoxBFO(base.Optimizer):
         self._untold.discard(row)
         if self._untold:
             return
-        self._state = self._search.tell(self._state, self._open, self._losses)
+        self._state = self._search.tell(self._state, self._open, self._losses, check=False)
         if self._state.phase == "done":
             self._begin(self._state.best_row.numpy().copy())
         else:

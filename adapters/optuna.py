@@ -291,7 +291,7 @@ class _Ledger:
                 self.holders.pop(row, None)
             if self.open.any():
                 return
-            self.state = self.optimizer.tell(self.state, self.asked, self.costs)
+            self.state = self.optimizer.tell(self.state, self.asked, self.costs, check=False)
             if self.state.phase == "done":
                 self.search += 1
                 self.begin(self.state.best_row.numpy())
