@@ -245,3 +245,26 @@ def test_a_multi_objective_study_is_refused():
                                 sampler=BlackBoxSampler(SPACE, seed=0))
     with pytest.raises(ValueError, match="multi-objective"):
         study.optimize(lambda t: (objective(t), 1.0), n_trials=1)
+
+
+def test_the_optunahub_package_loads_and_its_example_runs(monkeypatch):
+    """examples/optunahub/black_box_bfo as optunahub.load_module would hand it over."""
+    import importlib.util
+    import pathlib
+    import types
+
+    folder = pathlib.Path(__file__).parents[1] / "examples" / "optunahub" / "black_box_bfo"
+    spec = importlib.util.spec_from_file_location("black_box_bfo", folder / "__init__.py")
+    package = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(package)
+    assert package.BlackBoxSampler is BlackBoxSampler
+    front = (folder / "README.md").read_text().split("---")[1]
+    assert {line.split(":")[0] for line in front.strip().splitlines()} == {
+        "author", "title", "description", "tags", "optuna_versions", "license"}
+    assert "sampler" in front and (folder / "LICENSE").exists()
+    hub = types.SimpleNamespace(load_module=lambda name: package)
+    monkeypatch.setitem(sys.modules, "optunahub", hub)
+    example = (folder / "example.py").read_text().replace("400", "40").replace("print(", "(")
+    space = {"__name__": "__main__"}
+    exec(compile(example, str(folder / "example.py"), "exec"), space)
+    assert len(space["study"].trials) == 40
