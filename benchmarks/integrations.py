@@ -23,7 +23,7 @@ import os
 import statistics
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import nevergrad as ng
 import numpy as np
@@ -122,7 +122,8 @@ def main() -> None:
     got = {}  # the overhead first, alone: each sampler in turn, a seed a repeat
     for s, x in itertools.product(seeds, labels):
         got["f01 sphere", x, s] = study(x, "f01 sphere", at, s)
-    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ThreadPoolExecutor(1) if args.quick else ProcessPoolExecutor(  # quick: no spawn cost
+            2, mp_context=multiprocessing.get_context("spawn")) as pool:
         jobs = {(name, x, s): pool.submit(study, x, name, n, s) for name, n in problems.items()
                 for x in labels for s in seeds if (name, x, s) not in got}
         jobs |= {(case, x, s): pool.submit(nevergrad_run, x, *case, s) for case in cases
