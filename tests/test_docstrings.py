@@ -48,50 +48,50 @@ def test_every_module_with_examples_is_found():
             "nevergrad"} <= set(MODULES)
 
 
+def run_example(page_name: str, marker: str, space: dict | None = None,
+                **replace: str) -> dict:
+    """Run the python block of ``docs/page_name`` that holds ``marker``, as a user pastes it
+    (``replace``: old text -> new, e.g. a smaller budget); return its names, and its text
+    as ``__example__``."""
+    page = pathlib.Path(__file__).parents[1] / "docs" / page_name
+    example = next(block for block in re.findall(r"```python\n(.*?)```", page.read_text(),
+                                                  re.S) if marker in block)
+    for old, new in replace.items():
+        example = example.replace(old, new)
+    space = {} if space is None else space
+    space["__example__"] = example
+    exec(compile(textwrap.dedent(example), str(page), "exec"), space)
+    return space
+
+
 def test_the_scipy_example_of_the_integrations_page_runs():
     """docs/integrations.md's minimize example, as a user pastes it (no torch in it)."""
-    page = pathlib.Path(__file__).parents[1] / "docs" / "integrations.md"
-    example = next(block for block in re.findall(r"```python\n(.*?)```", page.read_text(),
-                                                  re.S) if "adapters.scipy import" in block)
-    assert "torch" not in example
-    space: dict = {}
-    exec(compile(example, str(page), "exec"), space)
+    space = run_example("integrations.md", "adapters.scipy import")
+    assert "torch" not in space["__example__"]
     assert space["res"].fun - 7.0 < 1e-8 and space["res"].nfev <= 5000
 
 
 def test_the_optuna_example_of_the_integrations_page_runs():
     """docs/integrations.md's sampler example, as a user pastes it, four workers."""
     pytest.importorskip("optuna")
-    page = pathlib.Path(__file__).parents[1] / "docs" / "integrations.md"
-    example = next(block for block in re.findall(r"```python\n(.*?)```", page.read_text(),
-                                                  re.S) if "adapters.optuna import" in block)
-    space: dict = {}
-    exec(compile(example.replace("print(", "("), str(page), "exec"), space)
+    space = run_example("integrations.md", "adapters.optuna import", **{"print(": "("})
     best = space["study"].best_params
     assert best["layers"] == 3 and abs(best["dropout"] - 0.2) < 1e-9
     assert space["study"].best_value < 0.5 + 1e-3
 
 
 def test_the_nevergrad_example_of_the_integrations_page_runs():
-    """docs/integrations.md's registry example, as a user pastes it."""
+    """docs/integrations.md's registry example, as a user pastes it (a third of its budget)."""
     pytest.importorskip("nevergrad")
-    page = pathlib.Path(__file__).parents[1] / "docs" / "integrations.md"
-    example = next(block for block in re.findall(r"```python\n(.*?)```", page.read_text(),
-                                                  re.S) if "adapters import nevergrad" in block)
-    space: dict = {}
-    quick = example.replace("print(", "(").replace("budget=3000", "budget=1000")
-    exec(compile(quick, str(page), "exec"), space)
+    space = run_example("integrations.md", "adapters import nevergrad",
+                        **{"print(": "(", "budget=3000": "budget=1000"})
     best = space["best"]
     assert space["simulate"](*best.args, **best.kwargs) - 7.0 < 1e-4
 
 
 def test_the_vmap_over_seeds_recipe_of_the_concepts_page_runs():
     """docs/concepts.md's recipe, as a newcomer pastes it: eight runs, one best each."""
-    page = pathlib.Path(__file__).parents[1] / "docs" / "concepts.md"
-    recipe = next(block for block in re.findall(r"```python\n(.*?)```", page.read_text(),
-                                                 re.S) if "fb.random.split" in block)
-    space = {"torch": torch, "fb": fb}
-    exec(compile(textwrap.dedent(recipe), str(page), "exec"), space)
+    space = run_example("concepts.md", "fb.random.split", {"torch": torch, "fb": fb})
     assert space["states"].best_loss.shape == (8,)
     assert bool((space["states"].best_loss < space["loss_fn"](
         space["params"], space["x"], space["y"])).all())
