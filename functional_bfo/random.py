@@ -31,17 +31,17 @@ from torch import Tensor
 __all__ = ["CPU_KERNEL", "bits", "fold_in", "key", "normal", "normal_rows", "split", "threefry2x32",
            "tree_normal_like", "uniform"]
 
-_C: Any = None  # the C kernel's functions, called through ctypes on tensors' data pointers
+_CLIB: Any = None  # the C kernel's functions, called through ctypes on tensors' data pointers
 with contextlib.suppress(ImportError):  # built at install where a compiler is found (setup.py)
     if os.environ.get("FUNCTIONAL_BFO_CPU_KERNEL") != "numpy":  # numpy: chosen at run time
         from . import _threefry as _c_module  # type: ignore[attr-defined]  # built C, no stub
 
-        _C = ctypes.CDLL(_c_module.__file__)
-        _C.threefry2x32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 \
+        _CLIB = ctypes.CDLL(_c_module.__file__)
+        _CLIB.threefry2x32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 \
             + [ctypes.c_void_p] * 2 + [ctypes.c_int64]
-        _C.unit_rows.argtypes = [ctypes.c_int64] * 6 + [ctypes.c_void_p]
-        _C.threefry2x32.restype = _C.unit_rows.restype = None
-CPU_KERNEL = "c" if _C is not None else "numpy"
+        _CLIB.unit_rows.argtypes = [ctypes.c_int64] * 6 + [ctypes.c_void_p]
+        _CLIB.threefry2x32.restype = _CLIB.unit_rows.restype = None
+CPU_KERNEL = "c" if _CLIB is not None else "numpy"
 """Which kernel the CPU runs: ``"c"`` (built at install) or ``"numpy"`` (no compiler then, or
 ``FUNCTIONAL_BFO_CPU_KERNEL=numpy`` in the environment)."""
 
@@ -90,7 +90,7 @@ def _numpy_block(shape: tuple[int, ...], inputs: list[Tensor], strides: list[int
 def _c_block(shape: tuple[int, ...], inputs: list[Tensor], strides: list[int]
              ) -> tuple[Tensor, Tensor]:
     y0, y1 = torch.empty(shape, dtype=torch.int64), torch.empty(shape, dtype=torch.int64)
-    _C.threefry2x32(*(t.data_ptr() for t in inputs), *strides, y0.data_ptr(), y1.data_ptr(),
+    _CLIB.threefry2x32(*(t.data_ptr() for t in inputs), *strides, y0.data_ptr(), y1.data_ptr(),
                     y0.numel())
     return y0, y1
 
@@ -98,12 +98,12 @@ def _c_block(shape: tuple[int, ...], inputs: list[Tensor], strides: list[int]
 def _c_unit_rows(key: Tensor, counter: Tensor, rows: int, cols: int,
                  compute: torch.dtype) -> Tensor:
     out = torch.empty((rows, cols), dtype=compute)
-    _C.unit_rows(*key.tolist(), int(counter) & _MASK32, rows, cols, compute == torch.float64,
+    _CLIB.unit_rows(*key.tolist(), int(counter) & _MASK32, rows, cols, compute == torch.float64,
                  out.data_ptr())
     return out
 
 
-_CPU = SimpleNamespace(threefry=_numpy_block, unit_rows=None) if _C is None else \
+_CPU = SimpleNamespace(threefry=_numpy_block, unit_rows=None) if _CLIB is None else \
     SimpleNamespace(threefry=_c_block, unit_rows=_c_unit_rows)
 
 
