@@ -288,14 +288,15 @@ def adaptive_plan(static: AdaptiveSettings, state: Any, cycles: bool, steer=None
 
     slots = torch.arange(size, device=state.step.device)
     population, losses, step_sizes = state.population, state.losses, state.step_sizes
-    health, count, source = state.health, state.active_size, slots
-    dispersed = torch.zeros_like(slots, dtype=torch.bool)
+    health, count, source, dispersed = state.health, state.active_size, slots, None
     if cycles:  # else the driver knows that no cycle ends here (at_step)
         flag = cycle_ends(state.step, static.chemotaxis_steps)
         health = torch.where(flag, 0.0, health)
         if size > 1:  # reproduction copies a lone bacterium, and as the leader it stays
             population, losses, step_sizes, count, source, dispersed = cycle_event(
                 static, flag, state, slots, noise, best, box, dtype)
+    if dispersed is None:  # no event could fire: nobody dispersed (one op, only then)
+        dispersed = torch.zeros_like(slots, dtype=torch.bool)
     # Within the current bounds, the ceiling winning: a lowered step_size_max caps every step.
     step_sizes = step_sizes.clamp(hp.step_size_min, hp.step_size_max)
     cost = sign * losses  # NaN where never evaluated
