@@ -9,18 +9,21 @@ Every problem of COCO's noiseless ``bbob`` suite (24 functions x 15 instances) i
 triples reached, COCO's 51 targets 10^[-8..2] on f - f_opt; cocopp's ECDFs per D beside its
 best-2009 reference (a full run into ``benchmarks/results`` copies them to ``docs/figures``).
 ``--jobs`` processes (default: one per core) each run a function at a time (two on 2 cores:
-9 minutes). ``--quick``: f1 and f5, D = 2, two instances, 200 x D evaluations.
+12 minutes). ``--quick``: f1 and f5, D = 2, two instances, 200 x D evaluations. ``--functions
+I ...``: those alone, with runs solved and their median evaluations (``results/coco_fI_...``).
 
-    python benchmarks/coco.py [--quick] [--optimizers NAME ...] [--jobs N]
+    python benchmarks/coco.py [--quick] [--optimizers NAME ...] [--jobs N] [--functions I ...]
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pathlib
 import shutil
 import socket
+import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -51,20 +54,16 @@ def run_black_box(problem, f: Callable, seed: int, budget: int) -> None:
                  evaluator=row_by_row(f))
 
 
-def run_cma(problem, f: Callable, seed: int, budget: int) -> None:
-    """IPOP-CMA-ES as ``peers.py`` runs it (uniform starts in the box)."""
-    run_peer("cma.CMAES", f, problem.dimension, float(problem.lower_bounds[0]),
-             float(problem.upper_bounds[0]), budget, None, seed)
-
-
-RUNNERS = {"fb.black_box": run_black_box, "cma.CMAES": run_cma}
+RUNNERS = {"fb.black_box": run_black_box,  # and IPOP-CMA-ES as peers.py runs it:
+           "cma.CMAES": lambda problem, f, seed, budget: run_peer(
+               "cma.CMAES", f, problem.dimension, float(problem.lower_bounds[0]),
+               float(problem.upper_bounds[0]), budget, None, seed)}
 
 
 def experiment(name: str, selection: str, functions: list[int], folder: pathlib.Path,
                budget_per_dim: int, jobs: int) -> list[dict]:
-    """Every problem of the ``selection`` of ``functions`` run by optimizer ``name`` in
-    ``jobs`` processes, a function at a time, each observed into a folder of its own whose
-    files are then moved into ``folder``: one COCO data set, as one process writes."""
+    """``selection``'s problems of ``functions`` run by ``name`` in ``jobs`` processes, a function
+    at a time, each observed apart, then moved into ``folder``: one COCO data set."""
     parts = folder.with_name(folder.name + ".parts")
     for old in (parts, folder):
         shutil.rmtree(old, ignore_errors=True)  # else cocoex writes to <folder>-0001
@@ -103,10 +102,8 @@ def observed(name: str, selection: str, folder: pathlib.Path, per_dim: int) -> l
             return y
 
         started = time.perf_counter()
-        try:
+        with contextlib.suppress(_TargetHit):
             RUNNERS[name](problem, f, 10_000 * dim + 100 * function + instance, per_dim * dim)
-        except _TargetHit:
-            pass
         error = problem.best_observed_fvalue1 - optimum
         runs.append({"function": function, "dim": dim, "evals": problem.evaluations,
                      "seconds": time.perf_counter() - started,
@@ -123,11 +120,15 @@ def share(runs: list[dict]) -> float:
 
 
 def summarize(runs: list[dict]) -> dict:
-    return {"runs": len(runs), "reached": share(runs),
-            "solved": sum(r["targets_hit"] == len(TARGETS) for r in runs),
+    by_function = {f: [r for r in runs if r["function"] == f] for f in sorted(
+        {r["function"] for r in runs})}
+    solved = {f: [r["evals"] for r in rs if r["targets_hit"] == len(TARGETS)]
+              for f, rs in by_function.items()}
+    return {"runs": len(runs), "reached": share(runs), "solved": sum(map(len, solved.values())),
             "evals": sum(r["evals"] for r in runs), "seconds": sum(r["seconds"] for r in runs),
-            "reached_per_function": {f"f{f}": share([r for r in runs if r["function"] == f])
-                                     for f in sorted({r["function"] for r in runs})}}
+            "reached_per_function": {f"f{f}": share(rs) for f, rs in by_function.items()},
+            "solved_evals_per_function": {f"f{f}": [len(e), statistics.median(e) if e else None]
+                                          for f, e in solved.items()}}
 
 
 def ecdf_figures(folders: list[pathlib.Path], out: pathlib.Path, figures: pathlib.Path,
@@ -174,12 +175,13 @@ def main() -> None:
     args = parse(__doc__, ("--optimizers", {
         "nargs": "*", "default": ["fb.black_box"], "choices": list(RUNNERS)}), ("--jobs", {
         "type": int, "default": os.cpu_count() or 1, "help": "processes (default: every core)"}),
+        ("--functions", {"nargs": "*", "type": int, "help": "only these (module docstring)"}),
         cpu=True)
     dims, budget_per_dim = ([2], 200) if args.quick else ([2, 3, 5, 10, 20], BUDGET_PER_DIM)
     selection = f"dimensions: {','.join(map(str, dims))} instance_indices: " + (
         "1-2" if args.quick else "1-15")
     # The multimodal functions first: they seldom stop at the final target, so take longest.
-    functions = [1, 5] if args.quick else list(range(24, 0, -1))
+    functions = [1, 5] if args.quick else args.functions or list(range(24, 0, -1))
     summary, folders, wall = {}, [], {}
     for name in args.optimizers:
         folders.append(args.out / "coco" / name)
@@ -187,15 +189,20 @@ def main() -> None:
         runs = experiment(name, selection, functions, folders[-1], budget_per_dim, args.jobs)
         wall[name] = time.perf_counter() - started
         summary[name] = {dim: summarize([r for r in runs if r["dim"] == dim]) for dim in dims}
-    to_docs = not args.quick and args.out.resolve() == RESULTS.resolve()
+    to_docs = not (args.quick or args.functions) and args.out.resolve() == RESULTS.resolve()
     where = FIGURES if to_docs else args.out / "coco"
-    figures = ecdf_figures(folders, args.out / "coco" / "ppdata", where, args.quick)
-    links = {dim: f"figures/{path.name}" if to_docs else str(path) for dim, path in figures.items()}
+    links = {dim: f"figures/{path.name}" if to_docs else str(path) for dim, path in ecdf_figures(
+        folders, args.out / "coco" / "ppdata", where, args.quick).items()}
     result = {"jobs": args.jobs, "wall_seconds": wall, "budget_per_dim": budget_per_dim,
               "selection": f"{selection} function_indices: {','.join(map(str, functions))}",
               "targets": len(TARGETS), "summary": summary, "figures": links}
-    write(args, "coco", result, markdown(summary, links, "docs/figures" if to_docs else where,
-                                         budget_per_dim, args.jobs, wall))
+    lines = markdown(summary, links, "docs/figures" if to_docs else where, budget_per_dim,
+                     args.jobs, wall)
+    if args.functions:
+        lines += ["", *table("optimizer | D | function | solved | median evaluations of those", [
+            [name, dim, f, *cell] for name, by_dim in summary.items() for dim, by in by_dim.items()
+            for f, cell in by["solved_evals_per_function"].items()])]
+    write(args, "_".join(["coco", *(f"f{f}" for f in args.functions or [])]), result, lines)
 
 
 if __name__ == "__main__":

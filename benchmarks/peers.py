@@ -95,8 +95,7 @@ def _pymetaheuristic(f: _Counter, dim: int, low: float, high: float, population:
                              seed=seed, store_history=False, population_size=population or 50)
 
 
-def _cma(f: _Counter, dim: int, low: float, high: float, population: int | None,
-         seed: int) -> None:
+def _cma(f: _Counter, dim: int, low: float, high: float, population: int | None, seed: int) -> None:
     import cma
 
     # cma samples from numpy's global RNG, which run_peer has seeded; seed=nan tells cma not to
@@ -113,13 +112,9 @@ def _cma(f: _Counter, dim: int, low: float, high: float, population: int | None,
         popsize *= 2
 
 
-PEERS: dict[str, Callable] = {
-    "mealpy.OriginalBFO": _mealpy("OriginalBFO"),
-    "mealpy.ABFO": _mealpy("ABFO"),
-    "niapy.BFO": _niapy,
-    "pymetaheuristic.BFO": _pymetaheuristic,
-    "cma.CMAES": _cma,
-}
+PEERS: dict[str, Callable] = {"mealpy.OriginalBFO": _mealpy("OriginalBFO"),
+                               "mealpy.ABFO": _mealpy("ABFO"), "niapy.BFO": _niapy,
+                               "pymetaheuristic.BFO": _pymetaheuristic, "cma.CMAES": _cma}
 
 
 def evox_pso(population: int, dim: int, shift, device: str):

@@ -90,8 +90,7 @@ def problem(suite: str, name: str, dim: int, seed: int, offset: bool = False) ->
     return Problem(loss, lambda x: float(loss({"x": torch.from_numpy(x)})), box, None, optimum)
 
 
-def run_ours(label: str, task: Problem, dim: int, seed: int, budget: int,
-             **settings) -> dict:
+def run_ours(label: str, task: Problem, dim: int, seed: int, budget: int, **settings) -> dict:
     """One run of our optimizer ``label``; ``settings`` go to ``fb.black_box`` (its
     defaults here; other settings are how a change to them is measured)."""
     loss, box = task.loss, task.box

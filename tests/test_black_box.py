@@ -56,8 +56,10 @@ def test_never_exceeds_the_budget_and_counts_what_it_spent(budget, population, s
     assert out.num_evals <= budget < out.num_evals + per_update  # stops when no update fits
     evals = [0] + [e for e, _ in out.history]
     spent = [b - a for a, b in zip(evals, evals[1:])]
-    # One entry per round: a swarm's or the walker's, and at most two rounds of face moves.
-    assert sum(n != per_update for n in spent) <= 2 and all(n > 0 for n in spent)
+    # One entry per round: a swarm's or the walker's, a wide walker's (per_update << r at
+    # restart r, at least 4), and at most two rounds of face moves.
+    wide = {max(per_update << r, 4) for r in range(1, 64)}
+    assert sum(n != per_update and n not in wide for n in spent) <= 2 and all(n > 0 for n in spent)
     losses = [loss for _, loss in out.history]
     assert losses == sorted(losses, reverse=True)  # the best never gets worse
     assert float(out.loss) == losses[-1] == float(shifted_sphere(out.params))
@@ -92,6 +94,7 @@ def test_swarm_rounds_between_cycles_leave_the_events_out_with_the_same_states(m
         assert_trees_equal(search.update(before, shifted_sphere), after)
 
 
+@pytest.mark.usefixtures("swarms_only")
 def test_a_stalled_swarm_restarts_from_a_new_place_in_the_box():
     """Only the start scores 0, so the first swarm holds the best and lasts
     3 * restart_after + 1 updates; every later one is behind it and lasts restart_after + 1."""
@@ -112,8 +115,9 @@ def test_a_stalled_swarm_restarts_from_a_new_place_in_the_box():
 
 @pytest.fixture
 def swarms_only(monkeypatch):
-    """No swarm finds a valley, so none goes on as the walker: a test of the swarms' rules."""
+    """No swarm finds a valley and no restart is a wide walker: a test of the swarms' rules."""
     monkeypatch.setattr(search, "VALLEY_CONDITION", math.inf)
+    monkeypatch.setattr(search, "wide_restart", lambda restarts: False)
 
 
 @pytest.mark.usefixtures("swarms_only")
@@ -127,10 +131,10 @@ def test_a_swarm_behind_the_best_stops_after_twice_the_evaluations_the_best_took
         return (torch.logspace(0, 6, 8, dtype=torch.float64) * ((p["x"] - 0.3) @ rotation
                                                                 ).square()).sum()
 
-    opt = fb.black_box_search((-1.0, 1.0), max_evals=8000)
+    opt = fb.black_box_search((-1.0, 1.0), max_evals=8000, metric_rate=0.0)  # isotropic
     state, ends = opt.init({"x": torch.rand(8, generator=torch.Generator().manual_seed(0),
                                             dtype=torch.float64) * 2 - 1},
-                           key=fb.random.key(0)), []
+                           key=fb.random.key(3)), []
     while state.phase != "done":
         before, state = state, opt.update(state, valley)
         if state.restarts != before.restarts:
@@ -228,8 +232,8 @@ def test_maximizing_minus_f_is_minimizing_f_in_a_valley_too():
 
 @pytest.mark.xdist_group("valley_rounds")
 def test_ask_tell_runs_a_valley_as_update_does():
-    """The walker's round asks for a whole swarm's rows, inside the box; told their losses,
-    the pair goes through the valley as ``update`` does."""
+    """The walker's round asks for a whole swarm's rows (a wide walker's 16 << r at restart r),
+    inside the box; told their losses, the pair goes through the valley as ``update`` does."""
     opt = fb.black_box_search((-1.0, 1.0), max_evals=6000, restart_after=8)
     state, seen, rows = opt.init(start(4), key=fb.random.key(3)), [], set()
     while state.phase != "done":
@@ -241,7 +245,7 @@ def test_ask_tell_runs_a_valley_as_update_does():
         state = opt.tell(state, asked, torch.stack(losses))
         seen.append((state.num_evals, state.restarts, state.phase, state.valley,
                      state.best_params["x"].tolist()))
-    assert rows == {16} and seen == valley_rounds()[0]
+    assert rows == {16, 32, 128} and seen == valley_rounds()[0]
 
 
 def test_float32_params_are_searched_and_scored_in_float64():
@@ -457,7 +461,8 @@ def test_a_swarm_whose_rounds_are_too_small_for_a_walker_goes_on_as_it_is(popula
     state, in_valley = opt.init(start(4), key=fb.random.key(0)), 0
     while state.phase != "done":
         before, state = state, opt.update(state, valley)
-        if before.valley and before.phase == "converge":
+        if before.valley and before.phase == "converge" and not search.wide_restart(
+                int(before.restarts)):
             in_valley += 1
             assert state.num_evals - before.num_evals == per_round and state.walker.step == 0
     if population == 1:  # as the lone bacterium the black box ran before its walker
@@ -484,6 +489,7 @@ def test_after_failed_restarts_the_exploring_swarm_takes_every_update():
     assert polished.explorer_updates == 100 - 39 - 10
 
 
+@pytest.mark.usefixtures("swarms_only")
 def test_the_exploring_swarm_finds_lower_basins_than_restarts_on_rastrigin():
     """Rastrigin's big valley: kicked bacteria hop basins downhill; restarts only sample them."""
     def rastrigin(p):
@@ -501,20 +507,28 @@ def test_the_exploring_swarm_finds_lower_basins_than_restarts_on_rastrigin():
     assert sum(explored) < sum(restarted)
 
 
-@pytest.mark.usefixtures("swarms_only")
-def test_even_swarms_learn_the_metric_and_odd_ones_tumble_isotropically():
-    """On a flat loss each swarm holds the best and lasts 3 * restart_after + 1 updates;
-    swarm 1 is the same with or without the metric."""
-    def points(metric_rate):
-        recorded, seen = recording(flat_loss)
-        fb.black_box(recorded, start(2), (-1.0, 1.0), max_evals=16 * 39, key=fb.random.key(2),
-                     restart_after=4, explore_after=None, polish=0.0,
-                     metric_rate=metric_rate, evaluator=fb.evaluate.loop())
-        return torch.stack(seen).reshape(3, 13 * 16, 2)  # swarm, evaluation, coordinate
+def test_odd_restarts_are_wide_walkers_whose_rounds_double():
+    """IPOP-CMA-ES's restart at odd restarts: an isotropic walker at the new uniform place,
+    steps of 0.3 box widths a coordinate, rounds of 16 << r points. One that ends behind the
+    best is no failure (the next is larger): the explorer waits for failed swarms."""
+    def only_the_start(p):  # 0 at the start only: every later search ends behind the first
+        return (p["x"].abs().sum() > 0).to(p["x"].dtype)
 
-    learned, isotropic = points(2.0), points(0.0)
-    assert torch.equal(learned[1], isotropic[1])
-    assert not torch.equal(learned[0], isotropic[0]) and not torch.equal(learned[2], isotropic[2])
+    opt = fb.black_box_search((-2.0, 2.0), max_evals=16 * 400, restart_after=2,
+                              explore_after=3, polish=0.0)
+    state, wide, failed = opt.init(start(3), key=fb.random.key(0)), {}, []
+    while state.phase == "converge":
+        before, state = state, opt.update(state, only_the_start)
+        if state.restarts != before.restarts:
+            failed.append(int(state.failed))
+            if state.valley:
+                w = state.walker
+                assert torch.equal(w.metric.cov, torch.eye(3, dtype=torch.float64))
+                assert torch.equal(w.mean, state.swarm.population[0]) and w.step == 0
+                assert float(w.sigma) == 0.3 and bool((w.mean.abs() <= 2.0).all())
+                wide[int(state.restarts)] = int(w.size)
+    assert wide == {1: 32, 3: 128, 5: 512, 7: 2048} and state.phase == "explore"
+    assert failed == [0, 0, 1, 1, 2, 2, 3]  # swarms 2, 4 and 6 failed; the walkers did not
 
 
 @pytest.mark.usefixtures("swarms_only")
@@ -556,6 +570,7 @@ def test_the_polish_goes_on_from_the_converging_swarm_that_holds_the_best():
     assert float(polisher.hyperparams.elimination_prob_max) == 0.0
 
 
+@pytest.mark.usefixtures("swarms_only")
 def test_a_best_the_converging_swarm_lost_is_polished_by_a_new_swarm():
     """A loss that drifts up with every call: no swarm after the first beats its early best,
     so the polish starts a new, isotropic swarm at the best rather than going on from the
@@ -577,6 +592,7 @@ def test_a_best_the_converging_swarm_lost_is_polished_by_a_new_swarm():
     assert float(polisher.hyperparams.elimination_prob_max) == 0.0
 
 
+@pytest.mark.usefixtures("swarms_only")
 def test_a_best_no_swarm_holds_is_polished_by_a_swarm_started_there():
     """The face moves put the best exactly on the corner (1, 1), where no swarm is: the last
     quarter polishes from there, each bacterium's first tumble as long as its step."""
@@ -820,7 +836,8 @@ def test_a_state_saved_in_every_kind_of_round_loads_into_a_fresh_init_and_ends_t
         opt, kinds = fb.black_box_search(bounds, **settings), set()
         state = opt.init(params, key=fb.random.key(0))
         while state.phase != "done":
-            kind = (state.phase, bool(state.valley), bool(state.swarm_learns))
+            kind = (state.phase, bool(state.valley), bool(state.swarm_learns),
+                    int(state.walker.size))
             asked = opt.ask(state)
             if saving and kind not in kinds:
                 fb.save(state, tmp_path / "state.pt")
@@ -832,8 +849,8 @@ def test_a_state_saved_in_every_kind_of_round_loads_into_a_fresh_init_and_ends_t
 
     (saved, kinds), (never, _) = finish(True), finish(False)
     assert {k[0] for k in kinds} >= {"converge", "faces", "polish"}
-    assert (("converge", True, True) in kinds if run == "walker" else
-            {("converge", False, False), ("explore", False, False)} <= kinds)
+    assert (("converge", True, True, 16) in kinds if run == "walker" else  # a wide walker too:
+            "explore" in {k[0] for k in kinds} and ("converge", True, True, 32) in kinds)
     assert to_dict(saved)["digest"] == to_dict(never)["digest"]
     assert saved.best_loss.device.type == saved.swarm.population.device.type == device
 

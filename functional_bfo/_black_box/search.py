@@ -1,8 +1,9 @@
 """The black box: AdaptiveBFO swarms stepping in box widths, restarted, as ask/tell.
 
 Phases (docs/variants.md): converge (small swarms, restarted once they stop progressing; one
-in a valley goes on as the walker), explore (one kicked swarm after ``explore_after`` failed
-ones), then faces and polish. Decisions compare losses with each other only, in float64.
+in a valley goes on as the walker; every other restart is a wide walker, its rounds twice as
+large each time), explore (one kicked swarm after ``explore_after`` failed swarms), then faces
+and polish. Decisions compare losses with each other only, in float64.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ JITTER_PERIOD = 10  # the explorer is kicked every JITTER_PERIOD updates
 FACE_SHARE, FACE_SCAN_SIZE = 0.1, 2000  # face moves' caps: share of the polish, coordinates
 POLISH_DECADES = 4  # the polish's steps spread over this many decades below jitter
 BEHIND_BUDGET = 2  # a swarm behind stops at this many times the best's swarm's evaluations
+WIDE_STEP = 0.3  # a wide walker's first step, box widths a coordinate (IPOP-CMA-ES's sigma0)
 # fold_in data; restarts use 0, 1, ..
-EXPLORER_STREAM, POLISHER_STREAM, WALKER_STREAM = 2**31 - 1, 2**31 - 2, 2**31 - 3
+EXPLORER_STREAM, POLISHER_STREAM, WALKER_STREAM, WIDE_STREAM = (2**31 - k for k in (1, 2, 3, 4))
 PHASES = ("converge", "explore", "faces", "polish", "done")
 
 
@@ -64,7 +66,7 @@ class BlackBoxState(NamedTuple):
     swarm_learns: Tensor  # () bool: whether it learns its tumble metric
     explorer: AdaptiveBFOState  # the exploring swarm (it runs after explore_after failures)
     faces: moves.FaceScan  # the polish's face moves
-    walker: walker.Walker  # the converging swarm's walker, once its metric found a valley
+    walker: walker.Walker  # a wide walker, or the converging swarm's once it found a valley
     best_row: Tensor  # (D,) float64: the best point evaluated
     best_loss: Tensor  # () float64 (inf, or -inf when maximizing, before a finite loss)
     num_evals: Tensor  # () int64, like every counter below
@@ -240,7 +242,7 @@ class _Search(NamedTuple):
             return self.after(self.told(state, swarm, tell(  # type: ignore[misc]
                 swarm, asked, losses, check=False)))
         rows = moves.face_count(state.faces, *self.sides(state)) if state.phase == "faces" else (
-            self.per_round)  # the walker's
+            int(state.walker.size))
         if tuple(asked.mask.shape) != (rows,):  # a stale answer was named as one above
             raise ValueError(f"asked has {len(asked.mask)} rows, but the state's round "
                              f"{int(state.step)} ({state.phase}) has {rows}: tell the Ask "
@@ -272,12 +274,12 @@ class _Search(NamedTuple):
         return self.after(self.rows_told(state, costs, drawn))
 
     def walking(self, s: BlackBoxState) -> bool:
-        """Whether the converging search is the walker: a swarm in a valley, large enough."""
-        return bool(s.valley) and self.per_round >= walker.MIN_ROUND
+        """Whether the converging search is a walker: wide, or a swarm's in a valley."""
+        return bool(s.valley) and int(s.walker.size) >= walker.MIN_ROUND
 
     def walker_round(self, s: BlackBoxState) -> tuple[Tensor, Tensor]:
         """The walker's round: its normal draws and its points."""
-        return walker.draw(s.walker, self.per_round, s.explorer.box, self.swarms.boundary)
+        return walker.draw(s.walker, s.explorer.box, self.swarms.boundary)
 
     def round_rows(self, s: BlackBoxState) -> Tensor:
         """The points of a round of face moves or of the walker, rows (float64)."""
@@ -345,15 +347,28 @@ class _Search(NamedTuple):
         return new if bool(s.swarm_learns) else new._replace(metric=s.swarm.metric)
 
     def restarted(self, s: BlackBoxState, start: Tensor, restarts: int) -> BlackBoxState:
-        """``s`` with a new swarm at ``start``; even ones learn a metric, odd ones find funnels."""
-        swarm = (self.plain if restarts % 2 else self.learner).init(
-            as_params(start, s.given), key=random.fold_in(s.key, 2 * restarts))
-        learns = swarm.metric.width.numel() > 0  # a plain swarm's metric has 0 coordinates
-        if not learns and s.swarm is not None:  # a learner's metric, unused
-            swarm = swarm._replace(metric=s.swarm.metric)
-        return _with(s, swarm=swarm, swarm_learns=learns, restarts=restarts,
-                     entry_best=s.converged_best, first=math.inf, progress=math.inf, stalled=0,
-                     gain=0.0, valley=False)
+        """``s`` with a new search at ``start``: a learning swarm, or a wide walker (swarm idle)."""
+        swarm = self.learner.init(as_params(start, s.given),
+                                  key=random.fold_in(s.key, 2 * restarts))
+        s = _with(s, swarm=swarm, swarm_learns=swarm.metric.width.numel() > 0, restarts=restarts,
+                  entry_best=s.converged_best, first=math.inf, progress=math.inf, stalled=0,
+                  gain=0.0, valley=False)
+        if not (wide_restart(restarts) and self.swarms.metric_rate):
+            return s
+        return _with(s, walker=self.widened(s, start, restarts), valley=True)
+
+    def widened(self, s: BlackBoxState, start: Tensor, restarts: int) -> walker.Walker:
+        """IPOP-CMA-ES's restart: an isotropic walker at ``start``, steps ``WIDE_STEP``.
+
+        Its rounds have ``per_round * 2**restarts`` points (at least ``MIN_ROUND``).
+        """
+        n, cap = len(start), float(s.swarm.hyperparams.step_size_max)
+        size = min(max(self.per_round << restarts, walker.MIN_ROUND), self.budget)
+        step, best = (torch.tensor(v, dtype=torch.float64, device=start.device) for v in (
+            min(WIDE_STEP * math.sqrt(n), cap), self.swarms.sign * math.inf))
+        return walker.start(start, step, metric.isotropic(s.walker.metric.width), best,
+                            random.fold_in(random.fold_in(s.key, WIDE_STREAM), restarts),
+                            torch.zeros_like(s.num_evals), size)
 
     def converged(self, s: BlackBoxState, new: AdaptiveBFOState | walker.Walker,
                   spent: int) -> BlackBoxState:
@@ -380,26 +395,33 @@ class _Search(NamedTuple):
             "walker": new}
         s = _with(s, **held, valley=valley, converged_best=min(best_before, now), gain=gain,
                   found_after=found_after, first=first, progress=progress, stalled=stalled)
+        walks = isinstance(new, walker.Walker)
+        round_size = int(new.size) if isinstance(new, walker.Walker) else self.per_round
         if self.stall_limit is None or not (
-                stalled_out(stalled, self.stall_limit * self.per_round, behind)
+                stalled_out(stalled, self.stall_limit * round_size, behind)
                 or overspent(spent_all, found_after, behind)):
             return s
         restarts = int(s.restarts)  # a point uniform in the box (the start where a side is open)
         z = random.normal(random.fold_in(s.key, 2 * restarts + 1), s.start.shape, torch.float64)
         place = sample_domain(s.start, z, s.explorer.box, z.new_zeros(()))
-        failed = int(s.failed) + 1 if now >= entry_best else 0
+        wide = walks and wide_restart(int(s.restarts))  # behind, no failure: the next is larger
+        failed = 0 if now < entry_best else int(s.failed) + (not wide)
         return self.restarted(_with(s, failed=failed), place, restarts + 1)
 
     def narrowed(self, w: AdaptiveBFOState) -> walker.Walker:
         """A swarm in a valley as the walker, at its best bacterium with its step and metric."""
         i = int((self.swarms.sign * w.losses).nan_to_num(math.inf).argmin())
         return walker.start(w.population[i].to(torch.float64, copy=True), w.step_sizes[i], w.metric,
-                            w.best_loss, random.fold_in(w.key, WALKER_STREAM), w.num_evals)
+                            w.best_loss, random.fold_in(w.key, WALKER_STREAM), w.num_evals,
+                            self.per_round)
 
     def after(self, s: BlackBoxState) -> BlackBoxState:
         """``s`` with the phase of the next round, and the swarm or moves it needs."""
         fits = int(s.num_evals) + self.per_round <= self.budget
-        polishing = int(s.num_evals) + self.per_round > self.main_budget
+        exploring = self.hand_over is not None and int(s.failed) >= self.hand_over
+        walks = s.phase != "polish" and not exploring and self.walking(s)
+        size = int(s.walker.size) if walks else self.per_round  # the next converging round's
+        polishing = int(s.num_evals) + size > self.main_budget
         if int(s.faces.stage) == moves.CLOSED and polishing and fits:  # the polish opens:
             # the best point's coordinates moved onto the box's faces
             room = min(self.budget - int(s.num_evals),
@@ -414,7 +436,6 @@ class _Search(NamedTuple):
             return _with(s, stage=PHASES.index("done"))
         if polishing:
             return s if s.phase == "polish" else self.polishing(s)
-        exploring = self.hand_over is not None and int(s.failed) >= self.hand_over
         return _with(s, stage=PHASES.index("explore" if exploring else "converge"))
 
     def polishing(self, s: BlackBoxState) -> BlackBoxState:
@@ -430,8 +451,8 @@ class _Search(NamedTuple):
             state, learns = self.plain.init(as_params(s.best_row, s.given), key=key)._replace(
                 metric=s.swarm.metric), False
         elif walked:  # with the walker's metric
-            state = self.learner.init(as_params(s.best_row, s.given), key=key)._replace(
-                metric=s.walker.metric._replace(path=torch.zeros_like(s.walker.metric.path)))
+            state, learns = self.learner.init(as_params(s.best_row, s.given), key=key)._replace(
+                metric=s.walker.metric._replace(path=torch.zeros_like(s.walker.metric.path))), True
         steps = self.kick * torch.logspace(0, -POLISH_DECADES, size, dtype=torch.float64)
         hp = state.hyperparams
         state = state._replace(
@@ -452,7 +473,9 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
     keeping each round's best as ``history``. Swarm ``r`` is a
     :func:`functional_bfo.adaptive_bfo` with ``relative_steps=True`` and key
     ``fold_in(key, 2 r)``; the first has ``params`` as bacterium 0 and the rest uniform in
-    the box, the others start from a uniform point (key ``fold_in(key, 2 r - 1)``).
+    the box, the others start from a uniform point (key ``fold_in(key, 2 r - 1)``). Odd
+    restarts are wide walkers from that point instead (IPOP-CMA-ES's restarts: rounds of
+    ``population_size * (swim_length + 1) * 2**r`` points, first steps 0.3 box widths).
     docs/variants.md says how each phase works and how each setting was chosen.
 
     Args:
@@ -474,8 +497,9 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
             long, while it holds the best) end a converging swarm, as do 2x the
             evaluations the best's swarm took, for a swarm behind it;
             ``metric_rate`` (2.0, of the swarms' metric and the walker's CMA-ES rates;
-            0: isotropic tumbles, needed beyond 2000 parameters);
-            ``explore_after`` (2; None: never) failed swarms in a row start the explorer,
+            0: isotropic tumbles and no walkers, needed beyond 2000 parameters);
+            ``explore_after`` (2; None: never) failed swarms in a row (a wide walker
+            behind the best is no failure) start the explorer,
             kicked by ``jitter`` (0.01) box widths; the last ``polish`` (0.1) of the budget
             polishes; any :func:`functional_bfo.adaptive_bfo` setting (``maximize``, ...).
 
@@ -536,6 +560,11 @@ def _result(state: BlackBoxState, history: list) -> BlackBoxResult:
 # A converging swarm's restart rules, each a named condition (docs/variants.md, "Restarts").
 # Costs are losses with the sign that makes lower better; ``behind``: its progress has not
 # reached the best of the swarms before it (``entry_best``).
+
+
+def wide_restart(restarts: int) -> bool:
+    """Odd restarts are wide walkers, the others swarms (BIPOP-CMA-ES's two regimes, in turn)."""
+    return restarts % 2 == 1
 
 
 def found_valley(condition: float) -> bool:
