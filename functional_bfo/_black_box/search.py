@@ -275,7 +275,8 @@ class _Search(NamedTuple):
 
     def walking(self, s: BlackBoxState) -> bool:
         """Whether the converging search is a walker: wide, or a swarm's in a valley."""
-        return bool(s.valley) and int(s.walker.size) >= walker.MIN_ROUND
+        wide = wide_restart(int(s.restarts)) and bool(self.swarms.metric_rate)
+        return bool(s.valley) and (wide or self.per_round >= walker.MIN_ROUND)
 
     def walker_round(self, s: BlackBoxState) -> tuple[Tensor, Tensor]:
         """The walker's round: its normal draws and its points."""
