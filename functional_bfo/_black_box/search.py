@@ -275,8 +275,12 @@ class _Search(NamedTuple):
 
     def walking(self, s: BlackBoxState) -> bool:
         """Whether the converging search is a walker: wide, or a swarm's in a valley."""
-        wide = wide_restart(int(s.restarts)) and bool(self.swarms.metric_rate)
-        return bool(s.valley) and (wide or self.per_round >= walker.MIN_ROUND)
+        return bool(s.valley) and (self.wide(int(s.restarts))
+                                   or self.per_round >= walker.MIN_ROUND)
+
+    def wide(self, restarts: int) -> bool:
+        """Whether restart ``restarts`` is a wide walker (walkers need a learned metric)."""
+        return wide_restart(restarts) and bool(self.swarms.metric_rate)
 
     def walker_round(self, s: BlackBoxState) -> tuple[Tensor, Tensor]:
         """The walker's round: its normal draws and its points."""
@@ -354,7 +358,7 @@ class _Search(NamedTuple):
         s = _with(s, swarm=swarm, swarm_learns=swarm.metric.width.numel() > 0, restarts=restarts,
                   entry_best=s.converged_best, first=math.inf, progress=math.inf, stalled=0,
                   gain=0.0, valley=False)
-        if not (wide_restart(restarts) and self.swarms.metric_rate):
+        if not self.wide(restarts):
             return s
         return _with(s, walker=self.widened(s, start, restarts), valley=True)
 
@@ -396,7 +400,6 @@ class _Search(NamedTuple):
             "walker": new}
         s = _with(s, **held, valley=valley, converged_best=min(best_before, now), gain=gain,
                   found_after=found_after, first=first, progress=progress, stalled=stalled)
-        walks = isinstance(new, walker.Walker)
         round_size = int(new.size) if isinstance(new, walker.Walker) else self.per_round
         if self.stall_limit is None or not (
                 stalled_out(stalled, self.stall_limit * round_size, behind)
@@ -405,8 +408,8 @@ class _Search(NamedTuple):
         restarts = int(s.restarts)  # a point uniform in the box (the start where a side is open)
         z = random.normal(random.fold_in(s.key, 2 * restarts + 1), s.start.shape, torch.float64)
         place = sample_domain(s.start, z, s.explorer.box, z.new_zeros(()))
-        wide = walks and wide_restart(int(s.restarts))  # behind, no failure: the next is larger
-        failed = 0 if now < entry_best else int(s.failed) + (not wide)
+        # a wide walker behind is no failure: the next one is larger
+        failed = 0 if now < entry_best else int(s.failed) + (not self.wide(restarts))
         return self.restarted(_with(s, failed=failed), place, restarts + 1)
 
     def narrowed(self, w: AdaptiveBFOState) -> walker.Walker:
