@@ -250,7 +250,7 @@ def main() -> None:
               f"error={out['error']:.3g} ({out['seconds']:.1f} s)", flush=True)
     runs = read_runs(log)
     logged = {r["optimizer"] for r in runs}
-    labels += [name for name in PEERS if name in logged and name not in labels]
+    labels = list(OURS) + [name for name in PEERS if name in labels or name in logged]
     summary = summarize(runs, labels, names, dims, seeds)
     result = {"suite": args.suite, "offsets": args.offsets, "dims": dims, "seeds": seeds,
               "budget_per_dim": per_dim, "floor": FLOOR, "fractions": FRACTIONS, **summary}
