@@ -528,8 +528,9 @@ def test_odd_restarts_are_wide_walkers_whose_rounds_double():
                 assert torch.equal(w.metric.cov, torch.eye(3, dtype=torch.float64))
                 assert torch.equal(w.mean, state.swarm.population[0]) and w.step == 0
                 assert float(w.sigma) == 0.3 and bool((w.mean.abs() <= 2.0).all())
-                wide[int(state.restarts)] = int(w.size)
-    assert wide == {1: 32, 3: 128, 5: 512, 7: 2048} and state.phase == "explore"
+                if state.phase == "converge":  # the last one's rounds do not fit the budget
+                    wide[int(state.restarts)] = len(opt.ask(state).mask)
+    assert wide == {1: 32, 3: 128, 5: 512} and state.phase == "explore"
     assert failed == [0, 0, 1, 1, 2, 2, 3]  # swarms 2, 4 and 6 failed; the walkers did not
 
 
@@ -838,9 +839,9 @@ def test_a_state_saved_in_every_kind_of_round_loads_into_a_fresh_init_and_ends_t
         opt, kinds = fb.black_box_search(bounds, **settings), set()
         state = opt.init(params, key=fb.random.key(0))
         while state.phase != "done":
-            kind = (state.phase, bool(state.valley), bool(state.swarm_learns),
-                    int(state.walker.size))
             asked = opt.ask(state)
+            kind = (state.phase, bool(state.valley), bool(state.swarm_learns),
+                    len(asked.mask))
             if saving and kind not in kinds:
                 fb.save(state, tmp_path / "state.pt")
                 opt = fb.black_box_search(bounds, **settings)  # as a new process would

@@ -24,12 +24,12 @@ def fresh(n: int, step: float = 0.1, mean: float = 0.0, key: int = 0) -> walker.
     return walker.start(x, torch.tensor(step, dtype=torch.float64),
                         isotropic(torch.ones(n, dtype=torch.float64)),
                         torch.tensor(math.inf, dtype=torch.float64), fb.random.key(key),
-                        torch.tensor(0), LAM)
+                        torch.tensor(0))
 
 
 def walk(w: walker.Walker, f, rounds: int, box=None) -> walker.Walker:
     for _ in range(rounds):
-        z, rows = walker.draw(w, box, "reflect")
+        z, rows = walker.draw(w, LAM, box, "reflect")
         w = walker.told(w, z, torch.stack([f(x) for x in rows]), 1.0, RATE, SIGMAS, box, "reflect")
     return w
 
@@ -76,7 +76,7 @@ def test_a_round_reads_only_the_ranks_of_its_costs(costs, scale, offset):
     """``a f + c`` moves the walker exactly as ``f`` does wherever rounding keeps the order;
     only the best loss it reports changes."""
     w = fresh(3)
-    c, (z, _) = torch.tensor(costs, dtype=torch.float64), walker.draw(w, None, "reflect")
+    c, (z, _) = torch.tensor(costs, dtype=torch.float64), walker.draw(w, LAM, None, "reflect")
     assume(torch.equal(c.sort(stable=True).indices, (c * scale + offset).sort(stable=True).indices))
     plain = walker.told(w, z, c, 1.0, RATE, SIGMAS, None, "reflect")
     moved = walker.told(w, z, c * scale + offset, 1.0, RATE, SIGMAS, None, "reflect")
@@ -94,7 +94,7 @@ def test_the_metric_stays_a_metric_whatever_the_costs(seed, n):
     for _ in range(40):
         costs = torch.randn(LAM, generator=g, dtype=torch.float64)
         costs[torch.rand(LAM, generator=g) < 0.2] = math.inf
-        w = walker.told(w, walker.draw(w, None, "reflect")[0], costs, 1.0, RATE, SIGMAS,
+        w = walker.told(w, walker.draw(w, LAM, None, "reflect")[0], costs, 1.0, RATE, SIGMAS,
                         None, "reflect")
     cov = w.metric.cov
     assert torch.equal(cov, cov.T) and math.isclose(float(torch.trace(cov)), n, rel_tol=1e-9)
@@ -111,7 +111,7 @@ def test_a_walker_that_crosses_a_face_is_mirrored_back_into_the_box():
                    torch.float64)
     w = fresh(3, step=2.0, mean=0.9)
     w = w._replace(metric=w.metric._replace(cov=COV, factor=torch.linalg.cholesky(COV)))
-    z, rows = walker.draw(w, box, "reflect")
+    z, rows = walker.draw(w, LAM, box, "reflect")
     drawn = w.mean + w.sigma * z @ w.metric.factor.T * w.metric.width
     inside = drawn.abs() <= 1.0
     assert not bool(inside.all()) and bool((rows.abs() <= 1.0).all())
@@ -152,23 +152,23 @@ def test_a_round_with_no_finite_loss_leaves_the_walker_where_it_was():
     """Nothing to rank: the mean, step, paths and metric stay; the round is counted, so
     the next one draws afresh."""
     w = fresh(4)
-    z, _ = walker.draw(w, None, "reflect")
+    z, _ = walker.draw(w, LAM, None, "reflect")
     w = walker.told(w, z, torch.randn(LAM, dtype=torch.float64), 1.0, RATE, SIGMAS, None,
                     "reflect")  # paths that are not 0
-    z, _ = walker.draw(w, None, "reflect")
+    z, _ = walker.draw(w, LAM, None, "reflect")
     failed = walker.told(w, z, torch.full((LAM,), math.inf, dtype=torch.float64), 1.0, RATE,
                          SIGMAS, None, "reflect")
     assert all(torch.equal(a, b) for a, b in zip(optree.tree_leaves(failed._replace(
         step=w.step, num_evals=w.num_evals)), optree.tree_leaves(w)))
     assert failed.step == w.step + 1 and failed.num_evals == w.num_evals + LAM
-    assert not torch.equal(walker.draw(failed, None, "reflect")[0], z)
+    assert not torch.equal(walker.draw(failed, LAM, None, "reflect")[0], z)
 
 
 def test_a_kept_metric_keeps_its_scale():
     """Tied costs teach the metric nothing: C stays, and the step size moves by its path and
     the flat-fitness factor, not by the scale of the C it did not take."""
     w = fresh(4)
-    z, _ = walker.draw(w, None, "reflect")
+    z, _ = walker.draw(w, LAM, None, "reflect")
     tied = walker.told(w, z, torch.ones(LAM, dtype=torch.float64), 1.0, RATE, SIGMAS, None,
                        "reflect")
     r = walker.rates(LAM, 4, RATE)

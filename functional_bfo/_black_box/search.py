@@ -242,7 +242,7 @@ class _Search(NamedTuple):
             return self.after(self.told(state, swarm, tell(  # type: ignore[misc]
                 swarm, asked, losses, check=False)))
         rows = moves.face_count(state.faces, *self.sides(state)) if state.phase == "faces" else (
-            int(state.walker.size))
+            self.walker_size(state))
         if tuple(asked.mask.shape) != (rows,):  # a stale answer was named as one above
             raise ValueError(f"asked has {len(asked.mask)} rows, but the state's round "
                              f"{int(state.step)} ({state.phase}) has {rows}: tell the Ask "
@@ -282,9 +282,16 @@ class _Search(NamedTuple):
         """Whether restart ``restarts`` is a wide walker (walkers need a learned metric)."""
         return wide_restart(restarts) and bool(self.swarms.metric_rate)
 
+    def walker_size(self, s: BlackBoxState) -> int:
+        """A walker's round: a wide one's ``per_round * 2**restarts`` points, else a swarm's."""
+        restarts = int(s.restarts)
+        if not self.wide(restarts):
+            return self.per_round
+        return min(max(self.per_round << restarts, walker.MIN_ROUND), self.budget)
+
     def walker_round(self, s: BlackBoxState) -> tuple[Tensor, Tensor]:
         """The walker's round: its normal draws and its points."""
-        return walker.draw(s.walker, s.explorer.box, self.swarms.boundary)
+        return walker.draw(s.walker, self.walker_size(s), s.explorer.box, self.swarms.boundary)
 
     def round_rows(self, s: BlackBoxState) -> Tensor:
         """The points of a round of face moves or of the walker, rows (float64)."""
@@ -363,17 +370,13 @@ class _Search(NamedTuple):
         return _with(s, walker=self.widened(s, start, restarts), valley=True)
 
     def widened(self, s: BlackBoxState, start: Tensor, restarts: int) -> walker.Walker:
-        """IPOP-CMA-ES's restart: an isotropic walker at ``start``, steps ``WIDE_STEP``.
-
-        Its rounds have ``per_round * 2**restarts`` points (at least ``MIN_ROUND``).
-        """
+        """IPOP-CMA-ES's restart: an isotropic walker at ``start``, steps ``WIDE_STEP``."""
         n, cap = len(start), float(s.swarm.hyperparams.step_size_max)
-        size = min(max(self.per_round << restarts, walker.MIN_ROUND), self.budget)
         step, best = (torch.tensor(v, dtype=torch.float64, device=start.device) for v in (
             min(WIDE_STEP * math.sqrt(n), cap), self.swarms.sign * math.inf))
         return walker.start(start, step, metric.isotropic(s.walker.metric.width), best,
                             random.fold_in(random.fold_in(s.key, WIDE_STREAM), restarts),
-                            torch.zeros_like(s.num_evals), size)
+                            torch.zeros_like(s.num_evals))
 
     def converged(self, s: BlackBoxState, new: AdaptiveBFOState | walker.Walker,
                   spent: int) -> BlackBoxState:
@@ -400,7 +403,7 @@ class _Search(NamedTuple):
             "walker": new}
         s = _with(s, **held, valley=valley, converged_best=min(best_before, now), gain=gain,
                   found_after=found_after, first=first, progress=progress, stalled=stalled)
-        round_size = int(new.size) if isinstance(new, walker.Walker) else self.per_round
+        round_size = self.walker_size(s) if isinstance(new, walker.Walker) else self.per_round
         if self.stall_limit is None or not (
                 stalled_out(stalled, self.stall_limit * round_size, behind)
                 or overspent(spent_all, found_after, behind)):
@@ -416,15 +419,14 @@ class _Search(NamedTuple):
         """A swarm in a valley as the walker, at its best bacterium with its step and metric."""
         i = int((self.swarms.sign * w.losses).nan_to_num(math.inf).argmin())
         return walker.start(w.population[i].to(torch.float64, copy=True), w.step_sizes[i], w.metric,
-                            w.best_loss, random.fold_in(w.key, WALKER_STREAM), w.num_evals,
-                            self.per_round)
+                            w.best_loss, random.fold_in(w.key, WALKER_STREAM), w.num_evals)
 
     def after(self, s: BlackBoxState) -> BlackBoxState:
         """``s`` with the phase of the next round, and the swarm or moves it needs."""
         fits = int(s.num_evals) + self.per_round <= self.budget
         exploring = self.hand_over is not None and int(s.failed) >= self.hand_over
         walks = s.phase != "polish" and not exploring and self.walking(s)
-        size = int(s.walker.size) if walks else self.per_round  # the next converging round's
+        size = self.walker_size(s) if walks else self.per_round  # the next converging round's
         polishing = int(s.num_evals) + size > self.main_budget
         if int(s.faces.stage) == moves.CLOSED and polishing and fits:  # the polish opens:
             # the best point's coordinates moved onto the box's faces

@@ -34,7 +34,6 @@ class Walker(NamedTuple):
     key: Key
     step: Tensor  # () int64: rounds told
     num_evals: Tensor  # () int64: the evaluations of its swarm and its own
-    size: Tensor  # () int64: the points of each of its rounds (CMA-ES's lambda)
 
     RANGES = {"sigma": (0.0, math.inf, False)}  # type: ignore[misc]  # a class constant
 
@@ -78,25 +77,21 @@ def rates(lam: int, n: int, rate: float) -> Rates:
 
 
 def start(mean: Tensor, step: Tensor, metric: TumbleMetric, best_loss: Tensor, key: Key,
-          num_evals: Tensor, size: int) -> Walker:
-    """A walker at ``mean`` tumbling as far as a swarm of step size ``step`` (``|z| ~ sqrt(n)``).
-
-    Each of its rounds has ``size`` points.
-    """
+          num_evals: Tensor) -> Walker:
+    """A walker at ``mean`` tumbling as far as a swarm of step size ``step`` (``|z| ~ sqrt(n)``)."""
     return Walker(mean, step.to(torch.float64) / math.sqrt(len(mean)),  # type: ignore[call-arg]
                   metric._replace(path=torch.zeros_like(metric.path)), torch.zeros_like(mean),
                   best_loss.to(torch.float64), key,
-                  torch.zeros((), dtype=torch.int64, device=mean.device), num_evals,
-                  torch.tensor(size, device=mean.device))
+                  torch.zeros((), dtype=torch.int64, device=mean.device), num_evals)
 
 
-def draw(w: Walker, box: LeafBounds | None, boundary: str) -> tuple[Tensor, Tensor]:
-    """The round's normal draws ``z`` and its points projected into the box, ``(size, n)``.
+def draw(w: Walker, size: int, box: LeafBounds | None, boundary: str) -> tuple[Tensor, Tensor]:
+    """A round of ``size`` points: its normal draws ``z`` and the points projected into the box.
 
     The walker learns from ``z`` as drawn: steps read back from projected points blow up.
     """
-    n, m, lam = len(w.mean), w.metric, int(w.size)
-    z = random.normal(random.fold_in(w.key, w.step), (lam * n,), torch.float64).reshape(lam, n)
+    n, m = len(w.mean), w.metric
+    z = random.normal(random.fold_in(w.key, w.step), (size * n,), torch.float64).reshape(size, n)
     return z, project(w.mean + w.sigma * (z @ m.factor.T) * m.width, box, boundary)
 
 
