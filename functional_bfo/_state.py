@@ -248,9 +248,12 @@ def from_dict(data: Any, like: State) -> State:
                          "modified or corrupted after it was written. Load an intact copy.")
     leaves, spec, names = _flatten(like)
     if data["type"] != type(like).__name__ or data["paths"] != names:
-        raise ValueError(f"Checkpoint holds a {data['type']} with leaves {data['paths']}, but "
-                         f"like is a {type(like).__name__} with leaves {names}; pass a state of "
-                         "the same optimizer and params structure.")
+        saved_only = [p for p in data["paths"] if p not in names]
+        like_only = [p for p in names if p not in data["paths"]]
+        raise ValueError(f"Checkpoint holds a {data['type']} of {len(saved)} leaves, but like "
+                         f"is a {type(like).__name__} of {len(names)}: only in the checkpoint "
+                         f"{saved_only[:8]}, only in like {like_only[:8]} (8 at most each); "
+                         "pass a state of the same optimizer and params structure.")
     for name, x, ref in zip(names, saved, leaves):
         if x.shape != ref.shape or x.dtype != ref.dtype:
             raise ValueError(f"Checkpoint leaf {name} is {x.dtype} {tuple(x.shape)} but like "

@@ -383,8 +383,9 @@ TABLE = [
          ValueError, r"Checkpoint leaf state\.population is"),
     Case("load(like: another params structure)",
          lambda: fb.load(saved_state(), opt().init({"w": torch.zeros(3)}, key=KEY)),
-         ValueError, r"Checkpoint holds a BFOState with leaves .* but like is a BFOState with "
-                     r"leaves .*; pass a state of the same optimizer and params structure"),
+         ValueError, r"Checkpoint holds a BFOState of \d+ leaves, but like is a BFOState of "
+                     r"\d+: only in the checkpoint \[.*state\.best_params\['b'\]\[0\].*\], only "
+                     r"in like \[\] \(8 at most each\); pass a state of the same optimizer"),
     Case("load(like: another dtype)",
          lambda: fb.load(saved_state(),
                          opt().init(optree.tree_map(torch.Tensor.double, params()), key=KEY)),
