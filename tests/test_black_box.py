@@ -995,9 +995,14 @@ def test_the_restart_rules_read_one_at_a_time():
     assert not bb.progressed(9.7, 10.0, 20.0, 50.0, 0.0, False, 0.01)
     # ahead in a valley: 1% of its last gain counts too
     assert bb.progressed(9.95, 10.0, 20.0, 50.0, 1.0, True, 0.01)
-    assert bb.stalled_out(30, 30, behind=True) and not bb.stalled_out(29, 30, behind=True)
-    assert not bb.stalled_out(30, 30, behind=False)
-    assert bb.stalled_out(30 * bb.HOLDING_PATIENCE, 30, behind=False)
+    assert bb.stalled_out(30, 30, 1.0) and not bb.stalled_out(29, 30, 1.0)
+    assert not bb.stalled_out(30, 30, bb.HOLDING_PATIENCE)
+    assert bb.stalled_out(30 * bb.HOLDING_PATIENCE, 30, bb.HOLDING_PATIENCE)
+    # behind the best: one window; holding it, a swarm waits 3, a walker D / 10 (1 to 3)
+    assert bb.patience(True, False, 10) == bb.patience(True, True, 50) == 1
+    assert bb.patience(False, False, 2) == bb.HOLDING_PATIENCE == 3
+    assert bb.patience(False, True, 2) == bb.patience(False, True, 10) == 1
+    assert bb.patience(False, True, 20) == 2 and bb.patience(False, True, 40) == 3
     assert bb.overspent(201, 100, behind=True) and not bb.overspent(200, 100, behind=True)
     assert not bb.overspent(10_000, 100, behind=False)
 
@@ -1026,3 +1031,21 @@ def test_a_walker_or_face_round_records_the_ranks_a_distributed_evaluator_names(
     assert int(fb.metrics(state)["disagreeing_ranks"]) == 0b10
     with pytest.raises(RuntimeError, match=r"ranks \[1\] disagree with rank 0"):
         fb.distributed.check_agreement(state)
+
+
+def test_a_walker_holding_the_best_restarts_after_restart_after_rounds_without_progress():
+    """A walker's step adapts, so a stall is a stall: one holding the best restarts after
+    ``restart_after`` of its rounds without progress, not ``HOLDING_PATIENCE`` times that (a
+    swarm's patience, kept for slow descents), here on a valley with a flat floor."""
+    opt = fb.black_box_search((-1.0, 1.0), max_evals=6000, restart_after=30, polish=0.0,
+                              explore_after=None)
+    state = opt.init({"x": torch.zeros(2, dtype=torch.float64)}, key=fb.random.key(0))
+    limit, before = 30 * 16, None
+    while state.phase != "done" and int(state.restarts) == 0:
+        before, asked = state, opt.ask(state)
+        x = asked.params["x"]
+        state = opt.tell(state, asked, ((x[:, 0] - 0.3) ** 2 + 100 * (x[:, 1] + 0.2) ** 2
+                                        ).clamp_min(1e-4) + 7.0)
+    assert int(state.restarts) == 1 and bool(before.valley)  # the first search: ahead
+    assert float(before.best_loss) == 7.0 + 1e-4
+    assert limit <= int(before.stalled) + 16 < search.HOLDING_PATIENCE * limit

@@ -42,6 +42,7 @@ from . import moves, walker
 
 # Tuned constants; docs/variants.md ("Every default") has the numbers that chose each.
 HOLDING_PATIENCE = 3  # a swarm holding the best waits this many times as long to restart
+WALKER_PATIENCE_D = 10  # a walker holding the best waits D / this many times (1 to the above)
 VALLEY_CONDITION = 2.0  # a metric of this condition (checked once a cycle) marks a valley
 JITTER_PERIOD = 10  # the explorer is kicked every JITTER_PERIOD updates
 FACE_SHARE, FACE_SCAN_SIZE = 0.1, 2000  # face moves' caps: share of the polish, coordinates
@@ -405,7 +406,8 @@ class _Search(NamedTuple):
                   found_after=found_after, first=first, progress=progress, stalled=stalled)
         round_size = self.walker_size(s) if isinstance(new, walker.Walker) else self.per_round
         if self.stall_limit is None or not (
-                stalled_out(stalled, self.stall_limit * round_size, behind)
+                stalled_out(stalled, self.stall_limit * round_size,
+                            patience(behind, valley, len(s.best_row)))
                 or overspent(spent_all, found_after, behind)):
             return s
         restarts = int(s.restarts)  # a point uniform in the box (the start where a side is open)
@@ -498,10 +500,10 @@ def black_box(loss_fn: LossFn, params: Params, bounds: Any, *args: Any, max_eval
             walker's rounds are as large), whose round goes to the evaluator in
             ``swim_batch`` (``swim_length + 1``: one) calls; ``step_size_min`` (1e-12 box widths);
             ``restart_after`` (30; None: never) updates without a gain of
-            ``restart_rtol`` (0.01) of the way still to the best of the swarms before (of
-            its own descent, or in a valley its metric found of its last gain, for 3x as
-            long, while it holds the best) end a converging swarm, as do 2x the
-            evaluations the best's swarm took, for a swarm behind it;
+            ``restart_rtol`` (0.01) of the way still to the best of the swarms before (while
+            it holds the best: of its own descent for 3x as long, or in a valley its metric
+            found of its last gain for D / 10 times as long, 1x to 3x) end a converging
+            swarm, as do 2x the evaluations the best's swarm took, for a swarm behind it;
             ``metric_rate`` (2.0, of the swarms' metric and the walker's CMA-ES rates;
             0: isotropic tumbles and no walkers, needed beyond 2000 parameters);
             ``explore_after`` (2; None: never) failed swarms in a row (a wide walker
@@ -589,9 +591,21 @@ def progressed(now: float, progress: float, entry_best: float, first: float, gai
             or (valley and not behind and progress - now > rtol * gain))
 
 
-def stalled_out(stalled: int, limit: int, behind: bool) -> bool:
-    """``limit`` evaluations without progress, ``HOLDING_PATIENCE`` times that while ahead."""
-    return stalled >= limit * (1 if behind else HOLDING_PATIENCE)
+def stalled_out(stalled: int, limit: int, patience: float) -> bool:
+    """``patience`` times ``limit`` evaluations without progress."""
+    return stalled >= limit * patience
+
+
+def patience(behind: bool, valley: bool, n: int) -> float:
+    """How many stall windows a search waits in ``n`` dimensions: one behind the best.
+
+    Holding it, a swarm waits ``HOLDING_PATIENCE`` (its descent can be slow); in a valley its
+    step adapts, so ``n / WALKER_PATIENCE_D`` of them, from 1 up to ``HOLDING_PATIENCE`` (its
+    metric learns in rounds that grow with ``n``).
+    """
+    if behind:
+        return 1.0
+    return min(max(n / WALKER_PATIENCE_D, 1.0), HOLDING_PATIENCE) if valley else HOLDING_PATIENCE
 
 
 def overspent(spent: int, found_after: int, behind: bool) -> bool:
