@@ -12,30 +12,15 @@ import torch
 from torch import Tensor
 
 from . import _metric as metric
-from ._ask_tell import Plan, Variant, costs_evaluation, cycle_ends, swim_optimizer
+from ._ask_tell import Plan, Variant, costs_evaluation, cycle_ends, swim_optimizer, swim_settings
 from ._base import Key, Optimizer, Params
-from ._bounds import (
-    BOUNDARY_MODES,
-    LeafBounds,
-    box_relative,
-    check_bounds,
-    flat_box,
-    is_closed,
-    sample_domain,
-    update_box,
-)
-from ._checks import check_bool, check_choice, check_float, check_int, check_ordered
-from ._chemotaxis import TUMBLES, SwimResult, tumble_directions, walk
+from ._bounds import LeafBounds, box_relative, flat_box, sample_domain, update_box
+from ._checks import check_bool, check_float, check_int, check_ordered
+from ._chemotaxis import SwimResult, tumble_directions, walk
 from ._layout import layout, ravel
-from ._population import (
-    Noise,
-    bacterium_noise,
-    initial_population,
-    per_run,
-    reproduction_index,
-)
+from ._population import Noise, bacterium_noise, initial_population, per_run, reproduction_index
 from ._tree import diversity, first_min, where
-from .evaluate import Evaluator, check_evaluator
+from .evaluate import Evaluator
 
 
 class AdaptiveBFOHyperparams(NamedTuple):
@@ -196,29 +181,20 @@ def swarm_settings(population_size: int, **given: Any) -> AdaptiveSettings:
     defaults = adaptive_bfo.__kwdefaults__ or {}
     if unknown := sorted(given.keys() - defaults.keys()):
         raise TypeError(f"adaptive_bfo() got an unexpected keyword argument {unknown[0]!r}")
-    a = {**defaults, **given}
-    size = check_int("population_size", population_size, 1)
-    swims = check_int("swim_length", a["swim_length"], 0)
-    batch = check_int("swim_batch", a["swim_batch"], 1)
-    n_c = check_int("chemotaxis_steps", a["chemotaxis_steps"], 1)
+    a = {**defaults, **given, "population_size": population_size}
+    checked = swim_settings(a, AdaptiveBFOHyperparams.RANGES)
     n_stag = check_int("stagnation_steps", a["stagnation_steps"], 1)
+    size = checked["size"]
     min_size = size if a["min_population_size"] is None else check_int(
         "min_population_size", a["min_population_size"], 1)
     if min_size > size:
         raise ValueError(f"Invalid min_population_size: {a['min_population_size']}; expected "
                          f"at most population_size={size}.")
-    hyper = {name: check_float(name, a[name], *limits)
-             for name, limits in AdaptiveBFOHyperparams.RANGES.items()}
-    check_ordered(hyper, AdaptiveBFOHyperparams.ORDERED)
-    check_choice("tumble", a["tumble"], TUMBLES)
-    check_choice("boundary", a["boundary"], BOUNDARY_MODES)
-    check_bool("maximize", a["maximize"])
+    check_ordered(checked["hyper"], AdaptiveBFOHyperparams.ORDERED)
     check_bool("relative_steps", a["relative_steps"])
-    rate = check_float("metric_rate", a["metric_rate"], 0.0)
-    bounds = check_bounds(a["bounds"])
-    return AdaptiveSettings(size, swims, n_c, n_stag, bounds, a["boundary"], a["tumble"],
-                            -1.0 if a["maximize"] else 1.0, min_size, a["relative_steps"], batch,
-                            rate, is_closed(bounds), check_evaluator(a["evaluator"]), hyper)
+    return AdaptiveSettings(**checked, stagnation_steps=n_stag, min_size=min_size,
+                            relative_steps=a["relative_steps"],
+                            metric_rate=check_float("metric_rate", a["metric_rate"], 0.0))
 
 
 def adaptive_init(static: AdaptiveSettings, params: Params, *, key: Key) -> AdaptiveBFOState:

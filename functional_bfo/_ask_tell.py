@@ -18,9 +18,11 @@ import torch
 from torch import Tensor
 
 from ._base import Key, LossFn, Optimizer, Params
-from ._checks import check_losses, check_state
-from ._chemotaxis import Ray, SwimCarry, SwimResult, after
+from ._bounds import BOUNDARY_MODES, check_bounds, is_closed
+from ._checks import check_bool, check_choice, check_float, check_int, check_losses, check_state
+from ._chemotaxis import TUMBLES, Ray, SwimCarry, SwimResult, after
 from ._layout import Layout, unravel
+from .evaluate import check_evaluator
 
 # The integer type whose bits a float of each width is read as, for a state's digest.
 BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -151,6 +153,22 @@ class Variant(NamedTuple):
     told_aux: Callable[..., Any] | None = None  # (settings, state, asked, **given): tell's aux
     update_takes: str | None = None  # the keyword update takes beyond the contract
     tell_takes: str | None = None  # and tell (hybrid_bfo's grad= and grads=)
+
+
+def swim_settings(a: dict[str, Any], ranges: dict[str, tuple]) -> dict[str, Any]:
+    """The settings bfo and adaptive_bfo check alike, from their arguments ``a`` by name."""
+    size = check_int("population_size", a["population_size"], 1)
+    swims = check_int("swim_length", a["swim_length"], 0)
+    batch = check_int("swim_batch", a["swim_batch"], 1)
+    n_c = check_int("chemotaxis_steps", a["chemotaxis_steps"], 1)
+    hyper = {name: check_float(name, a[name], *limits) for name, limits in ranges.items()}
+    check_choice("tumble", a["tumble"], TUMBLES)
+    check_choice("boundary", a["boundary"], BOUNDARY_MODES)
+    check_bool("maximize", a["maximize"])
+    bounds = check_bounds(a["bounds"])
+    return dict(size=size, swims=swims, chemotaxis_steps=n_c, bounds=bounds, tumble=a["tumble"],
+                boundary=a["boundary"], sign=-1.0 if a["maximize"] else 1.0, swim_batch=batch,
+                closed=is_closed(bounds), evaluator=check_evaluator(a["evaluator"]), hyper=hyper)
 
 
 # Settings that leave a round's candidates as they are: an Ask is told across them.

@@ -9,14 +9,15 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ._ask_tell import Plan, Variant, costs_evaluation, cycle_ends, swim_optimizer
+from ._ask_tell import Plan, Variant, costs_evaluation, cycle_ends, swim_optimizer, swim_settings
 from ._base import Key, Optimizer, Params
-from ._bounds import BOUNDARY_MODES, LeafBounds, check_bounds, is_closed, update_box
-from ._checks import check_bool, check_choice, check_float, check_int
-from ._chemotaxis import TUMBLES, tumble_directions, walk
+from ._bounds import LeafBounds, sample_domain, update_box
+from ._checks import check_bool, check_int
+from ._chemotaxis import tumble_directions, walk
 from ._layout import layout, ravel
-from ._population import bacterium_noise, disperse, initial_population, per_run, reproduce
-from .evaluate import Evaluator, check_evaluator
+from ._population import bacterium_noise, initial_population, per_run, reproduction_index
+from ._tree import where
+from .evaluate import Evaluator
 
 
 class BFOHyperparams(NamedTuple):
@@ -178,22 +179,10 @@ def bfo(
         R. N. Mantegna, `Fast, accurate algorithm for numerical simulation of Lévy stable
         stochastic processes <https://doi.org/10.1103/PhysRevE.49.4677>`_, 1994.
     """
-    given = dict(locals())  # the arguments
-    size = check_int("population_size", population_size, 1)
-    swims = check_int("swim_length", swim_length, 0)
-    n_c = check_int("chemotaxis_steps", chemotaxis_steps, 1)
+    checked = swim_settings(locals(), BFOHyperparams.RANGES)  # the arguments
     n_re = check_int("reproduction_steps", reproduction_steps, 1)
-    hyper = {name: check_float(name, given[name], *limits)
-             for name, limits in BFOHyperparams.RANGES.items()}
-    check_choice("tumble", tumble, TUMBLES)
-    check_choice("boundary", boundary, BOUNDARY_MODES)
     check_bool("swarming", swarming)
-    check_bool("maximize", maximize)
-    bounds = check_bounds(bounds)
-    return swim_optimizer(BFO, BFOSettings(
-        size, swims, n_c, n_re, swarming, tumble, bounds, boundary, is_closed(bounds),
-        -1.0 if maximize else 1.0, check_int("swim_batch", swim_batch, 1),
-        check_evaluator(evaluator), hyper))
+    return swim_optimizer(BFO, BFOSettings(**checked, reproduction_steps=n_re, swarming=swarming))
 
 
 class BFOSettings(NamedTuple):
@@ -230,14 +219,17 @@ def bfo_plan(static: BFOSettings, state: BFOState, cycles: bool) -> Plan:
     n_c, n_re = static.chemotaxis_steps, static.reproduction_steps
     population, losses, health = state.population, state.losses, state.health
     if cycles:  # else the driver knows that no cycle ends here (at_step)
-        ends = cycle_ends(state.step, n_c)
-        population, losses, health = reproduce(ends, population, losses, health)
+        ends = cycle_ends(state.step, n_c)  # the healthiest half splits, health restarts at 0
+        source = reproduction_index(health, ends)
+        population, losses = population.index_select(0, source), losses.index_select(0, source)
+        health = torch.where(ends, 0.0, health)
     cost = static.sign * losses  # NaN where never evaluated
     known = ~torch.isnan(cost)
-    if cycles:
-        population, known = disperse(ends & (state.step % (n_c * n_re) == 0), population,
-                                     known, noise.coin, noise.place, hp.elimination_prob,
-                                     hp.init_scale, best, box)
+    if cycles:  # elimination-dispersal
+        dispersed = ends & (state.step % (n_c * n_re) == 0) & (noise.coin < hp.elimination_prob)
+        population = where(dispersed, sample_domain(best, noise.place, box, hp.init_scale),
+                           population)
+        known = known & ~dispersed
 
     swarm_cost = None
     if static.swarming:  # J_cc against the population as it stands at the start of the step

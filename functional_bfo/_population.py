@@ -13,7 +13,6 @@ from ._base import Key, Params
 from ._bounds import LeafBounds, flat_box, leaf_bounds, project, sample_domain
 from ._checks import check_params
 from ._layout import layout, ravel, unravel
-from ._tree import where
 
 
 class Start(NamedTuple):
@@ -87,23 +86,6 @@ def initial_population(params: Params, key: Tensor, size: int, bounds: Any, init
                        f"each need {size * per / 2**30:.3g} GiB for the population alone (and "
                        "as much again per swim point evaluated); lower population_size.")
         raise
-
-
-def disperse(flag: Tensor, population: Tensor, known: Tensor, coins: Tensor, places: Tensor,
-             elimination_prob: Tensor, init_scale: Tensor, anchor: Tensor,
-             box: LeafBounds | None) -> tuple[Tensor, Tensor]:
-    """Dispersal where ``flag`` holds: ``(population, known)`` after it."""
-    dispersed = flag & (coins < elimination_prob)
-    fresh = sample_domain(anchor, places, box, init_scale)
-    return where(dispersed, fresh, population), known & ~dispersed
-
-
-def reproduce(flag: Tensor, population: Tensor, losses: Tensor, health: Tensor
-              ) -> tuple[Tensor, Tensor, Tensor]:
-    """Where ``flag`` (0-d bool) holds, the healthiest half splits and health restarts at zero."""
-    source = reproduction_index(health, flag)
-    return (population.index_select(0, source), losses.index_select(0, source),
-            torch.where(flag, 0.0, health))
 
 
 def reproduction_index(health: Tensor, reproduce: Tensor, active: Tensor | None = None) -> Tensor:
