@@ -5,6 +5,7 @@ as a step of their own (``python -m pytest -q -m bench``, .ci/run). The other te
 (the problems, the tables, the peers' adapters) run with the rest of the suite.
 """
 
+import itertools
 import json
 import os
 import pathlib
@@ -239,3 +240,33 @@ def test_each_installed_peer_runs_at_a_tiny_budget(name, benchmarks_on_path):
         pytest.skip(f"{name.split('.')[0]} is not installed")
     out = peers.run_peer(name, lambda x: float((x**2).sum()), 2, -5.0, 5.0, 300, 10, 0)
     assert 0 < out["evals"] <= 300 and math.isfinite(out["best"])
+
+
+def markdown_tables(text: str) -> list[tuple[str, list[str]]]:
+    """Each Markdown table of ``text``: its header row and its body rows, stripped."""
+    tables, lines = [], [line.strip() for line in text.splitlines()]
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("|") and lines[i + 1].startswith("|---"):
+            body = itertools.takewhile(lambda row: row.startswith("|"), lines[i + 2:])
+            tables.append((line, list(body)))
+    return tables
+
+
+def test_docs_tables_that_copy_a_record_hold_its_rows():
+    """A table of docs/benchmarks.md whose header is a recorded table's (or one with a D
+    column before it, the records' tables per D side by side) holds only rows of the records'
+    tables under that header: a row pasted under another table's header (as BBOB rows once
+    landed in the Optuna table), a stale row or a figure edited by hand fails here."""
+    recorded: dict[str, set[str]] = {}
+    for path in sorted((BENCHMARKS / "results").glob("*.md")):
+        for header, body in markdown_tables(path.read_text()):
+            recorded.setdefault(header, set()).update(body)
+    docs, copies = BENCHMARKS.parent / "docs" / "benchmarks.md", []
+    for header, body in markdown_tables(docs.read_text()):
+        if header.startswith("| D |") and (per_d := header.removeprefix("| D ")) in recorded:
+            header, body = per_d, ["|" + row.split("|", 2)[2] for row in body]  # D tables
+        if header in recorded:
+            copies.append((header, body))
+    assert len(copies) >= 15  # the quality, COCO, speed, GPU and integrations tables
+    strays = [row for header, body in copies for row in body if row not in recorded[header]]
+    assert not strays, f"docs/benchmarks.md rows in no record's table: {strays[:5]}"
