@@ -1034,9 +1034,10 @@ def test_a_walker_or_face_round_records_the_ranks_a_distributed_evaluator_names(
 
 
 def test_a_walker_holding_the_best_restarts_after_restart_after_rounds_without_progress():
-    """A walker's step adapts, so a stall is a stall: one holding the best restarts after
-    ``restart_after`` of its rounds without progress, not ``HOLDING_PATIENCE`` times that (a
-    swarm's patience, kept for slow descents), here on a valley with a flat floor."""
+    """A walker's step adapts, so a stall is a stall: one holding the best at D = 2 restarts
+    after ``restart_after`` of its rounds without progress (D / 10 windows, at least one), not
+    ``HOLDING_PATIENCE`` times that (a swarm's patience, kept for slow descents), here on a
+    valley with a flat floor."""
     opt = fb.black_box_search((-1.0, 1.0), max_evals=6000, restart_after=30, polish=0.0,
                               explore_after=None)
     state = opt.init({"x": torch.zeros(2, dtype=torch.float64)}, key=fb.random.key(0))
