@@ -5,20 +5,16 @@ per bacterium), the vmapped fast path ``step(loss_fn=...)`` eager, with ``chunk_
 and compiled (its compile time and break-even steps), with page faults a step; on Linux the
 eager paths again once glibc keeps the memory it frees (``mallopt``, as jemalloc does).
 
-``--baseline ROOT`` times instead this checkout's shell against ROOT's ``adapters/``, both
-over this core, step for step in one process: the shell's own cost.
-
-    python benchmarks/adapter_paths.py [--quick] [--device cuda] [--baseline ROOT]
+    python benchmarks/adapter_paths.py [--quick] [--device cuda]
 """
 
 from __future__ import annotations
 
 import ctypes
-import pathlib
 import resource
 
 import torch
-from common import baseline, median_ms, paired_ms, parse, table, write
+from common import median_ms, parse, table, write
 from problems import mlp
 from torch import nn
 
@@ -66,24 +62,6 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(mmap_threshold, 1 << 30) and libc.mallopt(trim_threshold, 1 << 30))
 
 
-def shells(cls, baseline_cls, widths, samples, population, repeats, device) -> dict:
-    """One step of each path (the fast one eager) under both shells, timed in turn."""
-    row = {"class": cls.__name__}
-    for path in ("closure", "fast"):
-        steps, evals = [], []
-        for shell in (baseline_cls, cls):
-            opt, step = stepper(shell, path, *mlp(widths, samples, device),
-                                population_size=population)
-            steps.append(step)
-            evals.append(opt)
-        base_ms, ours_ms, ratio = paired_ms(steps[0], steps[1], repeats, device)
-        count = [opt.num_evals / (repeats + 2) for opt in evals]
-        row[path] = {"baseline_ms": base_ms, "ours_ms": ours_ms, "ratio": ratio,
-                     "baseline_evals": count[0], "ours_evals": count[1],
-                     "ratio_per_eval": ratio * count[0] / count[1]}
-    return row
-
-
 def stepper(cls, path: str, model, x, y, **settings):
     """A ``cls`` optimizer of ``model`` (``seed=0``) and one ``opt.step`` on the closure path or
     a fast one (``fast...``); the hybrid's closure runs backward, as its gradients need."""
@@ -94,7 +72,7 @@ def stepper(cls, path: str, model, x, y, **settings):
     def closure():
         opt.zero_grad()
         loss = criterion(model(x), y)
-        if type(opt).__name__ == "HybridBFO":  # ours or a baseline's
+        if isinstance(opt, HybridBFO):
             loss.backward()
         return loss.item()
 
@@ -105,32 +83,11 @@ def stepper(cls, path: str, model, x, y, **settings):
         lambda: opt.step(loss_fn=loss_fn))
 
 
-def compare(args, widths, samples, population, repeats, classes) -> None:
-    base, subject = baseline(args.baseline, "adapters")
-    rows = [shells(c, getattr(base, c.__name__), widths, samples, population, repeats,
-                   args.device) for c in classes]
-    md = [f"# The shell's cost against `{subject}`'s", "",
-          f"MLP {'-'.join(map(str, widths))} (tanh) on {samples} samples, population "
-          f"{population}, both shells over this core, one step each in turn, {repeats} pairs.", ""]
-    md += table("class | path | baseline ms | ours ms | ours / baseline | evals (baseline, "
-                "ours) | per evaluation", [
-                    [r["class"], path, f"{c['baseline_ms']:.2f}", f"{c['ours_ms']:.2f}",
-                     f"{c['ratio']:.3f}", f"{c['baseline_evals']:.0f}, {c['ours_evals']:.0f}",
-                     f"{c['ratio_per_eval']:.3f}"]
-                    for r in rows for path, c in (("closure", r["closure"]), ("fast", r["fast"]))])
-    write(args, "adapter_shells", {"model": list(widths), "samples": samples, "baseline": subject,
-                                   "rows": rows}, md)
-
-
 def main() -> None:
-    args = parse(__doc__, ("--baseline", {
-        "type": pathlib.Path, "help": "a checkout whose shell to compare"}), cold=True)
+    args = parse(__doc__, cold=True)
     widths, samples = ((16, 32, 4), 128) if args.quick else ((64, 128, 10), 256)
     population, repeats = (16, 3) if args.quick else (64, 10)
     classes = [BFO] if args.quick else [BFO, AdaptiveBFO, HybridBFO]
-    if args.baseline is not None:
-        return compare(args, widths, samples, population, repeats * (1 if args.quick else 6),
-                       classes)
     rows = [bench(c, widths, samples, population, repeats, args.device) for c in classes]
     kept = args.device == "cpu" and keep_freed_memory()
     for row, c in zip(rows, classes) if kept else ():  # the eager paths, fresh optimizers

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 import torch
-from common import parse, table, write
+from common import parse, table, timed, write
 
 import functional_bfo as fb
 
@@ -62,11 +62,10 @@ def run_cma(loss, budget: int, seed: int) -> dict:
     import cma
 
     seen: list[float] = []  # every value: the run's best (es.result: the last restart's)
-    start = time.perf_counter()
-    cma.fmin2(lambda x: seen.append(loss(x)) or seen[-1], DIM * [0.0], 0.3 * (HIGH - LOW), {
-        "bounds": [LOW, HIGH], "maxfevals": budget, "verbose": -9, "seed": seed + 1},
-        bipop=True, restarts=9)
-    seconds = time.perf_counter() - start
+    _, seconds = timed(lambda: cma.fmin2(
+        lambda x: seen.append(loss(x)) or seen[-1], DIM * [0.0], 0.3 * (HIGH - LOW), {
+            "bounds": [LOW, HIGH], "maxfevals": budget, "verbose": -9, "seed": seed + 1},
+        bipop=True, restarts=9))
     return {"evals_per_s": len(seen) / seconds, "error": min(seen) - OFFSET}
 
 

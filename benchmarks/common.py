@@ -89,6 +89,12 @@ def paired_ms(floor: Callable[[], object], work: Callable[[], object], repeats: 
             statistics.median(b / a for a, b in pairs))
 
 
+def compiled(fn: Callable, mode: str) -> Callable:
+    """``fn`` itself (``eager``), compiled whole (``compiled``) or in torch.compile's ``mode``."""
+    return fn if mode == "eager" else torch.compile(
+        fn, fullgraph=True, mode=None if mode == "compiled" else mode)
+
+
 def machine(device: str) -> dict:
     gpu = {"gpu": torch.cuda.get_device_name()} if device.startswith("cuda") else {}
     return {"platform": platform.platform(), "processor": platform.processor() or "unknown",
@@ -96,13 +102,15 @@ def machine(device: str) -> dict:
             "python": platform.python_version(), "device": device, **gpu}
 
 
-def write(args: argparse.Namespace, name: str, result: dict, markdown: list[str],
-          header: bool = True) -> None:
+def write(args: argparse.Namespace, name: str, result: dict,
+          markdown: list[str] | Callable[[dict], list[str]]) -> None:
     """Write ``<name>.json`` (compact: reruns keep results/ small), with the commit, machine and
-    --quick, and ``<name>.md`` (``header``: those under its title), suffixed by quick/device;
-    print the table."""
+    --quick, and ``<name>.md`` (lines: those under their title; a function: its lines of that
+    whole result), suffixed by quick/device; print the table."""
     result = {"commit": commit(), "machine": machine(args.device), "quick": args.quick, **result}
-    if header:
+    if callable(markdown):
+        markdown = markdown(result)
+    else:
         markdown[1:1] = ["", f"Commit `{result['commit']}`. Machine: {result['machine']}"]
     stem = name + ("_quick" if args.quick else "") + (
         "" if args.device == "cpu" else f"_{args.device.split(':')[0]}")
@@ -124,16 +132,23 @@ def peak_mb(fn: Callable[[], object], device: str = "cpu") -> float:
         fn()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - base) / 2**20
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
-        fn()
     changes = sorted((e.time_range.start, e.cpu_memory_usage if e.name == "[memory]"
-                      else e.self_cpu_memory_usage) for e in prof.events())
+                      else e.self_cpu_memory_usage) for e in profiled(fn, profile_memory=True))
     running = peak = 0
     for _, change in changes:
         running += change
         peak = max(peak, running)
     return peak / 2**20
+
+
+def profiled(fn: Callable[[], object], device: str = "cpu", **settings):
+    """torch.profiler's events (given ``settings``) of one call of ``fn``, on CUDA the GPU's too."""
+    kinds = torch.profiler.ProfilerActivity
+    with torch.profiler.profile(activities=[kinds.CPU] + [kinds.CUDA] * device.startswith("cuda"),
+                                **settings) as prof:
+        fn()
+        sync(device)
+    return prof.events()
 
 
 def commit(root: pathlib.Path | None = None, form: str = "%h") -> str:
@@ -149,20 +164,18 @@ def commit(root: pathlib.Path | None = None, form: str = "%h") -> str:
     return out.stdout.strip()[:72] or "unknown"
 
 
-def baseline(root: pathlib.Path, package: str):
-    """The ``package`` folder (``functional_bfo`` or ``adapters``) of another checkout ROOT,
-    imported beside ours as ``baseline_<package>``, and ROOT's last commit (hash, subject). A
-    core draws with this checkout's ``random`` (a custom op registers once per process), so
-    ROOT's must be the same file: only the update differs. Adapters run over this core."""
-    folder = root.resolve() / package
+def baseline(root: pathlib.Path):
+    """The core (``functional_bfo``) of another checkout ROOT, imported beside ours as
+    ``baseline_functional_bfo``, and ROOT's last commit (hash, subject). It draws with this
+    checkout's ``random`` (a custom op registers once per process), so ROOT's must be the same
+    file: only the update differs."""
+    folder, name = root.resolve() / "functional_bfo", "baseline_functional_bfo"
     if not (folder / "__init__.py").exists():
-        raise SystemExit(f"--baseline {root}: no {package}/__init__.py there.")
-    name = f"baseline_{package}"
-    if package == "functional_bfo":
-        if (folder / "random.py").read_text() != pathlib.Path(fbr.__file__).read_text():
-            raise SystemExit(f"--baseline {root}: its functional_bfo/random.py differs from "
-                             "this checkout's; the two cannot share one process.")
-        sys.modules[f"{name}.random"] = fbr
+        raise SystemExit(f"--baseline {root}: no functional_bfo/__init__.py there.")
+    if (folder / "random.py").read_text() != pathlib.Path(fbr.__file__).read_text():
+        raise SystemExit(f"--baseline {root}: its functional_bfo/random.py differs from "
+                         "this checkout's; the two cannot share one process.")
+    sys.modules[f"{name}.random"] = fbr
     spec = importlib.util.spec_from_file_location(name, folder / "__init__.py",
                                                   submodule_search_locations=[str(folder)])
     module = importlib.util.module_from_spec(spec)

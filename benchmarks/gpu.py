@@ -20,18 +20,14 @@ import warnings
 
 import optree
 import torch
-from common import commit, machine, median_ms, paired_ms, parse, peak_mb, sync, table, timed, write
+from common import compiled, median_ms, paired_ms, parse, peak_mb, profiled, table, timed, write
 from peers import evox_pso
-from problems import CYCLE, SWIM, evaluation, rastrigin_problem, started
+from problems import CYCLE, SWIM, cycle, evaluation, rastrigin_problem, started
 
 import functional_bfo as fb
 
 DEVICE = "cuda"
-MODES = {"eager": None, "compiled": "default", "graphs": "reduce-overhead"}
-
-
-def compiled(fn, mode: str):
-    return fn if MODES[mode] is None else torch.compile(fn, fullgraph=True, mode=MODES[mode])
+MODES = {"eager": "eager", "compiled": "compiled", "graphs": "reduce-overhead"}  # for compiled()
 
 
 def update_row(variant: str, population: int, mode: str, repeats: int) -> dict:
@@ -44,23 +40,16 @@ def update_row(variant: str, population: int, mode: str, repeats: int) -> dict:
     # Five different populations: of one population five times, inductor computes one.
     points = [optree.tree_map(lambda x, k=k: x + k / 64, candidates) for k in range(SWIM + 1)]
     torch.compiler.reset()
-    evaluations = compiled(lambda ps: [one(p) for p in ps], mode)
-    update = compiled(opt.update, mode)
-    current = [optree.tree_map(torch.clone, state)]
+    evaluations = compiled(lambda ps: [one(p) for p in ps], MODES[mode])
+    # CYCLE updates chained as a training loop runs them, each cycle's end copied in every mode.
+    update = compiled(opt.update, MODES[mode])
+    current: list = []  # each cycle's end
+    chained = cycle(update, optree.tree_map(torch.clone, state), loss, True, current)
 
     def floor():
         if mode == "graphs":  # its outputs are not read: the next replay may overwrite them
             torch.compiler.cudagraph_mark_step_begin()
         evaluations(points)
-
-    def chained():
-        """CYCLE updates, each fed the last one's state, as a training loop runs them."""
-        s = current[0]
-        for _ in range(CYCLE):
-            s = update(s, loss)
-        # A CUDA graph's outputs live until its next replay: keep this cycle's end past the
-        # floor's replays (one copy per CYCLE updates).
-        current[0] = optree.tree_map(torch.clone, s)
 
     _, compile_s = timed(lambda: (floor(), chained()), DEVICE)  # graphs record in 2nd calls
     floor_ms, ms, ratio = paired_ms(floor, chained, repeats, DEVICE, CYCLE)
@@ -81,13 +70,8 @@ def update_row(variant: str, population: int, mode: str, repeats: int) -> dict:
 def gpu_time(fn, calls: int) -> tuple[float, float, list]:
     """Per call of ``calls`` in ``fn``: GPU time in us (its kernels' durations summed), the
     kernels launched, and the five longest kernels (name, us) by torch.profiler."""
-    fn()
-    sync(DEVICE)
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        fn()
-        sync(DEVICE)
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    timed(fn, DEVICE)  # a first call, finished
+    kernels = [e for e in profiled(fn, DEVICE) if e.device_type == torch.autograd.DeviceType.CUDA]
     by_name: collections.Counter = collections.Counter()
     for e in kernels:
         by_name[e.name[:48]] += e.time_range.elapsed_us() / calls
@@ -175,18 +159,15 @@ def glue_rows(steps: int) -> list[dict]:
 
 def plan(quick: bool, only: str = "") -> list[tuple[str, tuple]]:
     """Every row, the targets' first; with ``only``, the rows whose name holds it."""
-    big, small = (4096, 256) if quick else (65536, 256)
-    rows: list[tuple[str, tuple]] = [("update", ("bfo", big, m)) for m in MODES]
-    rows += [("evox", (big,)), ("evox", (small,))]
-    rows += [("update", ("bfo", small, m)) for m in MODES]
-    for variant in ("adaptive_bfo", "hybrid_bfo"):
-        rows += [("update", (variant, big, m)) for m in MODES]
-    rows += [("glue", ())]
+    big, small, others = 4096 if quick else 65536, 256, ("adaptive_bfo", "hybrid_bfo")
+
+    def updates(variants, population):
+        return [("update", (v, population, m)) for v in variants for m in MODES]
+
+    rows = updates(["bfo"], big) + [("evox", (big,)), ("evox", (small,))] + updates(
+        ["bfo"], small) + updates(others, big) + [("glue", ())]
     if not quick:
-        rows += [("adapters", ())]
-        for variant in ("adaptive_bfo", "hybrid_bfo"):
-            rows += [("update", (variant, small, m)) for m in MODES]
-        rows += [("update", ("bfo", 4096, m)) for m in MODES]
+        rows += [("adapters", ())] + updates(others, small) + updates(["bfo"], 4096)
     return [(kind, what) for kind, what in rows if only in f"{kind} {what}"]
 
 
@@ -252,8 +233,7 @@ def main() -> None:
         raise SystemExit("gpu.py needs a CUDA device.")
     repeats = 5 if args.quick else 15
     start = time.perf_counter()
-    result: dict = {"machine": machine(DEVICE), "commit": commit(), "quick": args.quick,
-                    "floor": "5 populations", "updates": [], "peer": [], "adapters": [],
+    result: dict = {"floor": "5 populations", "updates": [], "peer": [], "adapters": [],
                     "glue": [], "skipped": [], "failed": []}
     for kind, what in plan(args.quick, args.only):
         if time.perf_counter() - start > args.budget:
@@ -275,7 +255,7 @@ def main() -> None:
             result["failed"].append(f"{kind} {what}: {type(e).__name__}: {e}"[:300])
         print(f"[{time.perf_counter() - start:5.0f} s] {kind} {what}", flush=True)
     result["seconds"] = time.perf_counter() - start
-    write(args, "gpu_only" if args.only else "gpu", result, markdown(result), header=False)
+    write(args, "gpu_only" if args.only else "gpu", result, markdown)
 
 
 if __name__ == "__main__":

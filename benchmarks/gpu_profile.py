@@ -15,20 +15,10 @@ from __future__ import annotations
 import collections
 
 import torch
-from common import commit, machine, median_ms, parse, sync, table, write
+from common import median_ms, parse, profiled, table, write
 from problems import CYCLE, FACTORIES, cycle, rastrigin_problem, started
 
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
-
-
-def profiled(run, device: str):
-    """torch.profiler's events of one cycle."""
-    kinds = torch.profiler.ProfilerActivity
-    with torch.profiler.profile(activities=[kinds.CPU] + [kinds.CUDA] * device.startswith("cuda")
-                                ) as prof:
-        run()
-        sync(device)
-    return prof.events()
 
 
 def inside_op(event) -> bool:
@@ -94,10 +84,8 @@ def markdown(result: dict) -> list[str]:
 def main() -> None:
     args = parse(__doc__)
     repeats, populations = (3, (32,)) if args.quick else (15, (256, 65536))
-    result = {"commit": commit(), "machine": machine(args.device), "quick": args.quick,
-              "op_us": op_us(args.device, repeats),
-              "rows": [row(v, p, args.device, repeats) for p in populations for v in FACTORIES]}
-    write(args, "gpu_profile", result, markdown(result), header=False)
+    write(args, "gpu_profile", {"op_us": op_us(args.device, repeats), "rows": [
+        row(v, p, args.device, repeats) for p in populations for v in FACTORIES]}, markdown)
 
 
 if __name__ == "__main__":

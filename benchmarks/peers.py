@@ -123,11 +123,11 @@ def evox_pso(population: int, dim: int, shift, device: str):
     from evox.algorithms import PSO
     from evox.core import Problem
     from evox.workflows import StdWorkflow
+    from problems import rastrigin
 
     class Rastrigin(Problem):
         def evaluate(self, pop):
-            z = pop - shift
-            return 10 * dim + (z.square() - 10 * torch.cos(2 * math.pi * z)).sum(1)
+            return rastrigin(pop - shift)
 
     box = torch.full((dim,), 5.12, device=device)
     algorithm = PSO(population, -box, box, device=device)
@@ -156,11 +156,8 @@ def run_peer(name: str, f: Objective, dim: int, low: float, high: float, budget:
     random.seed(seed)
     start = time.perf_counter()
     with (contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()),
-          warnings.catch_warnings()):
+          warnings.catch_warnings(), contextlib.suppress(_BudgetSpent)):
         warnings.simplefilter("ignore")
-        try:
-            PEERS[name](counter, dim, low, high, population, seed)
-        except _BudgetSpent:
-            pass
+        PEERS[name](counter, dim, low, high, population, seed)
     return {"best": counter.best, "evals": counter.evals,
             "seconds": time.perf_counter() - start, "history": counter.history}

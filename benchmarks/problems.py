@@ -35,6 +35,11 @@ def shift_of(name: str, dim: int, generator: torch.Generator) -> torch.Tensor:
         BOXES[name] * 0.5)
 
 
+def rastrigin(z, xp=torch):
+    """Rastrigin over the last axis of ``z``, a torch tensor or (``xp=np``) a numpy array."""
+    return 10 * z.shape[-1] + (z * z - 10 * xp.cos(2 * math.pi * z)).sum(-1)
+
+
 def _schwefel_terms(z):
     return -z * torch.sin(z.abs().sqrt())
 
@@ -68,7 +73,7 @@ def make(name: str, dim: int, seed: int, rotate: bool = False):
             y = z + 1.0
             return (100 * (y[1:] - y[:-1].square()).square() + (1 - y[:-1]).square()).sum()
         if name == "rastrigin":
-            return 10 * dim + (z.square() - 10 * torch.cos(2 * math.pi * z)).sum()
+            return rastrigin(z)
         if name == "ackley":
             return (-20 * torch.exp(-0.2 * z.square().mean().sqrt())
                     - torch.exp(torch.cos(2 * math.pi * z).mean()) + 20 + math.e)
@@ -130,8 +135,7 @@ CYCLE = 10  # chemotaxis_steps: updates per reproduction
 
 def rastrigin_problem(dim: int, device: str):
     def loss(params: dict) -> torch.Tensor:
-        x = params["x"] - 0.5
-        return 10 * x.numel() + (x.square() - 10 * torch.cos(2 * math.pi * x)).sum()
+        return rastrigin(params["x"] - 0.5)
 
     return {"x": torch.zeros(dim, device=device)}, loss, dict(bounds=(-5.12, 5.12))
 
@@ -168,16 +172,18 @@ def evaluation(variant: str, loss):
     return torch.func.vmap(torch.func.grad_and_value(loss) if variant == "hybrid_bfo" else loss)
 
 
-def cycle(update, state, loss, mode: str = "eager"):
-    """CYCLE updates chained from ``state`` (one reproduction), as a user runs them."""
-    current = [state]
+def cycle(update, state, loss, clone: bool = False, current: list | None = None):
+    """CYCLE updates chained from ``state`` (one reproduction), as a user runs them; each end
+    in ``current[0]`` (pass a list to read it), copied with ``clone`` (a CUDA graph's outputs
+    live until its next replay)."""
+    current = [] if current is None else current
+    current[:] = [state]
 
     def run():
         s = current[0]
         for _ in range(CYCLE):
             s = update(s, loss)
-        # A CUDA graph's outputs live until its next replay: keep the cycle's end past others'.
-        current[0] = optree.tree_map(torch.clone, s) if mode == "reduce-overhead" else s
+        current[0] = optree.tree_map(torch.clone, s) if clone else s
 
     return run
 

@@ -19,6 +19,7 @@ across processes (the BBOB suite: about 40 minutes in two on two cores).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -42,12 +43,11 @@ BFO_PEERS = [name for name in PEERS if "BFO" in name]
 
 
 OURS = {
-    "fb.bfo": lambda box, evaluator: fb.bfo(bounds=box, evaluator=evaluator),
-    "fb.adaptive_bfo": lambda box, evaluator: fb.adaptive_bfo(bounds=box, evaluator=evaluator),
+    "fb.bfo": fb.bfo,
+    "fb.adaptive_bfo": fb.adaptive_bfo,
     # The documented black-box setup (docs/variants.md; NOTES.md says how it was chosen).
-    "fb.adaptive_bfo black-box": lambda box, evaluator: fb.adaptive_bfo(
-        8, bounds=box, relative_steps=True, swim_length=1, step_size_min=1e-12,
-        evaluator=evaluator),
+    "fb.adaptive_bfo black-box": functools.partial(
+        fb.adaptive_bfo, 8, relative_steps=True, swim_length=1, step_size_min=1e-12),
     "fb.black_box": None,  # the same setup with restarts: a driver, not an optimizer
 }
 DEFAULT_OURS = "fb.black_box"  # the setup the targets are judged on
@@ -106,13 +106,10 @@ def run_ours(label: str, task: Problem, dim: int, seed: int, budget: int, **sett
                 "curve": _curve(out.history, budget, task.optimum)}
     if settings:
         raise ValueError(f"settings are fb.black_box's; {label} takes none")
-    opt = OURS[label](box, task.evaluator)
+    opt = OURS[label](bounds=box, evaluator=task.evaluator)
     state = opt.init({"x": start}, key=fb.random.key(seed))
-    history, per_update = [], None
-    while True:
-        evals = int(state.num_evals)
-        if per_update is not None and evals + per_update > budget:
-            break
+    history, per_update = [], 0  # updates while the next one fits in the budget
+    while (evals := int(state.num_evals)) + per_update <= budget:
         state = opt.update(state, loss)
         per_update = int(state.num_evals) - evals
         history.append((int(state.num_evals), float(state.best_loss)))

@@ -24,7 +24,7 @@ import numpy as np
 import peers
 import torch
 from common import parse, sync, table, timed, write
-from problems import BOXES, shift_of
+from problems import BOXES, rastrigin, shift_of
 
 import functional_bfo as fb
 from functional_bfo.adapters import BFO
@@ -37,11 +37,7 @@ def rastrigin_pair(dim: int, seed: int, device: str):
     a leading axis) and as a numpy function."""
     shift = shift_of("rastrigin", dim, torch.Generator().manual_seed(seed))
     shift_np, shift_t = shift.numpy(), shift.to(device=device, dtype=torch.float32)
-
-    def rastrigin(z, xp):
-        return 10 * dim + (z * z - 10 * xp.cos(2 * math.pi * z)).sum(-1)
-
-    return (lambda params: rastrigin(params["x"] - shift_t, torch),
+    return (lambda params: rastrigin(params["x"] - shift_t),
             lambda x: float(rastrigin(x - shift_np, np)))
 
 

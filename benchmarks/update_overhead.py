@@ -12,24 +12,35 @@ eager update against the population plus one call.
 worktree add /tmp/old v0.3``; both draw with this checkout's ``random``), update for update in
 one process, eager and compiled: the cost of a change to the update itself.
 
-    python benchmarks/update_overhead.py [--quick] [--device cuda] [--baseline ROOT]
+``--first-compile`` (record ``first_compile``, CPU): the first compiled update in fresh processes,
+in new empty inductor folders (``TMPDIR``, ``TORCHINDUCTOR_CACHE_DIR``): a one-op program first
+(inductor's start-up on a new machine), then per variant the update unseen (cold) and in a second
+process (warm); seconds, inductor's CPU probe and Dynamo's tracing among them; again with
+``TORCHINDUCTOR_VEC_ISA_OK=1``.
+
+    python benchmarks/update_overhead.py [--quick] [--device cuda]
+                                         [--baseline ROOT | --first-compile]
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import os
 import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
 
 import optree
 import torch
-from common import baseline, paired_ms, parse, peak_mb, table, timed, write
+from common import baseline, compiled, paired_ms, parse, peak_mb, table, timed, write
 from problems import CYCLE, SWIM, cycle, evaluation, mlp_problem, rastrigin_problem, started
 
 import functional_bfo as fb
 
-
-def compiled(fn, mode: str):
-    return torch.compile(fn, fullgraph=True, mode=None if mode == "compiled" else mode)
+VARIANTS = ["bfo", "adaptive_bfo", "hybrid_bfo"]  # hybrid_bfo with grad_mask=True
 
 
 def time_update(name: str, variant: str, population: int, problem, repeats: int,
@@ -42,7 +53,7 @@ def time_update(name: str, variant: str, population: int, problem, repeats: int,
            "params": sum(x.numel() for x in problem[0].values()), "swim_length": SWIM}
     for mode in modes:
         torch.compiler.reset()
-        floor_fn = evaluate if mode == "eager" else compiled(evaluate, mode)
+        floor_fn = compiled(evaluate, mode)
 
         def floor(floor_fn=floor_fn, mode=mode):  # the fair bar: compiled the same way
             for _ in range(SWIM + 1):
@@ -51,12 +62,12 @@ def time_update(name: str, variant: str, population: int, problem, repeats: int,
                 floor_fn(candidates)
 
         floor()
-        update = opt.update if mode == "eager" else compiled(opt.update, mode)
+        update = compiled(opt.update, mode)
         # Compiles; reduce-overhead records its CUDA graph on the second call.
         _, took = timed(lambda update=update: [update(state, loss) for _ in range(2)], device)
         row[f"{mode}_compile_s"] = 0.0 if mode == "eager" else took
-        floor_ms, ms, ratio = paired_ms(floor, cycle(update, state, loss, mode), repeats,
-                                        device, CYCLE)
+        work = cycle(update, state, loss, clone=mode == "reduce-overhead")
+        floor_ms, ms, ratio = paired_ms(floor, work, repeats, device, CYCLE)
         row["floor_ms" if mode == "eager" else f"floor_{mode}_ms"] = floor_ms
         row[f"{mode}_ms"] = ms
         row[f"{mode}_over_floor" if mode == "eager" else f"{mode}_over_own_floor"] = ratio
@@ -82,7 +93,7 @@ def time_update(name: str, variant: str, population: int, problem, repeats: int,
 
 def against(args, problems, variants, repeats) -> None:
     """The baseline's core and ours, eager and compiled, update for update in turn."""
-    base, subject = baseline(args.baseline, "functional_bfo")
+    base, subject = baseline(args.baseline)
     rows = []
     for name, population, problem in problems:
         for variant in variants:
@@ -91,7 +102,7 @@ def against(args, problems, variants, repeats) -> None:
                 runs = []
                 for core in (base, fb):
                     opt, state = started(variant, population, problem, core)
-                    update = opt.update if mode == "eager" else compiled(opt.update, mode)
+                    update = compiled(opt.update, mode)
                     update(state, problem[1])
                     runs.append(cycle(update, state, problem[1]))
                 base_ms, ours_ms, ratio = paired_ms(*runs, repeats, args.device)
@@ -109,11 +120,66 @@ def against(args, problems, variants, repeats) -> None:
     write(args, "update_overhead_baseline", {"baseline": subject, "rows": rows}, md)
 
 
+def first_compile_here(name: str, quick: bool) -> None:
+    """In this fresh process: inductor's CPU probe, then the first compiled call of ``name``."""
+    from torch._dynamo.utils import compile_times
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    _, probe = timed(pick_vec_isa)  # what the first compile of each process runs first
+    if name == "one-op":
+        fn, args = torch.compile(lambda x: x.sin() + 1, fullgraph=True), (torch.ones(8),)
+    else:
+        problem = rastrigin_problem(10 if quick else 30, "cpu")
+        opt, state = started(name, 16 if quick else 256, problem)
+        fn, args = torch.compile(opt.update, fullgraph=True), (state, problem[1])
+    _, took = timed(lambda: fn(*args))
+    names, values = compile_times(repr="csv", aggregate=True)  # type: ignore[misc]
+    print(json.dumps({"s": probe + took, "probe_s": probe,
+                      "trace_s": float(dict(zip(names, values)).get("bytecode_tracing", 0))}))
+
+
+def first_compile(args) -> None:
+    variants, repeats = (["bfo"], 1) if args.quick else (VARIANTS, 3)
+    runs: dict = {}
+    for _ in range(repeats):
+        for isa_ok in ("1",) if args.quick else ("", "1"):
+            with tempfile.TemporaryDirectory() as fresh:
+                env = {**os.environ, "TMPDIR": fresh, "TORCHINDUCTOR_CACHE_DIR": fresh,
+                       "TORCHINDUCTOR_VEC_ISA_OK": isa_ok, "OMP_NUM_THREADS": "2"}
+                for name, when in [("one-op", "cold")] + [
+                        (v, when) for v in variants for when in ("cold", "warm")]:
+                    code = f"import update_overhead as u; u.first_compile_here({name!r}, " \
+                           f"{args.quick})"
+                    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                                         cwd=os.path.dirname(os.path.abspath(__file__)),
+                                         capture_output=True, text=True).stdout
+                    runs.setdefault((name, isa_ok, when), []).append(
+                        json.loads(out.splitlines()[-1]))
+    rows = [{"program": name, "vec_isa_ok": bool(isa_ok), "process": when,
+             **{k: statistics.median(r[k] for r in found) for k in found[0]}}
+            for (name, isa_ok, when), found in runs.items()]
+    md = ["# The first compiled update, fresh processes (cpu, D = "
+          f"{10 if args.quick else 30}, P = {16 if args.quick else 256})", "",
+          f"Medians of {repeats} repeats, each in new empty inductor folders: `one-op` first "
+          "(inductor's start-up on a new machine), then per variant cold (unseen) and warm (a "
+          "second process). The whole first call, inductor's CPU probe and Dynamo's tracing "
+          "within it, seconds.", ""]
+    md += table("program | TORCHINDUCTOR_VEC_ISA_OK | process | first call s | probe s | "
+                "tracing s", [[r["program"], "1" if r["vec_isa_ok"] else "unset", r["process"],
+                               f"{r['s']:.1f}", f"{r['probe_s']:.1f}", f"{r['trace_s']:.1f}"]
+                              for r in rows])
+    write(args, "first_compile", {"rows": rows}, md)
+
+
 def main() -> None:
     args = parse(__doc__, ("--baseline", {
-        "type": pathlib.Path, "help": "a checkout whose core to compare"}), cold=True)
+        "type": pathlib.Path, "help": "a checkout whose core to compare"}), (
+        "--first-compile", {"action": "store_true", "help": "compile in fresh processes"}),
+        cold=True)
+    if args.first_compile:
+        return first_compile(args)
     device = args.device
-    variants, repeats = (["bfo"], 3) if args.quick else (["bfo", "adaptive_bfo", "hybrid_bfo"], 30)
+    variants, repeats = (["bfo"], 3) if args.quick else (VARIANTS, 30)
     modes = ["eager", "compiled"] + (["reduce-overhead"] if device.startswith("cuda") else [])
     problems = ([("rastrigin-10", 16, rastrigin_problem(10, device))] if args.quick else
                 [("rastrigin-30", 256, rastrigin_problem(30, device)),

@@ -20,9 +20,9 @@ pytestmark = pytest.mark.xdist_group("benchmarks")
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
 
 QUICK = {"adapter_paths.py": "adapter_paths_quick",
-         "adapter_paths.py --baseline ..": "adapter_shells_quick",  # the shell against itself
          "update_overhead.py": "update_overhead_quick",
          "update_overhead.py --baseline ..": "update_overhead_baseline_quick",  # the core too
+         "update_overhead.py --first-compile": "first_compile_quick",  # fresh processes
          "gpu_profile.py": "gpu_profile_quick",  # on the CPU: ops and host time, no kernels
          "speed.py": "speed_quick",
          "scaling.py": "scaling_quick",
