@@ -64,14 +64,26 @@ def finished(runs, script):
 
 
 @pytest.mark.bench
-@pytest.mark.parametrize("script", [s for s in QUICK
-                                    if not s.startswith(("quality.py", "coco.py"))])
+@pytest.mark.parametrize("script", [s for s in QUICK if not s.startswith(
+    ("quality.py", "coco.py")) and not s.endswith("--first-compile")])
 def test_quick_run_writes_results(script, quick_runs):
     out = finished(quick_runs, script)
     stem = QUICK[script]
     result = json.loads((out / f"{stem}.json").read_text())
     assert result["quick"] is True and result["machine"]["torch"]
     assert (out / f"{stem}.md").read_text().startswith("# ")
+
+
+@pytest.mark.bench
+def test_first_compile_quick_run_times_each_program_in_a_fresh_process(quick_runs):
+    """inductor's start-up, then the update cold and warm; the probe and tracing within each."""
+    out = finished(quick_runs, "update_overhead.py --first-compile")
+    result = json.loads((out / "first_compile_quick.json").read_text())
+    assert result["quick"] is True
+    assert [(r["program"], r["process"]) for r in result["rows"]] == [
+        ("one-op", "cold"), ("bfo", "cold"), ("bfo", "warm")]
+    assert all(r["s"] >= r["probe_s"] >= 0 and r["trace_s"] >= 0 for r in result["rows"])
+    assert (out / "first_compile_quick.md").read_text().startswith("# ")
 
 
 @pytest.mark.bench
