@@ -44,7 +44,7 @@ def update_row(variant: str, population: int, mode: str, repeats: int) -> dict:
     # CYCLE updates chained as a training loop runs them, each cycle's end copied in every mode.
     update = compiled(opt.update, MODES[mode])
     current: list = []  # each cycle's end
-    chained = cycle(update, optree.tree_map(torch.clone, state), loss, True, current)
+    chained = cycle(update, optree.tree_map(torch.clone, state), loss, clone=True, current=current)
 
     def floor():
         if mode == "graphs":  # its outputs are not read: the next replay may overwrite them
