@@ -14,8 +14,9 @@ one process, eager and compiled: the cost of a change to the update itself.
 
 ``--first-compile`` (record ``first_compile``, CPU): the first compiled update in fresh processes,
 in new empty inductor folders (``TMPDIR``, ``TORCHINDUCTOR_CACHE_DIR``): a one-op program first
-(inductor's start-up on a new machine), then per variant the update unseen (cold) and in a second
-process (warm); seconds, inductor's CPU probe and Dynamo's tracing among them; again with
+(inductor's start-up on a new machine), then each variant's update and the shell's first step
+(``BFO(compile=True)``, ``adapter_paths.py``'s MLP) unseen (cold) and in a second process (warm);
+seconds, inductor's CPU probe and Dynamo's tracing among them; again with
 ``TORCHINDUCTOR_VEC_ISA_OK=1``.
 
     python benchmarks/update_overhead.py [--quick] [--device cuda]
@@ -35,8 +36,9 @@ import tempfile
 
 import optree
 import torch
+from adapter_paths import BFO, stepper
 from common import baseline, compiled, paired_ms, parse, peak_mb, table, timed, write
-from problems import CYCLE, SWIM, cycle, evaluation, mlp_problem, rastrigin_problem, started
+from problems import CYCLE, SWIM, cycle, evaluation, mlp, mlp_problem, rastrigin_problem, started
 
 import functional_bfo as fb
 
@@ -110,8 +112,7 @@ def against(args, problems, variants, repeats) -> None:
                              "ratio": ratio}
             rows.append(row)
     md = [f"# Update time: this checkout's core against `{subject}` ({args.device})", "",
-          "Per update over chained updates, the two cores back to back in one process; ratio: "
-          "median of per-repeat ours / baseline.", ""]
+          "Per chained update, back to back in one process; ratio: median ours / baseline.", ""]
     md += table("problem | variant | P | eager baseline ms | eager ours ms | eager ratio | "
                 "compiled baseline ms | compiled ours ms | compiled ratio",
                 [[r["problem"], r["variant"], r["population"]] + [
@@ -128,6 +129,9 @@ def first_compile_here(name: str, quick: bool) -> None:
     _, probe = timed(pick_vec_isa)  # what the first compile of each process runs first
     if name == "one-op":
         fn, args = torch.compile(lambda x: x.sin() + 1, fullgraph=True), (torch.ones(8),)
+    elif name == "shell":  # torch.optim BFO(compile=True)'s first fast step, adapter_paths' MLP
+        model_x_y = mlp((16, 32, 4), 128, "cpu") if quick else mlp((64, 128, 10), 256, "cpu")
+        fn, args = stepper(BFO, "fast", *model_x_y, population_size=64, compile=True)[1], ()
     else:
         problem = rastrigin_problem(10 if quick else 30, "cpu")
         opt, state = started(name, 16 if quick else 256, problem)
@@ -139,15 +143,15 @@ def first_compile_here(name: str, quick: bool) -> None:
 
 
 def first_compile(args) -> None:
-    variants, repeats = (["bfo"], 1) if args.quick else (VARIANTS, 3)
+    variants, repeats = (["bfo", "shell"], 1) if args.quick else (VARIANTS + ["shell"], 3)
+    programs = [("one-op", "cold")] + [(v, when) for v in variants for when in ("cold", "warm")]
     runs: dict = {}
     for _ in range(repeats):
         for isa_ok in ("1",) if args.quick else ("", "1"):
             with tempfile.TemporaryDirectory() as fresh:
                 env = {**os.environ, "TMPDIR": fresh, "TORCHINDUCTOR_CACHE_DIR": fresh,
                        "TORCHINDUCTOR_VEC_ISA_OK": isa_ok, "OMP_NUM_THREADS": "2"}
-                for name, when in [("one-op", "cold")] + [
-                        (v, when) for v in variants for when in ("cold", "warm")]:
+                for name, when in programs:
                     code = f"import update_overhead as u; u.first_compile_here({name!r}, " \
                            f"{args.quick})"
                     out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
@@ -160,10 +164,10 @@ def first_compile(args) -> None:
             for (name, isa_ok, when), found in runs.items()]
     md = ["# The first compiled update, fresh processes (cpu, D = "
           f"{10 if args.quick else 30}, P = {16 if args.quick else 256})", "",
-          f"Medians of {repeats} repeats, each in new empty inductor folders: `one-op` first "
-          "(inductor's start-up on a new machine), then per variant cold (unseen) and warm (a "
-          "second process). The whole first call, inductor's CPU probe and Dynamo's tracing "
-          "within it, seconds.", ""]
+          f"Medians of {repeats} repeats in new empty inductor folders: `one-op` (inductor's "
+          "start-up on a new machine), then each variant's update and `shell` (`BFO(compile=True)`"
+          "'s first step, adapter_paths' MLP) cold (unseen) and warm (a second process): the "
+          "first call, inductor's CPU probe and Dynamo's tracing in it, seconds.", ""]
     md += table("program | TORCHINDUCTOR_VEC_ISA_OK | process | first call s | probe s | "
                 "tracing s", [[r["program"], "1" if r["vec_isa_ok"] else "unset", r["process"],
                                f"{r['s']:.1f}", f"{r['probe_s']:.1f}", f"{r['trace_s']:.1f}"]
@@ -172,10 +176,8 @@ def first_compile(args) -> None:
 
 
 def main() -> None:
-    args = parse(__doc__, ("--baseline", {
-        "type": pathlib.Path, "help": "a checkout whose core to compare"}), (
-        "--first-compile", {"action": "store_true", "help": "compile in fresh processes"}),
-        cold=True)
+    args = parse(__doc__, ("--baseline", {"type": pathlib.Path, "help": "a checkout to compare"}), (
+        "--first-compile", {"action": "store_true", "help": "in fresh processes"}), cold=True)
     if args.first_compile:
         return first_compile(args)
     device = args.device

@@ -76,12 +76,14 @@ def test_quick_run_writes_results(script, quick_runs):
 
 @pytest.mark.bench
 def test_first_compile_quick_run_times_each_program_in_a_fresh_process(quick_runs):
-    """inductor's start-up, then the update cold and warm; the probe and tracing within each."""
+    """inductor's start-up, then the update and the shell's compiled step cold and warm; the
+    probe and tracing within each."""
     out = finished(quick_runs, "update_overhead.py --first-compile")
     result = json.loads((out / "first_compile_quick.json").read_text())
     assert result["quick"] is True
     assert [(r["program"], r["process"]) for r in result["rows"]] == [
-        ("one-op", "cold"), ("bfo", "cold"), ("bfo", "warm")]
+        ("one-op", "cold"), ("bfo", "cold"), ("bfo", "warm"), ("shell", "cold"),
+        ("shell", "warm")]
     assert all(r["s"] >= r["probe_s"] >= 0 and r["trace_s"] >= 0 for r in result["rows"])
     assert (out / "first_compile_quick.md").read_text().startswith("# ")
 
