@@ -276,11 +276,11 @@ HELD_STATES = ("swarm", "explorer", "faces", "walker")
 # What every value of these fields passes in any state that init and update make.
 VALUE_RULES: tuple[tuple[Any, str, tuple[str, ...]], ...] = (
     (torch.isfinite, "holds NaN or infinite values, which no update makes",
-     ("population", "best_params", "best_row", "health", "step_sizes", "grads",
-      "reference_diversity", "start", "mean", "sigma_path", "metric")),
-    (lambda x: ~torch.isnan(x),  # +-inf: nothing found yet
-     "is NaN, which no update makes (a NaN best would never change)",
-     ("best_loss", "entry_best", "converged_best", "first", "progress")),
+     ("population", "best_params", "best_row", "step_sizes", "grads", "reference_diversity",
+      "start", "mean", "sigma_path", "metric")),
+    (lambda x: ~torch.isnan(x),  # a best of +-inf: nothing found yet; a health of +inf: a
+     "is NaN, which no update makes",  # non-finite loss met since the last reproduction
+     ("best_loss", "entry_best", "converged_best", "first", "progress", "health")),
     (lambda x: x >= 0, "is negative ({})",
      ("step_sizes", "reference_diversity", "step", "num_evals", "disagreeing_ranks", "stall",
       "grad_nonfinite", "grad_vanishing", "grad_exploding", "restarts", "failed",

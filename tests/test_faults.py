@@ -121,6 +121,28 @@ def test_a_checkpoint_of_a_state_no_update_makes_is_refused(tmp_path, edit, matc
         fb.load(path, like=state)
 
 
+def holed_loss(p):
+    """``loss_fn`` with holes: NaN where a[0] > 0.5, +inf where a[1] > -0.3 (about half)."""
+    return torch.where(p["a"][0] > 0.5, torch.nan,
+                       torch.where(p["a"][1] > -0.3, torch.inf, loss_fn(p)))
+
+
+@pytest.mark.parametrize("make", [v.make for v in VARIANTS] + [
+    lambda: fb.black_box_search((-1.0, 1.0), max_evals=600)],
+    ids=[v.name for v in VARIANTS] + ["black box"])
+def test_a_state_that_met_non_finite_losses_saves_loads_and_resumes(tmp_path, make):
+    """A NaN or infinite loss ranks last: its bacterium's health (its costs summed since the
+    last reproduction) is +inf, a value updates make, so the state loads and resumes bitwise."""
+    opt = make()
+    state = run_updates(opt, opt.init(params(), key=fb.random.key(3)), 3, holed_loss)
+    health = state.swarm.health if hasattr(state, "swarm") else state.health
+    assert bool(torch.isinf(health).any())
+    fb.save(state, tmp_path / "state.pt")
+    resumed = fb.load(tmp_path / "state.pt", like=opt.init(params(), key=fb.random.key(0)))
+    assert_trees_equal(run_updates(opt, resumed, 3, holed_loss),
+                       run_updates(opt, state, 3, holed_loss))
+
+
 @pytest.mark.parametrize("make", [
     lambda bounds: fb.hybrid_bfo(population_size=4, bounds=bounds, grad_mask=True),
     lambda bounds: fb.black_box_search(bounds, max_evals=100)], ids=["hybrid_bfo", "black box"])
