@@ -128,7 +128,9 @@ def settings_digest(settings: Any) -> int:
     h = hashlib.sha256(str(spec).encode())
     for leaf in leaves:
         if isinstance(leaf, (Tensor, np.ndarray)):
-            data = torch.as_tensor(leaf).detach().cpu().contiguous()
+            # A copy with unit strides: a one-element view keeps its stride through
+            # contiguous() (numpy's bound columns), and view(uint8) refuses it.
+            data = torch.as_tensor(leaf).detach().cpu().clone(memory_format=torch.contiguous_format)
             h.update(f"\0{data.dtype}{tuple(data.shape)}".encode())
             h.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
         else:

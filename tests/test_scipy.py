@@ -44,6 +44,14 @@ def test_bounds_vectorized_and_workers_change_nothing_but_how_fun_is_called():
         assert other.nfev == plain.nfev
 
 
+@pytest.mark.parametrize("bounds", [[(-1.0, 2.0)], Bounds(-1.0, 2.0), Bounds([-np.inf], [2.0])],
+                         ids=["pairs", "Bounds", "Bounds open below"])
+def test_one_coordinate_is_minimized(bounds):
+    """A 1-D box taken as numpy views (stride 2) hashed as other boxes are."""
+    res = minimize(lambda x: float((x[0] - 0.4) ** 2) + 3.0, np.zeros(1), bounds, seed=0)
+    assert res.success and res.x.shape == (1,) and res.nfev <= 2000 and res.fun - 3.0 < 1e-6
+
+
 def test_args_reach_fun_and_the_default_budget_is_2000_per_coordinate():
     res = minimize(shifted, np.zeros(3), BOX, args=(-5.0,), seed=0)
     assert res.nfev <= 6000 and res.fun + 5.0 < 1e-8
