@@ -309,10 +309,10 @@ class SwarmOptimizer(torch.optim.Optimizer):
             for g, (group, saved) in enumerate(zip(self.param_groups, groups)):
                 swarms[g] = self._build({**saved, "params": group["params"]})  # checks them
                 entry = entries.get((saved["params"] or [None])[0], {}).get("swarm")
-                if entry is not None:  # checked against a state of the saved settings
-                    params = [p.detach() for p in group["params"]]
+                if entry is not None:  # checked against a state of the saved settings (so of
+                    params = [p.detach() for p in group["params"]]  # its maximize=)
                     key = fb.random.fold_in(fb.random.key(record["seed"]), g).to(params[0].device)
-                    states[g] = from_dict(entry, swarms[g].core.init(params, key=key))
+                    states[g] = from_dict(entry, swarms[g].core.init(params, key=key), False)
         except (KeyError, TypeError, IndexError, AttributeError) as e:
             raise ValueError(f"Not a state dict of {name} ({type(e).__name__}: {e}); write one "
                              f"with {name}.state_dict().") from None

@@ -232,8 +232,12 @@ def load(f: PathOrFile, like: State, map_location: Any = None) -> State:
     return from_dict(data, like)
 
 
-def from_dict(data: Any, like: State) -> State:
-    """The state :func:`to_dict` made ``data`` from, checked against ``like``."""
+def from_dict(data: Any, like: State, by_losses: bool = True) -> State:
+    """The state :func:`to_dict` made ``data`` from, checked against ``like``.
+
+    ``by_losses=False`` skips reading the direction from the best and the losses, for a
+    caller that knows it (the torch.optim shell: its best is rescored on each new batch).
+    """
     fields = {"format": str, "type": str, "paths": list, "leaves": list, "digest": str}
     if not isinstance(data, dict) or data.get("format") != FORMAT or any(
             not isinstance(data.get(k), t) for k, t in fields.items()):
@@ -261,6 +265,8 @@ def from_dict(data: Any, like: State) -> State:
                              "size) or params differ.")
     state = cast(State, spec.unflatten([x.to(ref.device) for x, ref in zip(saved, leaves)]))
     _check(state, like)
+    if not by_losses:
+        return state
     mine, theirs = direction(state), direction(like, "like")
     if mine is not None and theirs is not None and mine != theirs:
         ways = {1.0: "minimizing", -1.0: "maximizing"}

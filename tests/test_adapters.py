@@ -428,6 +428,27 @@ def test_resume_from_a_state_dict_equals_never_stopping(cls):
     assert resumed.num_evals == opt.num_evals
 
 
+@pytest.mark.parametrize("cls", CLASSES)
+def test_a_state_dict_of_minibatch_training_loads_after_every_step(cls):
+    """Each step's batch differs, so the best is rescored on it and need not be the least of
+    the losses the swarm scored on earlier batches: every step's state dict resumes exactly."""
+    batches = [target() * (1 + (k % 3)) - 0.2 * k for k in range(8)]
+    a = fresh()
+    opt = cls([a], **SMALL, seed=4)
+    saved, after = [], []
+    for t in batches:
+        opt.step(quad_closure([a], t, backward=True, opt=opt))
+        saved.append(_roundtrip(opt.state_dict()))
+        after.append(a.detach().clone())
+    for k in range(len(batches) - 2):
+        c = torch.nn.Parameter(after[k].clone())
+        resumed = cls([c], **SMALL, seed=99)
+        resumed.load_state_dict(saved[k])
+        for t in batches[k + 1:k + 3]:
+            resumed.step(quad_closure([c], t, backward=True, opt=resumed))
+        assert torch.equal(c.detach(), after[k + 2])
+
+
 def test_state_dict_roundtrips_exactly():
     a = fresh()
     opt = HybridBFO([a], **SMALL, seed=1)
