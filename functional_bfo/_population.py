@@ -47,7 +47,8 @@ class Start(NamedTuple):
 
 def per_run(state: Any) -> Any:
     """``state`` plus a zero from its key and population: batched under ``vmap(init)``."""
-    zero = state.key[..., 0] * 0 + (state.population.sum((-2, -1)) * 0).to(torch.int64)
+    # zeros_like, not sum * 0: a sum of huge params is inf, and inf * 0 is NaN.
+    zero = state.key[..., 0] * 0 + torch.zeros_like(state.population[..., 0, 0], dtype=torch.int64)
 
     def batched(x: Tensor) -> Tensor:
         return x | zero.bool() if x.dtype == torch.bool else x + zero.to(x.dtype)

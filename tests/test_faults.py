@@ -486,6 +486,17 @@ def test_a_hyperparameter_that_overflows_the_state_dtype_is_refused(factory):
     opt.init(optree.tree_map(lambda x: x.double(), params()), key=fb.random.key(0))  # fits
 
 
+@variants
+def test_params_whose_sum_overflows_start_a_clean_state(variant):
+    """Finite params of huge magnitude (their sum is inf in float32): init's counters and
+    hyperparameters are what small params get, not a NaN cast to an integer."""
+    opt = variant.make(bounds=None) if "bounds" in variant.kwargs else variant.make()
+    huge, small = ({"w": torch.full((64,), v)} for v in (1e37, 1.0))
+    got, want = (opt.init(p, key=fb.random.key(0)) for p in (huge, small))
+    assert int(got.step) == int(got.num_evals) == 0
+    assert_trees_equal(got.hyperparams, want.hyperparams)
+
+
 def test_a_none_leaf_is_named():
     with pytest.raises(TypeError, match=r"got None at params\['b'\]"):
         fb.bfo(population_size=4).init({"a": torch.zeros(2), "b": None}, key=fb.random.key(0))
