@@ -173,8 +173,9 @@ def project(x: Tensor, bounds: LeafBounds | None, mode: str) -> Tensor:
         y = torch.remainder(x - low, period)
         if mode == "reflect":  # past the far face, folded back: where(y > width, ...) bitwise
             y = torch.minimum(y, period - y)
-        y = low + y
-        x = y if bounds.open is None else torch.where(bounds.open, x, y)
+        # Only what left the box moves: low + y rounds to the spacing of |low|'s floats.
+        out = (x < low) | (x > high)
+        x = torch.where(out if bounds.open is None else out & bounds.finite, low + y, x)
     # The final clamp also catches rounding at the faces, so no position ever leaves the box.
     return torch.clamp(x, low, high)
 

@@ -48,18 +48,42 @@ def test_projection_modes_by_hand():
 
 
 @settings(max_examples=60, deadline=None)
+@given(low=st.floats(-1e30, 1e30), width=st.floats(1e-6, 1e30), seed=st.integers(0, 2**31),
+       dtype=st.sampled_from([torch.float32, torch.float64]), closed=st.booleans(),
+       mode=st.sampled_from(["clip", "reflect", "wrap"]))
+def test_a_point_inside_the_box_stays_where_it_is(low, width, seed, dtype, closed, mode):
+    """Only what left the box moves: folding every point (low + remainder(x - low)) would
+    round the ones inside to the spacing of |low|'s floats (0.0625 at 1e6 in float32)."""
+    box = leaf_bounds(torch.tensor(low, dtype=dtype), torch.tensor(low + width, dtype=dtype),
+                      closed=closed)
+    u = torch.rand(256, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    x = (box.low.double() + u * box.width.double()).to(dtype).clamp(box.low, box.high)
+    assert torch.equal(project(x, box, mode), x)
+
+
+def test_bacterium_0_is_the_params_in_a_wide_box():
+    """The first candidates hold the params themselves, not them rounded to the box's grid."""
+    params = {"x": torch.tensor([0.1234567, -3.3])}
+    for boundary in ("clip", "reflect", "wrap"):
+        opt = fb.bfo(population_size=4, bounds=(-1e6, 1e6), boundary=boundary)
+        asked = opt.ask(opt.init(params, key=fb.random.key(0)))
+        assert torch.equal(asked.params["x"][0], params["x"]), boundary
+
+
+@settings(max_examples=60, deadline=None)
 @given(low=st.floats(-1e6, 1e6), width=st.floats(1e-6, 1e6), seed=st.integers(0, 2**31),
        dtype=st.sampled_from([torch.float32, torch.float64]))
 def test_reflection_folds_back_as_the_textbook_formula_bit_for_bit(low, width, seed, dtype):
     """The fold is ``minimum(y, period - y)``: the points of ``where(y > width, period - y,
-    y)``, the textbook's, in every bit (one full-size ``where`` fewer on an eager ray)."""
+    y)``, the textbook's, in every bit (one full-size ``where`` fewer on an eager ray), for
+    the points that left the box (the others stay)."""
     box = leaf_bounds(torch.tensor(low, dtype=dtype), torch.tensor(low + width, dtype=dtype))
     scale = torch.tensor([1e-3, 1.0, 10.0, 1e4], dtype=dtype).repeat_interleave(64)
     x = box.low + (torch.randn(256, generator=torch.Generator().manual_seed(seed),
                                dtype=dtype) * scale * box.width)
     y = torch.remainder(x - box.low, box.reflect_period)
-    textbook = (box.low + torch.where(y > box.width, box.reflect_period - y, y)).clamp(
-        box.low, box.high)
+    folded = box.low + torch.where(y > box.width, box.reflect_period - y, y)
+    textbook = torch.where((x < box.low) | (x > box.high), folded, x).clamp(box.low, box.high)
     torch.testing.assert_close(project(x, box, "reflect"), textbook, rtol=0, atol=0,
                                equal_nan=True)  # a box rounded to width 0: NaN in both
 
