@@ -29,6 +29,9 @@ class _BlackBoxBFO(base.Optimizer):
     def __init__(self, parametrization: Any, budget: int | None = None, num_workers: int = 1,
                  **given: Any):
         super().__init__(parametrization, budget=budget, num_workers=num_workers)
+        # A candidate that breaks a cheap constraint is told +inf (the worst), as nevergrad
+        # does for DE, before it asks again: its row would otherwise hold the round open.
+        self._penalize_cheap_violations = True
         size = self.dimension
         self._to_data = _unit_to_data(p.helpers.Normalizer(self.parametrization), size)
         settings = {k: v for k, v in given.items() if v is not None}

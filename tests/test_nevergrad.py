@@ -71,6 +71,20 @@ def test_num_workers_are_served_from_the_open_round_in_batches():
     assert bowl(opt.recommend().value) - 10 < 1e-2
 
 
+def away_from_the_left_face(x):
+    return x[0] > -4
+
+
+def test_a_cheap_constraint_is_a_worst_loss_not_a_stalled_round():
+    """nevergrad asks again when a candidate breaks a cheap constraint: the rejected row is
+    told as the worst, so its round ends and the search goes on (no spare points)."""
+    param = ng.p.Array(shape=(2,), lower=-5, upper=5)
+    param.register_cheap_constraint(away_from_the_left_face)
+    opt = optimizer(param, budget=800)
+    best = opt.minimize(bowl)
+    assert opt.spares == 0 and bowl(best.value) - 10 < 1e-8 and best.value[0] > -4
+
+
 def test_bounded_integer_and_unbounded_parameters_keep_their_domains():
     param = ng.p.Instrumentation(ng.p.Array(shape=(2,), lower=0, upper=1),
                                  ng.p.Scalar(lower=1, upper=9).set_integer_casting(),
