@@ -38,7 +38,9 @@ class BlackBoxSampler(optuna.samplers.BaseSampler):
     Float and int parameters (log-scaled and stepped too) form the search's box; the rest
     (categoricals) go to ``independent_sampler`` with Optuna's warning. Without
     ``search_space`` the first trials, until one completes, are sampled independently and the
-    space is then fixed from the completed trials (as Optuna's ``CmaEsSampler`` does). A trial
+    space is then fixed, once, from the completed trials (a range that varies between trials
+    is named in a warning). A row whose value Optuna draws aside, outside the range its trial
+    asks for, is told as the worst. A trial
     that finds every row of the open round out waits for the round to end, so parallel
     workers (``n_jobs``, processes on one storage) waste no trial; a trial asked in the same
     thread as every open row's (a batch of ``study.ask()`` before any ``tell``) is sampled
@@ -249,8 +251,9 @@ class _Ledger:
     def __init__(self, search: Any, space: _Space, key: torch.Tensor, sign: float):
         self.optimizer, self.space, self.key, self.sign = search, space, key, sign
         self.search, self.seen = 0, 0  # the trials before `seen` have ended and been read
-        # (search, round) -> row -> cost: ended trials of the open round and of rounds ahead
-        self.ended: dict[tuple[int, int], dict[int, float]] = {}
+        self.ranges_checked = False  # a range differing from the box was named
+        # (search, round) -> row -> (cost, params): ended trials of the open round and ahead
+        self.ended: dict[tuple[int, int], dict[int, tuple[float, dict]]] = {}
         self.start = (space.low + space.high) / 2
         self.begin(self.start)
 
@@ -270,6 +273,7 @@ class _Ledger:
     def read(self, trials: Sequence[FrozenTrial]) -> None:
         """Take in the claims and ends of ``trials[seen:]``; tell every round they complete."""
         for trial in trials[self.seen:]:
+            self.check_ranges(trial)
             claim = trial.system_attrs.get(CLAIM)
             if claim is None or (claim[0], claim[1]) < (self.search, self.round):
                 continue
@@ -277,17 +281,36 @@ class _Ledger:
                 value = trial.value if trial.state == TrialState.COMPLETE else None
                 value = math.nan if value is None else value
                 self.ended.setdefault((claim[0], claim[1]), {}).setdefault(
-                    claim[2], self.sign * value)
+                    claim[2], (self.sign * value, trial.params))
             elif (claim[0], claim[1]) == (self.search, self.round):
                 self.holders.setdefault(claim[2], (trial.number, -1))
         while self.seen < len(trials) and trials[self.seen].state in ENDED:
             self.seen += 1
         self.tell_ended()
 
+    def check_ranges(self, trial: FrozenTrial) -> None:
+        """Warn once if a trial asked for a parameter of the box over another range."""
+        if self.ranges_checked or trial.state not in ENDED:
+            return
+        box = self.space.distributions
+        for name, asked in trial.distributions.items():
+            if name in box and asked != box[name]:
+                self.ranges_checked = True
+                _logger.warning(
+                    f"BlackBoxSampler searches `{name}` in {box[name]}, but Trial#{trial.number} "
+                    f"asked for {asked}: a range that varies between trials keeps the search's "
+                    "box, and a value outside a trial's range is drawn aside and counts as the "
+                    "worst. Pass search_space with each parameter's widest range.")
+                return
+
     def tell_ended(self) -> None:
         while True:
-            for row, cost in self.ended.pop((self.search, self.round), {}).items():
-                self.costs[row], self.open[row] = cost, False
+            for row, (cost, params) in self.ended.pop((self.search, self.round), {}).items():
+                # A value Optuna drew aside (the row's lay outside what the objective asked
+                # for): the loss is another point's, so the row counts as the worst.
+                drawn = self.space.params(self.rows[row])
+                aside = any(params.get(k, v) != v for k, v in drawn.items())
+                self.costs[row], self.open[row] = math.nan if aside else cost, False
                 self.holders.pop(row, None)
             if self.open.any():
                 return

@@ -113,6 +113,27 @@ def test_failed_and_pruned_trials_are_told_as_the_worst():
     assert by_claim(study) == by_claim(worst)  # the same rounds followed: NaN is the worst
 
 
+def test_a_trial_whose_params_are_not_its_rows_is_told_as_the_worst():
+    """Optuna samples a parameter independently when the sampler's value lies outside the
+    range the objective suggests: that loss is not the row's, so the row is told as the worst
+    (the search then follows the rounds of an objective that is NaN there)."""
+    def narrow(trial):
+        return (trial.suggest_float("x", 0, 1) - 0.5) ** 2 + trial.suggest_float("y", -2, 3) ** 2
+
+    def nan_outside(trial):
+        x, y = trial.suggest_float("x", -5, 5), trial.suggest_float("y", -2, 3)
+        return (x - 0.5) ** 2 + y**2 if 0 <= x <= 1 else math.nan
+
+    study, twin = (optuna.create_study(sampler=BlackBoxSampler(SPACE, n_trials=300, seed=2))
+                   for _ in range(2))
+    study.optimize(narrow, n_trials=150)
+    twin.optimize(nan_outside, n_trials=150)
+    rows, got = by_claim(twin), by_claim(study)
+    assert rows.keys() == got.keys()
+    inside = [claim for claim, row in rows.items() if 0 <= row["x"] <= 1]
+    assert len(inside) > 20 and all(got[c] == rows[c] for c in inside)
+
+
 def test_maximize_follows_the_same_trials_as_minimizing_the_negation():
     low = optuna.create_study(sampler=BlackBoxSampler(SPACE, n_trials=200, seed=2))
     low.optimize(objective, n_trials=100)
@@ -226,6 +247,23 @@ def test_without_a_search_space_the_first_completed_trial_fixes_it():
     assert CLAIM not in study.trials[0].system_attrs  # sampled before any trial completed
     assert all(CLAIM in t.system_attrs for t in study.trials[1:])
     assert study.trials[1].system_attrs[CLAIM] == [0, 0, 0]
+
+
+def test_an_inferred_range_that_varies_between_trials_is_named_once(caplog):
+    """The inferred box is fixed; a range that depends on another parameter (y in [0, n])
+    keeps the first trial's, so a warning says to pass search_space with the widest."""
+    def nested(trial):
+        n = trial.suggest_int("n", 1, 10)
+        return (n - 7) ** 2 + (trial.suggest_float("y", 0, n) - 6.5) ** 2
+
+    study = optuna.create_study(sampler=BlackBoxSampler(n_trials=300, seed=4))
+    optuna.logging.enable_propagation()
+    try:
+        study.optimize(nested, n_trials=60)
+    finally:
+        optuna.logging.disable_propagation()
+    assert caplog.text.count("varies between trials") == 1
+    assert "`y`" in caplog.text and "search_space" in caplog.text
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
