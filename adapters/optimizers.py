@@ -320,6 +320,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
 
     def _finish_load(self) -> None:
         (states, record, self._swarms), self._loading = self._loading, None  # of the loaded groups
+        for g, swarm in self._swarms.items():  # torch copied the saved groups: their objects
+            swarm.settings = {k: self.param_groups[g][k] for k in swarm.settings}  # (tensors)
         for g, state in states.items():  # as saved: torch cast them to the params' dtype
             self.state[self.param_groups[g]["params"][0]]["swarm"] = state
         self._seed, self._best = record["seed"], record["best"]

@@ -449,6 +449,25 @@ def test_a_state_dict_of_minibatch_training_loads_after_every_step(cls):
         assert torch.equal(c.detach(), after[k + 2])
 
 
+@pytest.mark.parametrize("cls", CLASSES)
+def test_per_leaf_tensor_bounds_resume_from_a_state_dict(cls):
+    """torch's load copies the param groups, bounds and all: equal bounds are not edited."""
+    t, bounds = target(), [(torch.full((5,), -2.0), torch.linspace(1.0, 2.0, 5))]
+    a = fresh()
+    opt = cls([a], **SMALL, seed=4, bounds=bounds)
+    for _ in range(2):
+        opt.step(quad_closure([a], t, backward=True, opt=opt))
+    saved, weights = _roundtrip(opt.state_dict()), a.detach().clone()
+    for _ in range(2):
+        opt.step(quad_closure([a], t, backward=True, opt=opt))
+    c = torch.nn.Parameter(weights)
+    resumed = cls([c], **SMALL, seed=99, bounds=bounds)
+    resumed.load_state_dict(saved)
+    for _ in range(2):
+        resumed.step(quad_closure([c], t, backward=True, opt=resumed))
+    assert torch.equal(c.detach(), a.detach())
+
+
 def test_state_dict_roundtrips_exactly():
     a = fresh()
     opt = HybridBFO([a], **SMALL, seed=1)
