@@ -195,8 +195,17 @@ class SwarmOptimizer(torch.optim.Optimizer):
     def _step_all(self, closure: Any, loss_fn: Any) -> int:
         """Step every group; commit all of it (the evaluations it took), or restore and raise."""
         groups, new, g = self.param_groups, {}, 0
-        start = [[p.detach().clone() for p in group["params"]] for group in groups]
         live = [g for g, group in enumerate(groups) if group["params"] and group["lr"] != 0]
+        # This step's cost, over the groups it steps (a group resumed or added costs more than
+        # the last step did): a budget it would overrun stops before it.
+        swarms_cost = sum(groups[g]["population_size"] * (groups[g]["swim_length"] + 1)
+                          + self._reevaluate for g in live)
+        ahead = dataclasses.replace(self._stopping, per_update=swarms_cost + (
+            closure is not None or self._trace.train_buffers()))  # kept only if it stops
+        if live and ahead.check(self.num_evals):
+            self._stopping = ahead
+            return 0
+        start = [[p.detach().clone() for p in group["params"]] for group in groups]
         if len(live) < len(groups) and not self._warned:  # a schedule's end, a warmup's start
             warnings.warn(f"{type(self).__name__}: a param group with lr=0 is paused (not "
                           "evaluated) until its lr is positive.", RuntimeWarning, stacklevel=3)
@@ -229,9 +238,7 @@ class SwarmOptimizer(torch.optim.Optimizer):
             return 0
         self._best = float(state.best_loss)  # the last group's: it saw every group's best
         self._stopping.maximize = bool(swarm.settings["maximize"])
-        per_update = settle + sum(
-            groups[g]["population_size"] * (groups[g]["swim_length"] + 1) + self._reevaluate
-            for g in live)
+        per_update = settle + swarms_cost
         self._stopping.record(self.num_evals, self._best, per_update)  # type: ignore[arg-type]
         return per_update
 

@@ -2,6 +2,7 @@
 
 import io
 import math
+from contextlib import nullcontext
 
 import optree
 import pytest
@@ -538,6 +539,25 @@ def test_max_fe_stops_before_the_budget_and_stops_calling_the_closure():
     assert steps == 5  # 4 * 2 candidates and the pass at the best: 9 evaluations per step
     opt.step(closure)
     assert calls == opt.num_evals  # a stopped optimizer evaluates nothing
+
+
+@pytest.mark.parametrize("grow", ["a paused group resumes", "a group is added"])
+def test_max_fe_holds_when_more_groups_step_than_before(grow):
+    """The next step's cost is counted over the groups it steps, not the last step's."""
+    a, b = fresh(), fresh()
+    groups = [{"params": [a]}] + ([{"params": [b], "lr": 0.0}] if "paused" in grow else [])
+    opt = BFO(groups, population_size=4, swim_length=1, seed=0, max_fe=35)
+    closure = quad_closure([a, b], target())
+    with pytest.warns(RuntimeWarning, match="paused") if "paused" in grow else nullcontext():
+        for _ in range(2):  # 10 evaluations a step: 4 * 2 candidates, reevaluate, the best
+            opt.step(closure)
+    if "paused" in grow:
+        opt.param_groups[1]["lr"] = 0.1
+    else:
+        opt.add_param_group({"params": [b]})
+    while not opt.should_stop:
+        opt.step(closure)
+    assert opt.stop_reason == "max_fe" and opt.num_evals == 20  # both groups: 19 more, past 35
 
 
 def test_target_loss_and_patience_stop():
