@@ -55,7 +55,8 @@ class SwarmOptimizer(torch.optim.Optimizer):
         compile: ``torch.compile(fullgraph=True)`` the fast path's update: True or a mode.
         module: the model, its buffers saved at a step's start, not at a candidate's first use.
         evaluator: ``fb.distributed.sharded()`` or ``.data_parallel(...)``: ranks share work.
-        reevaluate: score the params as they stand first, so no stale best freezes them.
+        reevaluate: score the params as they stand first, so no stale best freezes them
+            (False: a fixed objective and one stepping group only).
         max_fe: with ``target_loss``, ``patience``, ``min_delta``: when ``should_stop``.
         **settings: the class's ``DEFAULTS`` to change, for the groups that set no other.
     """
@@ -196,6 +197,11 @@ class SwarmOptimizer(torch.optim.Optimizer):
         """Step every group; commit all of it (the evaluations it took), or restore and raise."""
         groups, new, g = self.param_groups, {}, 0
         live = [g for g, group in enumerate(groups) if group["params"] and group["lr"] != 0]
+        if not self._reevaluate and len(live) > 1:
+            raise ValueError(f"{type(self).__name__}: reevaluate=False needs one stepping param "
+                             f"group, and {len(live)} step: each group's best was scored with "
+                             "the others' values of its own step, so without the rescore a "
+                             "stale best can be kept over a better one. Use reevaluate=True.")
         # This step's cost, over the groups it steps (a group resumed or added costs more than
         # the last step did): a budget it would overrun stops before it.
         swarms_cost = sum(groups[g]["population_size"] * (groups[g]["swim_length"] + 1)

@@ -560,6 +560,20 @@ def test_max_fe_holds_when_more_groups_step_than_before(grow):
     assert opt.stop_reason == "max_fe" and opt.num_evals == 20  # both groups: 19 more, past 35
 
 
+def test_reevaluate_false_refuses_a_second_stepping_group():
+    """Each group's best was scored with the others' values of its own step: without the
+    rescore a stale best can be kept over a better one, so two groups need reevaluate."""
+    a, b = fresh(), fresh()
+    opt = BFO([{"params": [a]}, {"params": [b]}], **SMALL, seed=0, reevaluate=False)
+    with pytest.raises(ValueError, match=r"reevaluate=False needs one .* 2 .*reevaluate=True"):
+        opt.step(quad_closure([a, b], target()))
+    assert opt.num_evals == 0 and not a.detach().any() and not b.detach().any()
+    opt.param_groups[1]["lr"] = 0.0  # paused: one group steps
+    with pytest.warns(RuntimeWarning, match="paused"):
+        opt.step(quad_closure([a, b], target()))
+    assert opt.num_evals > 0
+
+
 def test_target_loss_and_patience_stop():
     a = fresh()
     opt = AdaptiveBFO([a], **SMALL, seed=0, target_loss=1.0)
