@@ -9,6 +9,7 @@ import time
 import warnings
 from typing import Any
 
+import optree
 import torch
 
 from ._ask_tell import at_step
@@ -51,11 +52,13 @@ def run(
         state: its state, e.g. ``opt.init(params, key=...)``.
         loss_fn: ``loss_fn(params, *args) -> 0-d tensor``.
         *args: data passed to every ``loss_fn`` call.
-        max_evals: stop before an update could take ``state.num_evals`` past this (the
-            first update runs unless the budget is spent, to learn what an update costs; with
-            a varying active population the next update is assumed to use every slot).
+        max_evals: stop before an update could take ``state.num_evals`` past this (a fresh
+            state's first update runs unless the budget is spent, to learn what an update
+            costs; a resumed state's next one is counted from ``opt.ask``; with a varying
+            active population the next update is assumed to use every slot).
         max_steps: stop after this many updates.
-        target_loss: stop once the best loss reaches it (``<=``, or ``>=`` when maximizing).
+        target_loss: stop once the best loss reaches it (``<=``, or ``>=`` when maximizing),
+            before any update if it already has.
         patience: stop after this many updates without the best improving by ``min_delta``.
         min_delta: the improvement that resets ``patience``.
         progress: True shows a ``tqdm`` bar of the evaluations (or updates, without
@@ -122,6 +125,10 @@ def run(
     rules.best_cost = rules.cost(best)
     if (evals >= max_evals if max_evals is not None else search and state.phase == "done"):
         rules.reason = "max_evals"  # a finished run, resumed: nothing left
+    elif not search:  # a run resumed at its target, or with less than its next update left
+        if int(state.step) > 0:  # the next update's cost: its candidates (every slot)
+            rules.per_update = optree.tree_leaves(opt.ask(state).params)[0].shape[0]
+        rules.check(evals)
     compiled = torch.compile(opt.update, fullgraph=True) if compile else None
     buffer, step = _slots(state), int(state.step)  # eager: each update as at_step picks it
     started, steps, saved_at = time.perf_counter(), 0, None  # saved_at: steps on disk

@@ -386,12 +386,21 @@ def test_a_budget_smaller_than_one_update_warns():
     assert int(state.num_evals) == 20
 
 
-def test_a_run_resumed_at_its_budget_makes_no_update():
+@pytest.mark.parametrize("max_evals", [40, 44], ids=["spent", "less than an update left"])
+def test_a_run_resumed_at_its_budget_makes_no_update(max_evals):
     opt = fb.bfo(population_size=4, swim_length=1)  # 8 evaluations per update
-    done = fb.run(opt, opt.init(params(), key=fb.random.key(2)), loss_fn, max_evals=40)
+    done = fb.run(opt, opt.init(params(), key=fb.random.key(2)), loss_fn, max_evals=max_evals)
     assert int(done.num_evals) == 40
-    again = fb.run(opt, done, loss_fn, max_evals=40)
+    again = fb.run(opt, done, loss_fn, max_evals=max_evals)  # no update, so no warning
     assert_trees_equal(again, done)
+
+
+def test_a_run_resumed_at_its_target_makes_no_update():
+    opt = fb.bfo(population_size=4, swim_length=1)
+    done = fb.run(opt, opt.init(params(), key=fb.random.key(2)), loss_fn, max_evals=4000,
+                  target_loss=0.5)
+    assert float(done.best_loss) <= 0.5 and int(done.num_evals) < 4000
+    assert_trees_equal(fb.run(opt, done, loss_fn, max_evals=4000, target_loss=0.5), done)
 
 
 def test_run_checkpoints_periodically_and_at_the_end(tmp_path):
