@@ -6,7 +6,8 @@ import contextlib
 import hashlib
 import math
 import os
-import tempfile
+import secrets
+import stat
 import time
 from typing import IO, Any, TypeVar, cast
 
@@ -93,7 +94,7 @@ def save(state: Any, f: PathOrFile) -> None:
     path = os.path.realpath(os.fspath(f))  # through a link to the file it names
     folder, name = os.path.split(path)
     started = time.time()
-    handle, scratch = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    handle, scratch = _scratch(folder, name)
     try:
         with os.fdopen(handle, "wb") as out:
             if fcntl is not None:  # held until closed, after the rename
@@ -124,6 +125,24 @@ def save(state: Any, f: PathOrFile) -> None:
                 if entry.stat(follow_symlinks=False).st_mtime < started:
                     fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # else in use
                     os.unlink(entry.path)
+
+
+def _scratch(folder: str, name: str) -> tuple[int, str]:
+    """A new scratch file ``.{name}.XXXXXXXX.tmp`` beside ``name``, and its handle.
+
+    Made as open() makes one (the umask applies, not mkstemp's 0600), then given the mode of
+    the file it will replace, if there is one.
+    """
+    while True:
+        scratch = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.tmp")
+        try:
+            handle = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                             | getattr(os, "O_BINARY", 0), 0o666)
+        except FileExistsError:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(scratch, stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode))
+        return handle, scratch
 
 
 def with_start_loss(state: State, loss: Any, grad: Any = None) -> State:
@@ -211,7 +230,9 @@ def load(f: PathOrFile, like: State, map_location: Any = None) -> State:
     ``opt.init(params, key=...)``; a resumed run continues bitwise as one that never stopped.
     The file's digest catches a truncated or corrupted file, not an edited one (an editor
     can recompute it), so the values are checked too. Load only files you trust:
-    ``torch.load`` reads them, with ``weights_only=True``.
+    ``torch.load`` reads them, with ``weights_only=True`` and ``map_location`` (default:
+    ``like``'s device, so a GPU's checkpoint loads on a machine without one); the state
+    comes back on ``like``'s device either way.
 
     Raises:
         ValueError: the file is not a complete, unmodified checkpoint written by
@@ -222,6 +243,8 @@ def load(f: PathOrFile, like: State, map_location: Any = None) -> State:
     if isinstance(f, (str, os.PathLike)):
         with open(f, "rb") as handle:
             return load(handle, like, map_location)
+    if map_location is None:  # onto like's device: a GPU's file loads on a machine without one
+        map_location = optree.tree_leaves(like)[0].device
     try:
         data = torch.load(f, map_location=map_location, weights_only=True)
     except Exception as e:  # truncated, not a zip, not torch's, or unsafe to unpickle

@@ -195,6 +195,29 @@ def test_a_checkpoint_loads_only_into_an_optimizer_of_its_direction(tmp_path, ma
         fb.load(tmp_path / "state.pt", like=fresh)
 
 
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+def test_a_save_keeps_the_files_mode_and_a_new_file_gets_the_umasks(tmp_path):
+    """As open() would: a new checkpoint readable as the umask allows, a replaced one as it
+    was (the scratch file it is renamed from must not carry mkstemp's 0600)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    _, state, path = saved_state(tmp_path)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+    path.chmod(0o640)
+    fb.save(state, path)
+    assert path.stat().st_mode & 0o777 == 0o640
+
+
+def test_a_checkpoint_written_on_a_gpu_loads_where_like_lives(tmp_path, monkeypatch):
+    """Its storages are tagged cuda; by default they load onto like's device, which a
+    machine without a GPU can do (torch.load alone refuses)."""
+    _, state, path = saved_state(tmp_path)
+    monkeypatch.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+    fb.save(state, path)
+    monkeypatch.undo()
+    assert_trees_equal(fb.load(path, like=state), state)
+
+
 def test_a_good_save_removes_what_killed_saves_left_and_nothing_else(tmp_path):
     """A job killed mid-save every hour must not fill its disk with full-size scratch."""
     opt, state, path = saved_state(tmp_path)
