@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import inspect
 import math
 import secrets
 from collections.abc import Callable, Iterable, Sequence
@@ -39,7 +40,8 @@ def minimize(fun: Callable[..., float], x0: Any, bounds: Any, args: tuple = (), 
         maxfev: the budget of evaluations (default ``2000 * D``).
         seed: the same seed gives the same run; None draws one.
         callback: ``callback(intermediate_result)`` after every round, an ``OptimizeResult``
-            of the best so far; raising ``StopIteration`` ends the run (status 1).
+            of the best so far (a callback with another signature gets the best ``x``, as
+            scipy's ``minimize`` calls it); raising ``StopIteration`` ends the run (status 1).
         vectorized: ``fun`` takes a round's points at once.
         workers: an int of processes (-1: every core) evaluating a round's points in
             parallel (``fun`` must pickle), or a map-like callable, as
@@ -73,6 +75,7 @@ def minimize(fun: Callable[..., float], x0: Any, bounds: Any, args: tuple = (), 
     key = fb.random.key(secrets.randbits(63) if seed is None else seed)
     state = search.init({"x": torch.from_numpy(start.copy())}, key=key)
     evaluate = _Rows(fun, tuple(args), vectorized, workers)
+    report = None if callback is None else _as_scipy_calls(callback)
     status = 0
     try:
         while state.phase != "done":
@@ -81,9 +84,9 @@ def minimize(fun: Callable[..., float], x0: Any, bounds: Any, args: tuple = (), 
             losses = np.full(len(rows), np.nan)
             losses[mask] = evaluate(rows[mask])
             state = search.tell(state, asked, losses)  # type: ignore[misc]
-            if callback is not None:
+            if report is not None:
                 try:
-                    callback(_result(state, 0, "a round"))
+                    report(_result(state, 0, "a round"))
                 except StopIteration:
                     status = 1
                     break
@@ -97,6 +100,17 @@ def minimize(fun: Callable[..., float], x0: Any, bounds: Any, args: tuple = (), 
 MESSAGES = {0: "The budget of evaluations (maxfev) was spent.",
             1: "The callback raised StopIteration.",
             2: "Every value of fun was NaN or infinite."}
+
+
+def _as_scipy_calls(callback: Callable[..., Any]) -> Callable[[OptimizeResult], Any]:
+    """As scipy calls it: ``callback(intermediate_result)`` gets the result, another the best x."""
+    try:
+        named = set(inspect.signature(callback).parameters) == {"intermediate_result"}
+    except (TypeError, ValueError):  # no signature to read: the legacy form
+        named = False
+    if named:
+        return lambda result: callback(intermediate_result=result)
+    return lambda result: callback(np.copy(result.x))
 
 
 def _box(bounds: Any, size: int) -> tuple[np.ndarray, np.ndarray]:

@@ -88,6 +88,17 @@ def test_a_callback_sees_every_round_and_stops_the_run():
     assert seen == sorted(seen)
 
 
+def test_a_callback_not_named_intermediate_result_gets_the_best_x_as_scipy_gives_it():
+    """scipy's rule: only ``callback(intermediate_result)`` gets the OptimizeResult; any
+    other callback gets a copy of the best x so far (the legacy ``callback(xk)``)."""
+    results, xs = [], []
+    minimize(shifted, np.zeros(3), BOX, maxfev=300, seed=0,
+             callback=lambda intermediate_result: results.append(intermediate_result))
+    minimize(shifted, np.zeros(3), BOX, maxfev=300, seed=0, callback=xs.append)
+    assert len(xs) == len(results) > 1 and all(isinstance(x, np.ndarray) for x in xs)
+    assert all(np.array_equal(x, r.x) for x, r in zip(xs, results))
+
+
 @pytest.mark.parametrize("bounds, match", [
     (None, "needs bounds"), ([(-1, 1)] * 2, "expected 3 pairs"), ([-1, 1], "expected 3 pairs")])
 def test_bad_bounds_are_named(bounds, match):
