@@ -29,16 +29,17 @@ def minimize(fun: Callable[..., float], x0: Any, bounds: Any, args: tuple = (), 
     """Minimize ``fun(x, *args)`` over the box ``bounds`` with :func:`functional_bfo.black_box`.
 
     Args:
-        fun: ``fun(x, *args) -> float`` for ``x`` a float64 vector of shape ``(D,)``; with
-            ``vectorized``, ``fun(X, *args)`` for ``X`` of shape ``(D, S)`` returns ``S``
-            values (scipy's ``differential_evolution`` convention). NaN or infinite values
-            count as the worst.
-        x0: the start, ``D`` numbers (the first swarm's bacterium 0).
+        fun: ``fun(x, *args) -> float`` (or a one-element array) for ``x`` a float64 vector
+            of shape ``(D,)``; with ``vectorized``, ``fun(X, *args)`` for ``X`` of shape
+            ``(D, S)`` returns ``S`` values (scipy's ``differential_evolution`` convention).
+            NaN or infinite values count as the worst.
+        x0: the start, ``D`` numbers (or one number: ``D = 1``), the first swarm's bacterium 0.
         bounds: ``D`` pairs ``(low, high)`` or a ``scipy.optimize.Bounds`` (an infinite
-            side is open).
+            side, or None in a pair, is open).
         args: passed to every ``fun`` call.
         maxfev: the budget of evaluations (default ``2000 * D``).
-        seed: the same seed gives the same run; None draws one.
+        seed: an int (numpy's too) or a ``numpy.random.Generator`` to draw one from; the
+            same seed gives the same run; None draws one.
         callback: ``callback(intermediate_result)`` after every round, an ``OptimizeResult``
             of the best so far (a callback with another signature gets the best ``x``, as
             scipy's ``minimize`` calls it); raising ``StopIteration`` ends the run (status 1).
@@ -65,14 +66,14 @@ def minimize(fun: Callable[..., float], x0: Any, bounds: Any, args: tuple = (), 
         >>> bool(res.fun - 7 < 1e-8), res.nfev <= 3000, res.status
         (True, True, 0)
     """
-    start = np.asarray(x0, dtype=np.float64)
+    start = np.atleast_1d(np.asarray(x0, dtype=np.float64))  # a number: one coordinate
     if start.ndim != 1 or start.size == 0:
         raise ValueError(f"Invalid x0: shape {start.shape}; expected a vector of D numbers.")
     low, high = _box(bounds, start.size)
     budget = BUDGET_PER_DIM * start.size if maxfev is None else maxfev
     search = fb.black_box_search((torch.tensor(low), torch.tensor(high)),
                                  max_evals=budget, **settings)
-    key = fb.random.key(secrets.randbits(63) if seed is None else seed)
+    key = fb.random.key(_seed(seed))
     state = search.init({"x": torch.from_numpy(start.copy())}, key=key)
     evaluate = _Rows(fun, tuple(args), vectorized, workers)
     report = None if callback is None else _as_scipy_calls(callback)
@@ -122,12 +123,21 @@ def _box(bounds: Any, size: int) -> tuple[np.ndarray, np.ndarray]:
         low, high = (np.broadcast_to(np.asarray(v, dtype=np.float64), (size,))
                      for v in (bounds.lb, bounds.ub))
     else:
-        pairs = np.asarray(bounds, dtype=np.float64)
+        pairs = np.asarray(_open_sides(bounds), dtype=np.float64)
         if pairs.shape != (size, 2):
             raise ValueError(f"Invalid bounds: shape {pairs.shape}; expected {size} pairs "
                              "(low, high), one per coordinate of x0, or a scipy.optimize.Bounds.")
         low, high = pairs[:, 0], pairs[:, 1]
     return np.ascontiguousarray(low), np.ascontiguousarray(high)
+
+
+def _open_sides(bounds: Any) -> Any:
+    """Pairs with None, an open side as scipy takes it, as -inf or inf; anything else as is."""
+    if isinstance(bounds, np.ndarray) or not all(
+            isinstance(pair, (tuple, list)) and len(pair) == 2 for pair in bounds):
+        return bounds
+    return [(-np.inf if low is None else low, np.inf if high is None else high)
+            for low, high in bounds]
 
 
 class _Rows:
@@ -157,11 +167,29 @@ class _Rows:
                                  f"points; expected ({len(rows)},).")
             return values
         calls: Iterable = self.map(_Call(self.fun, self.args), list(rows))
-        return np.fromiter((float(v) for v in calls), dtype=np.float64, count=len(rows))
+        return np.fromiter(map(_number, calls), dtype=np.float64, count=len(rows))
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
+
+
+def _number(value: Any) -> float:
+    """``fun``'s value as a float: a number, or one element of an array (as scipy takes it)."""
+    values = np.asarray(value, dtype=np.float64)
+    if values.size != 1:
+        raise ValueError(f"fun returned {values.size} values of shape {values.shape}; expected "
+                         "one number (pass vectorized=True for a fun of many points).")
+    return float(values.reshape(()))
+
+
+def _seed(seed: Any) -> int:
+    """The key's seed: an int (numpy's too), one drawn from a numpy Generator, or a fresh one."""
+    if seed is None:
+        return secrets.randbits(63)
+    if isinstance(seed, np.random.Generator):
+        return int(seed.integers(2**63 - 1))
+    return int(seed) if isinstance(seed, np.integer) else seed
 
 
 class _Call:

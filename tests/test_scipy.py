@@ -99,6 +99,23 @@ def test_a_callback_not_named_intermediate_result_gets_the_best_x_as_scipy_gives
     assert all(np.array_equal(x, r.x) for x, r in zip(xs, results))
 
 
+def test_the_forms_scipy_takes_run_as_their_plain_ones():
+    """None for an open side, a scalar x0, a fun returning a one-element array, a numpy int
+    seed; a Generator seed gives the same run twice."""
+    def fun(x):
+        return float((x[0] - 0.4) ** 2) + 3.0
+
+    def run(f=fun, x0=np.zeros(1), bounds=((-np.inf, 2.0),), seed=3):
+        return minimize(f, x0, bounds, maxfev=200, seed=seed)
+
+    plain = run()
+    for other in (run(bounds=[(None, 2.0)]), run(x0=0.0), run(f=lambda x: np.array([fun(x)])),
+                  run(seed=np.int64(3))):
+        assert np.array_equal(other.x, plain.x) and other.fun == plain.fun
+    drawn = [run(seed=np.random.default_rng(7)) for _ in range(2)]
+    assert np.array_equal(drawn[0].x, drawn[1].x) and drawn[0].nfev <= 200
+
+
 @pytest.mark.parametrize("bounds, match", [
     (None, "needs bounds"), ([(-1, 1)] * 2, "expected 3 pairs"), ([-1, 1], "expected 3 pairs")])
 def test_bad_bounds_are_named(bounds, match):
