@@ -177,10 +177,15 @@ def swim_settings(a: dict[str, Any], ranges: dict[str, tuple]) -> dict[str, Any]
 NOT_OF_THE_ROUND = ("swim_batch", "evaluator", "chunk_size", "hyper")
 
 
+def of_the_round(settings: Any) -> dict[str, Any]:
+    """``settings`` without ``NOT_OF_THE_ROUND``, in nested NamedTuples too (the hybrid's)."""
+    return {k: of_the_round(v) if isinstance(v, tuple) and hasattr(v, "_asdict") else v
+            for k, v in settings._asdict().items() if k not in NOT_OF_THE_ROUND}
+
+
 def swim_optimizer(variant: Variant, settings: Any) -> Optimizer:
     """The variant's ``init``, ``update``, ``ask`` and ``tell``, and its twin for at_step."""
-    fixed = settings_digest((variant.name, {k: v for k, v in settings._asdict().items()
-                                            if k not in NOT_OF_THE_ROUND}))
+    fixed = settings_digest((variant.name, of_the_round(settings)))
     opt = _build(variant, settings, fixed, True)
     return opt._replace(twin=_build(variant, settings, fixed, False),
                         period=settings.chemotaxis_steps)

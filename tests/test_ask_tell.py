@@ -261,10 +261,13 @@ def test_tell_refuses_an_ask_of_another_state_or_optimizer_that_shares_its_key(v
         losses, extra = answer(variant, asked)
         with pytest.raises(ValueError, match="another optimizer: one with other settings"):
             opt.tell(mine, asked, losses, **extra)
-    twin = variant.make(swim_batch=5)  # how rows are batched leaves the round as it is
-    asked = twin.ask(twin.init(params(), key=key))
-    losses, extra = answer(variant, asked)
-    opt.tell(mine, asked, losses, **extra)
+    chunked = (dict(chunk_size=2) if variant.flags.get("uses_gradients")  # the hybrid's own
+               else dict(evaluator=fb.evaluate.vmap(chunk_size=2)))
+    for evaluated in (dict(swim_batch=5), chunked):  # how rows are batched or
+        twin = variant.make(**evaluated)  # evaluated leaves the round as it is
+        asked = twin.ask(twin.init(params(), key=key))
+        losses, extra = answer(variant, asked)
+        opt.tell(mine, asked, losses, **extra)
 
 
 @variants
