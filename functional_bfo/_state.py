@@ -370,7 +370,14 @@ def direction(state: Any, where: str = "state") -> float | None:
     black-box search's: their losses are restarted swarms', not to be read).
     """
     best = getattr(state, "best_loss", None)
-    if best is None or best.dim() != 0 or bool(torch.isnan(best)):
+    if best is not None and best.dim() != 0:  # a batch of runs: each says, and all agree
+        said = {d for i in range(best.shape[0]) if (d := direction(
+            optree.tree_map(lambda x, i=i: x[i], state), f"{where}[{i}]")) is not None}
+        if len(said) > 1:
+            raise _edited(f"{where}'s runs minimize and maximize, as no batch of one "
+                          "optimizer's runs does")
+        return said.pop() if said else None
+    if best is None or bool(torch.isnan(best)):
         return None
     held = [getattr(state, n).best_loss.to(best.dtype) for n in ("swarm", "explorer")
             if hasattr(state, n)]

@@ -195,6 +195,20 @@ def test_a_checkpoint_loads_only_into_an_optimizer_of_its_direction(tmp_path, ma
         fb.load(tmp_path / "state.pt", like=fresh)
 
 
+@pytest.mark.parametrize("factory", [fb.bfo, fb.adaptive_bfo], ids=["bfo", "adaptive_bfo"])
+def test_a_batch_of_runs_loads_only_into_an_optimizer_of_its_direction(tmp_path, factory):
+    """Runs vmapped over keys: each run's best says its direction, as one run's does."""
+    minimizing, maximizing = factory(4), factory(4, maximize=True)
+    keys = fb.random.split(fb.random.key(0), 3)
+    init = torch.func.vmap(lambda k, opt: opt.init(params(), key=k), in_dims=(0, None))
+    update = torch.func.vmap(minimizing.update, in_dims=(0, None))
+    runs = update(update(init(keys, minimizing), loss_fn), loss_fn)
+    fb.save(runs, tmp_path / "state.pt")
+    assert_trees_equal(fb.load(tmp_path / "state.pt", like=init(keys, minimizing)), runs)
+    with pytest.raises(ValueError, match="written by a minimizing optimizer"):
+        fb.load(tmp_path / "state.pt", like=init(keys, maximizing))
+
+
 @pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
 def test_a_save_keeps_the_files_mode_and_a_new_file_gets_the_umasks(tmp_path):
     """As open() would: a new checkpoint readable as the umask allows, a replaced one as it
