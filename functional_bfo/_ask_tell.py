@@ -105,10 +105,15 @@ class Ask(NamedTuple):
     tag: Tensor  # (6,) int64: the state's step, num_evals, key, its digest, the settings'
 
 
-def round_tag(state: Any, settings: int) -> Tensor:
-    """``state``'s counters, key, digest of every leaf (an edit moves it) and ``settings``."""
+def round_tag(state: Any, settings: int, events: Tensor | bool = False) -> Tensor:
+    """``state``'s counters, key, digest of every leaf (an edit moves it) and ``settings``.
+
+    ``events`` (a cycle ends in this round, where the twin's candidates differ) flips the last.
+    """
+    device = state.key.device
     return torch.stack([state.step, state.num_evals, state.key[0], state.key[1],
-                        state_digest(state), torch.tensor(settings, device=state.key.device)])
+                        state_digest(state), torch.tensor(settings, device=device)
+                        ^ torch.as_tensor(events, device=device).to(torch.int64)])
 
 
 def state_digest(state: Any) -> Tensor:
@@ -211,6 +216,10 @@ def _build(variant: Variant, settings: Any, fixed: int, cycles: bool) -> Optimiz
     """``update``, ``ask`` and ``tell`` over one plan, with or without the cycle events."""
     name, size, sign = variant.name, settings.size, settings.sign
 
+    def tag(state: Any) -> Tensor:  # the twin's rounds run no events: where a cycle ends,
+        ends = cycles and cycle_ends(state.step, settings.chemotaxis_steps)  # not the same
+        return round_tag(state, fixed, ends)
+
     def update(state: Any, loss_fn: LossFn, *args: Any, **given: Any) -> Any:
         check_state(state, size, variant.state_type, name)
         if not callable(loss_fn):
@@ -228,8 +237,7 @@ def _build(variant: Variant, settings: Any, fixed: int, cycles: bool) -> Optimiz
         distances = steps.ray.distances  # the mask below: the rows whose loss the update reads
         mask = torch.ones(distances.numel(), dtype=torch.bool, device=distances.device) if (
             steps.active is None) else steps.active.repeat(distances.shape[0])
-        return Ask(unravel(steps.layout, steps.ray.points(distances)), mask,
-                   round_tag(state, fixed))
+        return Ask(unravel(steps.layout, steps.ray.points(distances)), mask, tag(state))
 
     def tell(state: Any, asked: Ask, losses: Any, *, check: bool = True, **given: Any) -> Any:
         check_state(state, size, variant.state_type, name)
@@ -242,7 +250,7 @@ def _build(variant: Variant, settings: Any, fixed: int, cycles: bool) -> Optimiz
                              "population_size or swim_length). Tell the Ask that "
                              f"{name}.ask(state) returned for this state.")
         if check:
-            check_tag(round_tag(state, fixed), asked.tag, name)
+            check_tag(tag(state), asked.tag, name)
         costs = told_costs(state, asked, losses, sign, name, check)
         aux = None if variant.told_aux is None else variant.told_aux(settings, state, asked,
                                                                      **given)

@@ -271,6 +271,26 @@ def test_tell_refuses_an_ask_of_another_state_or_optimizer_that_shares_its_key(v
 
 
 @variants
+def test_the_twins_ask_is_refused_where_a_cycle_ends_and_taken_elsewhere(variant):
+    """The twin skips the cycle events: where a cycle ends its candidates are not the
+    optimizer's, so their Asks are not each other's there; elsewhere they are the same."""
+    opt = variant.make()
+    state = opt.init(params(), key=fb.random.key(0))
+    for step in range(opt.period + 1):
+        ends = step > 0 and step % opt.period == 0
+        for asker, teller in ((opt.twin, opt), (opt, opt.twin)):
+            asked = asker.ask(state)
+            losses, extra = answer(variant, asked)
+            if ends:
+                with pytest.raises(ValueError, match="another optimizer"):
+                    teller.tell(state, asked, losses, **extra)
+            else:
+                assert_trees_equal(teller.tell(state, asked, losses, **extra),
+                                   asker.tell(state, asked, losses, **extra))
+        state = run_updates(opt, state, 1)
+
+
+@variants
 def test_an_ask_of_another_swim_length_is_refused_even_unchecked(variant):
     """Its row count is static: 8 rows told to a 12-row round must not count as 12."""
     opt = variant.make(swim_length=2)
