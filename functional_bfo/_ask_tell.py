@@ -124,7 +124,9 @@ def state_digest(state: Any) -> Tensor:
         words.append(flat.view(BITS[x.element_size()]).to(torch.int64)
                      if x.is_floating_point() else flat.to(torch.int64))
     bits = torch.cat(words)
-    return (bits * (torch.arange(1, bits.shape[-1] + 1, device=bits.device) * MIX)).sum(-1)
+    # Odd weights: a flipped bit k moves the sum by weight * 2**k, never 0 (an even weight
+    # would drop a sign bit's flip). `| 1`, not 2i + 1: inductor folds 2 * MIX, past int64.
+    return (bits * ((torch.arange(1, bits.shape[-1] + 1, device=bits.device) * MIX) | 1)).sum(-1)
 
 
 def settings_digest(settings: Any) -> int:

@@ -244,11 +244,16 @@ def _refuse(what: str, ranks: list[int], why: str = "") -> None:
 
 
 def _checksum(population: Params, device: torch.device) -> Tensor:
-    """(1,) float64: a digest of the candidates' bits, an integer below 2**52 (exact)."""
+    """(1,) float64: a digest of the candidates' bits, an integer below 2**52 (exact).
+
+    The digest's top 12 bits are folded into the rest: a float64's sign and exponent move
+    only those.
+    """
     from ._ask_tell import state_digest
 
     digest = state_digest(optree.tree_map(lambda x: x.detach(), population))
-    return torch.remainder(digest, 2**52).to(device=device, dtype=torch.float64).reshape(1)
+    folded = torch.remainder(digest ^ (digest >> 52), 2**52)
+    return folded.to(device=device, dtype=torch.float64).reshape(1)
 
 
 def _differing(checks: Tensor) -> Tensor:

@@ -270,6 +270,23 @@ def test_tell_refuses_an_ask_of_another_state_or_optimizer_that_shares_its_key(v
         opt.tell(mine, asked, losses, **extra)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_any_flipped_bit_moves_the_digest_and_the_ranks_checksum(dtype):
+    """Every bit of every element, sign and exponent too: the tag's digest and the checksum
+    the distributed evaluators compare (52 bits, exact in float64) both change."""
+    from functional_bfo._ask_tell import BITS, state_digest
+    from functional_bfo.distributed import _checksum
+
+    x = torch.linspace(-3.0, 5.0, 4, dtype=torch.float64).to(dtype)
+    digest, checksum = state_digest({"x": x}), _checksum({"x": x}, x.device)
+    for at in range(4):
+        for bit in range(8 * x.element_size()):
+            words = x.view(BITS[x.element_size()]).clone()
+            words[at] ^= torch.tensor(1, dtype=words.dtype) << bit
+            y = {"x": words.view(dtype)}
+            assert state_digest(y) != digest and _checksum(y, x.device) != checksum, (at, bit)
+
+
 @variants
 def test_the_twins_ask_is_refused_where_a_cycle_ends_and_taken_elsewhere(variant):
     """The twin skips the cycle events: where a cycle ends its candidates are not the
