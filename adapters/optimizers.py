@@ -332,7 +332,10 @@ class SwarmOptimizer(torch.optim.Optimizer):
         self._loading = states, record, swarms
 
     def _finish_load(self) -> None:
-        (states, record, self._swarms), self._loading = self._loading, None  # of the loaded groups
+        (states, record, swarms), self._loading = self._loading, None  # of the loaded groups
+        # A group saved before its first step starts at its first step, from the settings
+        # then (its lr sets the first step sizes), as in the optimizer never saved.
+        self._swarms = {g: swarms[g] for g in states}
         for g, swarm in self._swarms.items():  # torch copied the saved groups: their objects
             swarm.settings = {k: self.param_groups[g][k] for k in swarm.settings}  # (tensors)
         for g, state in states.items():  # as saved: torch cast them to the params' dtype

@@ -469,6 +469,21 @@ def test_per_leaf_tensor_bounds_resume_from_a_state_dict(cls):
     assert torch.equal(c.detach(), a.detach())
 
 
+@pytest.mark.parametrize("cls", CLASSES)
+def test_a_state_dict_of_before_the_first_step_then_a_new_lr_resumes_exactly(cls):
+    """What lr_find does: saved before any step, loaded, then the lr a fit sets; the swarm
+    starts at the first step, from the lr then, as in the optimizer never saved."""
+    a, b = fresh(), fresh()
+    opt = cls([a], **SMALL, lr=1e-3, seed=0)
+    resumed = cls([b], **SMALL, lr=1e-3, seed=0)
+    resumed.load_state_dict(_roundtrip(opt.state_dict()))
+    for o, p in ((opt, a), (resumed, b)):
+        o.param_groups[0]["lr"] = 0.1
+        for _ in range(3):
+            o.step(quad_closure([p], target(), backward=True, opt=o))
+    assert torch.equal(a, b)
+
+
 def test_state_dict_roundtrips_exactly():
     a = fresh()
     opt = HybridBFO([a], **SMALL, seed=1)
