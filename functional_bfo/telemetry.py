@@ -52,10 +52,13 @@ def metrics(state: Any) -> dict[str, Tensor]:
     finite = torch.isfinite(losses)
     count = finite.sum()
     nan_if_none = torch.where(count > 0, 0.0, torch.nan)  # NaN where no loss is finite
+    high = torch.where(finite, losses, -torch.inf).max()
+    low = torch.where(finite, losses, torch.inf).min()  # a best above it: a maximizing run's
+    worst = torch.where(state.best_loss > low, low, high)
     out = {"best_loss": state.best_loss,
            "mean_loss": torch.where(finite, losses, 0).sum() / count.clamp_min(1) + nan_if_none,
            "median_loss": torch.where(finite, losses, torch.nan).nanmedian(),
-           "worst_loss": torch.where(finite, losses, -torch.inf).max() + nan_if_none,
+           "worst_loss": worst + nan_if_none,
            "nonfinite_losses": (~finite).sum(),
            "diversity": diversity(state.population, losses.dtype), "step": state.step,
            "num_evals": state.num_evals, "disagreeing_ranks": state.disagreeing_ranks}

@@ -322,6 +322,15 @@ def test_metrics_match_direct_computation_and_compile_without_breaks():
     assert torch._dynamo.explain(fb.metrics)(state).graph_break_count == 0
 
 
+def test_the_worst_loss_of_a_maximizing_population_is_its_least():
+    opt = fb.bfo(population_size=6, maximize=True)
+    state = opt.update(opt.init({"x": torch.ones(3)}, key=fb.random.key(12)),
+                       lambda p: -sq(p))
+    got = fb.materialize(fb.metrics(state))
+    assert got["worst_loss"] == pytest.approx(float(state.losses.min()))
+    assert got["best_loss"] >= float(state.losses.max())
+
+
 def test_materialize_makes_exactly_one_transfer(monkeypatch):
     opt = fb.bfo(population_size=4)
     values = fb.metrics(opt.init({"x": torch.zeros(2)}, key=fb.random.key(13)))
