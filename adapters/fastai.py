@@ -91,6 +91,17 @@ class BFOCallback(Callback):
     ``backward`` for HybridBFO), so all candidates of a step see that batch.
     """
 
+    def before_fit(self) -> None:
+        """Refuse fastai's GradientAccumulation: its step's closure sees the last batch only."""
+        from fastai.callback.training import GradientAccumulation
+
+        if any(isinstance(cb, GradientAccumulation) for cb in self.learn.cbs):
+            raise ValueError(
+                "fastai's GradientAccumulation steps the optimizer once a window, with the "
+                "closure of its last batch only: the candidates would be ranked on one batch "
+                "of the window, the others dropped. Use a larger batch, or a closure over the "
+                "whole window (docs/integrations.md, \"Gradient accumulation\").")
+
     def after_loss(self) -> None:
         """Set the closure for this batch's step (training batches only)."""
         if not self.training:

@@ -46,6 +46,14 @@ PRECISION_MSG = (
     "'32-true'. HybridBFO uses only the gradient's direction, so it needs no loss scaling."
 )
 
+ACCUMULATION_MSG = (
+    "Lightning's accumulate_grad_batches={k} steps the optimizer once every {k} batches, "
+    "with a closure over the last batch only: {name}'s candidates would be ranked on one "
+    "batch of {k}, the others dropped. Use accumulate_grad_batches=1 with a larger batch, "
+    "a closure over the whole window (docs/integrations.md, \"Gradient accumulation\"), or "
+    "BFOTrainer's gradient_accumulation_steps."
+)
+
 
 class BFOCallback(L.Callback):
     """Logs what a swarm did each step, and keeps candidates out of ``self.log``.
@@ -80,12 +88,15 @@ class BFOCallback(L.Callback):
             pl_module.__dict__.pop(name, None)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Refuse a precision plugin that would step the optimizer without a closure."""
+        """Refuse a GradScaler precision or gradient accumulation: no closure, or a partial one."""
         optimizers = _swarm_optimizers(trainer)
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if optimizers and scaler is not None:
             raise ValueError(PRECISION_MSG.format(precision=trainer.precision,
                                                   name=type(optimizers[0]).__name__))
+        if optimizers and trainer.accumulate_grad_batches > 1:
+            raise ValueError(ACCUMULATION_MSG.format(k=trainer.accumulate_grad_batches,
+                                                     name=type(optimizers[0]).__name__))
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:

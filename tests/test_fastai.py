@@ -111,6 +111,17 @@ def test_a_learner_without_our_optimizer_is_refused():
         fit(learn, "fit", 1, 0.1)
 
 
+def test_gradient_accumulation_is_refused_with_the_alternatives():
+    """fastai steps once a window with the closure of its last batch: the other batches
+    would not rank a candidate, silently."""
+    from fastai.callback.training import GradientAccumulation
+
+    learn, model = learner(BFO)
+    learn.add_cb(GradientAccumulation(n_acc=16))
+    with pytest.raises(ValueError, match="GradientAccumulation.*a larger batch"):
+        fit(learn, "fit", 1, 0.1)
+
+
 def test_weight_decay_is_refused_not_ignored():
     learn, model = learner(BFO)
     with pytest.raises(ValueError, match="wd"):

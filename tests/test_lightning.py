@@ -120,6 +120,13 @@ def test_a_grad_scaler_precision_is_refused_with_the_alternative(tmp_path):
         fit(Regression(), tmp_path, [BFOCallback()], plugins=[plugin])
 
 
+def test_gradient_accumulation_is_refused_with_the_alternatives(tmp_path):
+    """Lightning steps once every k batches with a closure over the last one: the other
+    batches would not rank a candidate, silently."""
+    with pytest.raises(ValueError, match="accumulate_grad_batches=2.*gradient_accumulation"):
+        fit(Regression(), tmp_path, [BFOCallback()], accumulate_grad_batches=2)
+
+
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
