@@ -286,15 +286,20 @@ class SwarmOptimizer(torch.optim.Optimizer):
         """The parameters as they stand, scored: bacterium 0 at first, then the best to beat."""
         current = (list(state.best_params) if first  # bacterium 0: the start, inside bounds
                    else [p.detach() for p in swarm.evaluator.params])
+        differing = None  # ranks whose params, scored here, are not rank 0's
         with self._trace.scoring(hook=True):
             if swarm.evaluator.closure is not None or swarm.scorer is not swarm.evaluator:
-                out = swarm.scorer(loss, [x.unsqueeze(0) for x in current])  # ranks agree
+                rows = [x.unsqueeze(0) for x in current]
+                report = getattr(swarm.scorer, "with_disagreement", None)
+                out, differing = report(loss, rows) if report else (swarm.scorer(loss, rows), None)
                 value, grads = out if self.uses_grads else (out, None)
                 value, grads = value[0], grads and [x[0] for x in grads]
             elif first and self.uses_grads:  # loss_fn here: a batch of one needs no vmap
                 grads, value = torch.func.grad_and_value(loss)(current)
             else:
                 value, grads = loss(current), None
+        if differing is not None:  # the step's agreement check then names them
+            state = state._replace(disagreeing_ranks=state.disagreeing_ranks | differing)
         if first:
             return fb.with_start_loss(state, value, grad=grads)
         loss = value.detach().to(state.best_loss.dtype)  # a NaN loss is never the best

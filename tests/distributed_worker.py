@@ -282,6 +282,15 @@ def scenario_disagreeing(rank, world, folder):
     shell = HybridBFO([w], population_size=6, seed=rank, evaluator=fb.distributed.sharded())
     out["shell"] = caught(lambda: shell.step(loss_fn=lambda p: loss({"w": p[0]}, X)))
     out["shell_kept"] = torch.equal(w.detach(), torch.zeros(5))  # the step changed nothing
+    for how, evaluator_of in evaluators.items():  # one key, then rank 1 alone edits its params
+        v = torch.nn.Parameter(torch.zeros(5))
+        shell = HybridBFO([v], population_size=6, seed=0, evaluator=evaluator_of(True))
+        shell.step(loss_fn=lambda p: loss({"w": p[0]}, X))
+        if rank == 1:
+            with torch.no_grad():
+                v.add_(1.0)
+        out[f"shell_edited-{how}"] = caught(
+            lambda s=shell: s.step(loss_fn=lambda p: loss({"w": p[0]}, X)))
     return out
 
 

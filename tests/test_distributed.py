@@ -172,6 +172,8 @@ def test_ranks_that_score_other_candidates_are_named_by_every_reader(tmp_path):
                     assert "ranks [1, 2] disagree with rank 0" in got[f"{how}-{name}-own-{reader}"]
         assert "ranks [1, 2] disagree with rank 0" in got["shell"]
         assert got["shell_kept"]
+        for how in ("sharded", "data_parallel"):  # params edited on rank 1 between steps:
+            assert "ranks [1] disagree with rank 0" in got[f"shell_edited-{how}"]  # rescored
 
 
 def test_check_replicas_needs_a_process_group():
