@@ -60,9 +60,10 @@ class BFOCallback(L.Callback):
 
     After every training batch it logs, per param group ``g`` of every functional_bfo
     optimizer, ``bfo/best_loss``, ``bfo/diversity`` and ``bfo/step_length_mean`` (suffixed
-    ``_g{g}`` after the first group) and ``bfo/num_evals``. While it is attached,
-    ``LightningModule.log`` and ``log_dict`` calls made while candidates are scored are
-    dropped. It refuses a precision plugin that steps through a GradScaler.
+    ``_g{g}`` after the first group) and ``bfo/num_evals``, each suffixed ``_o{i}`` first
+    when there are several such optimizers. While it is attached, ``LightningModule.log``
+    and ``log_dict`` calls made while candidates are scored are dropped. It refuses a
+    precision plugin that steps through a GradScaler, and gradient accumulation.
 
     Args:
         log_every_n_steps: log the telemetry every this many steps (default: the
@@ -104,15 +105,18 @@ class BFOCallback(L.Callback):
         every = self.log_every_n_steps or trainer.log_every_n_steps  # type: ignore[attr-defined]
         if trainer.global_step % every:
             return
-        for opt in _swarm_optimizers(trainer):
+        optimizers = _swarm_optimizers(trainer)
+        for i, opt in enumerate(optimizers):
+            which = f"_o{i}" if len(optimizers) > 1 else ""  # each optimizer its own columns
             for g in opt.stepped_groups:
                 m = opt.metrics(g)
-                suffix = f"_g{g}" if g else ""
+                suffix = which + (f"_g{g}" if g else "")
                 pl_module.log_dict({f"bfo/best_loss{suffix}": m["best_loss"],
                                     f"bfo/diversity{suffix}": m["diversity"],
                                     f"bfo/step_length_mean{suffix}": m["step_length_mean"]},
                                    on_step=True, on_epoch=False)
-            pl_module.log("bfo/num_evals", float(opt.num_evals), on_step=True, on_epoch=False)
+            pl_module.log(f"bfo/num_evals{which}", float(opt.num_evals), on_step=True,
+                          on_epoch=False)
 
 
 def _swarm_optimizers(trainer: L.Trainer) -> list[SwarmOptimizer]:

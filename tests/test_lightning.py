@@ -108,6 +108,38 @@ def test_manual_optimization(tmp_path):
     assert model.optimizers().optimizer.num_evals == 3 * (4 * 2 + 1 + 1)  # 3 whole steps
 
 
+class TwoOptimizers(Regression):
+    """Manual optimization: the first layer by HybridBFO, the last by BFO."""
+
+    def __init__(self):
+        super().__init__(automatic=False)
+
+    def training_step(self, batch, batch_idx):
+        for opt in self.optimizers():
+            def closure(opt=opt):
+                opt.zero_grad()
+                loss = self.loss(batch)
+                self.manual_backward(loss)
+                return loss
+
+            opt.step(closure=closure)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.best.append([o.optimizer.num_evals for o in self.optimizers()])
+
+    def configure_optimizers(self):
+        return [HybridBFO(self.net[0].parameters(), population_size=4, swim_length=1, seed=0),
+                BFO(self.net[2].parameters(), population_size=3, swim_length=1, seed=0)]
+
+
+def test_each_optimizers_telemetry_has_its_own_columns(tmp_path):
+    model = TwoOptimizers()
+    rows = fit(model, tmp_path, [BFOCallback()])
+    assert column(rows, "bfo/num_evals_o0") == [float(n) for n, _ in model.best]
+    assert column(rows, "bfo/num_evals_o1") == [float(n) for _, n in model.best]
+    assert column(rows, "bfo/best_loss_o0") and column(rows, "bfo/best_loss_o1")
+
+
 def test_bf16_mixed_precision_works(tmp_path):
     model = Regression()
     rows = fit(model, tmp_path, [BFOCallback()], precision="bf16-mixed")
