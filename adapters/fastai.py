@@ -55,6 +55,9 @@ class BFOOptimWrapper(OptimWrapper):
                              f"not have (its settings: {sorted(self.bwd_map)}); leave it "
                              "unset (wd=None) for functional_bfo's optimizers.")
 
+    def clear_state(self) -> None:
+        """Keep the swarms, which fastai's freeze and unfreeze would restart from zero."""
+
     @property
     def hypers(self) -> list[dict[str, Any]]:
         """Each group's hyperparameters under fastai's names, the undriven ones too."""

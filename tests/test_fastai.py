@@ -12,6 +12,7 @@ from torch import nn
 
 pytest.importorskip("fastai.basics")
 import fastai.callback.schedule  # noqa: E402, F401  (adds Learner.fit_one_cycle)
+from fastai.callback.core import Callback  # noqa: E402
 from fastai.data.core import DataLoaders  # noqa: E402
 from fastai.data.load import DataLoader  # noqa: E402
 from fastai.learner import Learner  # noqa: E402
@@ -120,6 +121,25 @@ def test_gradient_accumulation_is_refused_with_the_alternatives():
     learn.add_cb(GradientAccumulation(n_acc=16))
     with pytest.raises(ValueError, match="GradientAccumulation.*a larger batch"):
         fit(learn, "fit", 1, 0.1)
+
+
+@pytest.mark.parametrize("cls", [BFO, HybridBFO])
+def test_freezing_keeps_the_swarm_and_its_budget(cls):
+    """fastai clears an optimizer's state when it freezes or unfreezes (fine_tune does
+    both): the swarm goes on, counts on, and max_fe still stops it."""
+    learn, model = learner(cls, max_fe=100)
+    seen = []
+
+    class Record(Callback):
+        def after_step(self):
+            seen.append(learn.opt.opt.num_evals)
+
+    learn.add_cb(Record())
+    fit(learn, "fit", 1, 0.1)
+    learn.freeze()
+    learn.unfreeze()
+    fit(learn, "fit", 2, 0.1)
+    assert seen == sorted(seen) and seen[-1] <= 100 and learn.opt.opt.should_stop
 
 
 def test_weight_decay_is_refused_not_ignored():

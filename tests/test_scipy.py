@@ -105,8 +105,8 @@ def test_the_forms_scipy_takes_run_as_their_plain_ones():
     def fun(x):
         return float((x[0] - 0.4) ** 2) + 3.0
 
-    def run(f=fun, x0=np.zeros(1), bounds=((-np.inf, 2.0),), seed=3):
-        return minimize(f, x0, bounds, maxfev=200, seed=seed)
+    def run(f=fun, x0=(0.0,), bounds=((-np.inf, 2.0),), seed=3):
+        return minimize(f, np.asarray(x0), bounds, maxfev=200, seed=seed)
 
     plain = run()
     for other in (run(bounds=[(None, 2.0)]), run(x0=0.0), run(f=lambda x: np.array([fun(x)])),
