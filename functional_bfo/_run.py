@@ -126,7 +126,7 @@ def run(
     if (evals >= max_evals if max_evals is not None else search and state.phase == "done"):
         rules.reason = "max_evals"  # a finished run, resumed: nothing left
     elif not search:  # a run resumed at its target, or with less than its next update left
-        if int(state.step) > 0:  # the next update's cost: its candidates (every slot)
+        if int(state.step) > 0 and opt.ask is not None:  # the next update's candidates
             rules.per_update = optree.tree_leaves(opt.ask(state).params)[0].shape[0]
         rules.check(evals)
     compiled = torch.compile(opt.update, fullgraph=True) if compile else None
