@@ -296,7 +296,11 @@ def uniform(key: Tensor, shape: tuple[int, ...] = (), dtype: torch.dtype = torch
         raise ValueError(f"Invalid low, high: {low!r}, {high!r}; expected finite numbers (or "
                          "tensors) with low <= high.")
     u = _unit_interval(bits(key, math.prod(shape) * _words(dtype)[1]), dtype, open_low=False)
-    out = low + (high - low) * u.reshape(shape)
+    u = u.reshape(shape)
+    out = low + (high - low) * u
+    # A width past the dtype's largest value is inf there: mix the bounds instead (the
+    # finite samples keep the affine form's bits).
+    out = torch.where(torch.isfinite(out), out, low * (1 - u) + high * u)
     # Rounding can reach ``high`` in low precision; fold those (rare) values onto ``low``.
     return torch.where(out < high, out, torch.as_tensor(low, dtype=dtype, device=out.device))
 

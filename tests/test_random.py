@@ -450,6 +450,17 @@ def test_uniform_low_precision_stays_below_high(dtype):
     assert u.max().item() < 2.0
 
 
+@pytest.mark.parametrize("dtype, low, high", [
+    (torch.float64, -1e308, 1e308), (torch.float32, -3e38, 3e38), (torch.float16, -6e4, 6e4),
+    (torch.bfloat16, -1e38, 3e38)], ids=["float64", "float32", "float16", "bfloat16"])
+def test_uniform_spans_a_box_wider_than_the_dtype_reaches(dtype, low, high):
+    """high - low past the dtype's largest value: the samples still fill [low, high)
+    (the width overflowed to inf, and every sample folded onto low)."""
+    u = R.uniform(R.key(3), (10_000,), dtype, low, high).double()
+    assert torch.isfinite(u).all() and (u >= low).all() and (u < high).all()
+    assert (u == low).double().mean() < 0.01 and u.min() < low / 2 and u.max() > high / 2
+
+
 EXTREME_SEED = 10082300
 
 
