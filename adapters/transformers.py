@@ -106,10 +106,10 @@ class BFOTrainer(transformers.Trainer):
         opt.set_closure(closure)
         with self.compute_loss_context_manager():
             loss = cast(torch.Tensor, self.compute_loss(model, dict(inputs)))
-        if loss.requires_grad:  # as the Trainer's own step: clipping, norms, a GradScaler
-            self.accelerator.backward(loss)
         steps = getattr(self, "current_gradient_accumulation_steps",
                         self.args.gradient_accumulation_steps)
+        if loss.requires_grad:  # as the Trainer's own step (clipping, norms, a GradScaler):
+            self.accelerator.backward(loss / steps)  # the window's mean loss's gradient
         return loss.detach() / steps
 
 

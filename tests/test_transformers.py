@@ -113,6 +113,24 @@ def test_gradient_accumulation_scores_every_candidate_on_the_same_window(tmp_pat
         assert s["candidates"] == set(s["batches"][-2:])
 
 
+def test_the_logged_grad_norm_is_the_windows_mean_losss(tmp_path):
+    """As the Trainer's own step: each batch's backward is divided by the accumulation
+    steps, so the gradient the Trainer clips and logs is that of the window's mean loss."""
+    data, model = Data(8), Tiny()
+    nn.functional.mse_loss(model.net(data.x), data.y).backward()
+    direct = float(torch.linalg.vector_norm(torch.cat([p.grad.flatten()
+                                                       for p in model.parameters()])))
+    for k in (1, 2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = BFOTrainer(model=Tiny(), train_dataset=data, args=arguments(
+                tmp_path / str(k), gradient_accumulation_steps=k,
+                per_device_train_batch_size=8 // k, max_steps=1))
+            trainer.train()
+        logged = [e["grad_norm"] for e in trainer.state.log_history if "grad_norm" in e]
+        assert logged == [pytest.approx(direct, rel=1e-5)], k
+
+
 def test_bf16_on_the_cpu(tmp_path):
     model = Tiny()
     trainer = train(model, arguments(tmp_path, bf16=True))
