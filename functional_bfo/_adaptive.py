@@ -253,7 +253,7 @@ def adaptive_plan(static: AdaptiveSettings, state: Any, cycles: bool, steer=None
                   start_aux=None) -> Plan:
     """Reproduce, disperse and tumble: the update's greedy swim, before any loss.
 
-    ``steer(direction, source, known)`` bends the tumble and ``start_aux(source)`` is the aux
+    ``steer(direction, source, known)`` bends the tumble and ``start_aux(source, known)`` is the aux
     kept where a bacterium stays (the hybrid's gradients).
     """
     size, sign = static.size, static.sign
@@ -292,7 +292,7 @@ def adaptive_plan(static: AdaptiveSettings, state: Any, cycles: bool, steer=None
     steps = steps if active is None else steps * active
     ray, carry = walk(population, direction, steps, known, cost, (best, sign * state.best_loss),
                       bounds=box, boundary=static.boundary, swims=static.swims, greedy=True,
-                      stay_aux=None if start_aux is None else start_aux(source))
+                      stay_aux=None if start_aux is None else start_aux(source, known))
     keep = AdaptiveKeep(step_sizes, count, source, known)
     return Plan(ray, carry, active, health, keep, shape, count * (static.swims + 1), held=cost)
 

@@ -209,8 +209,11 @@ def hybrid_plan(static: AdaptiveSettings, state: HybridBFOState, cycles: bool,
             usable = state.grad_known.index_select(0, source) & known
         return _mix(direction, g, usable, state.grad_mask, hp.gradient_weight, static.sign)
 
-    def start_aux(source: Tensor):
-        return None if given is not None else state.grads.index_select(0, source)
+    def start_aux(source: Tensor, known: Tensor):  # NaN where unknown: one that stays
+        if given is not None:  # keeps its gradient unknown (telemetry, steering)
+            return None
+        usable = state.grad_known.index_select(0, source) & known
+        return torch.where(usable[:, None], state.grads.index_select(0, source), torch.nan)
 
     return adaptive_plan(static, state, cycles, steer, start_aux)._replace(given=given)
 
@@ -230,8 +233,9 @@ def hybrid_finish(static: AdaptiveSettings, state: HybridBFOState, plan: Plan,
     masked = torch.where(mask, seen.to(state.losses.dtype), 0.0)  # telemetry, no host sync
     norms = torch.linalg.vector_norm(masked, dim=1)
     vanishing, exploding = static.gradient.limits
+    met = ~torch.isfinite(masked) & result.moved[:, None]  # one that stayed met no gradient
     return dict(**adaptive_fields(static, state, plan, result), grads=grads, grad_known=finite,
-                grad_mask=mask, grad_norms=norms, grad_nonfinite=(~torch.isfinite(masked)).sum(),
+                grad_mask=mask, grad_norms=norms, grad_nonfinite=met.sum(),
                 grad_vanishing=(norms < vanishing).sum(), grad_exploding=(norms > exploding).sum())
 
 

@@ -94,6 +94,27 @@ def test_nonfinite_gradients_never_poison_positions():
         assert bool(torch.isfinite(state.grads).all())
 
 
+def test_a_bacterium_staying_where_its_gradient_is_not_finite_keeps_it_unknown():
+    """It does not get its stored (zeroed) gradient back as a known one: its norm stays
+    NaN, it is not known (so its tumbles stay pure) and nothing new is counted as met."""
+    def kinked(p):
+        return p["a"].abs().sqrt().sum()
+
+    opt = fb.hybrid_bfo(population_size=4, swim_length=1, grad_mask=True,
+                        elimination_prob=0.0, elimination_prob_max=0.0)
+    state = opt.init({"a": torch.tensor([0.0, 1.0, 2.0])}, key=fb.random.key(0))
+    state = opt.update(state, kinked)
+    assert not bool(state.grad_known[0]) and int(state.grad_nonfinite) == 1
+    stays = 0
+    for _ in range(3):
+        before = state.population[0].clone()
+        state = opt.update(state, kinked)
+        if torch.equal(state.population[0], before):
+            stays += 1
+            assert not bool(state.grad_known[0]) and bool(torch.isnan(state.grad_norms[0]))
+    assert stays > 0
+
+
 def per_row_gradients(loss_fn, population, *args):
     """An evaluator that differentiates each candidate's leaves: ``grad_and_value``."""
     grads, losses = torch.func.vmap(torch.func.grad_and_value(
