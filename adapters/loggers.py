@@ -12,8 +12,9 @@ needs no subclass and runs after every ``step``, closure or fast path:
 After every ``step()`` call that stepped (not one that evaluated nothing: every group
 paused at ``lr=0``, or ``should_stop`` already set), each logs ``best_fitness``,
 ``num_evals`` and each param group's ``diversity`` and ``step_length_mean`` (its mean step
-size in use; NaN before the group's first step), under ``prefix``; TensorBoard also gets a
-histogram of every bacterium's parameters, all groups (of any population sizes), every
+size in use; NaN before the group's first step), under ``prefix``, at the run's step
+(``num_steps - 1``: a resumed run continues its own); TensorBoard also gets a histogram of
+every bacterium's parameters, all groups (of any population sizes), every
 ``histogram_every`` of them.
 """
 
@@ -58,18 +59,17 @@ def tensorboard(writer: Any, *, prefix: str = "BFO", histogram_every: int = 100)
         >>> hook = loggers.tensorboard(writer=None)  # writer: a SummaryWriter
     """
     _check_every(histogram_every)
-    steps = [0]
 
     def hook(opt: SwarmOptimizer, args: tuple, kwargs: dict) -> None:
         values = _step_values(opt, prefix)
         if not values:
             return
-        population = _population(opt) if steps[0] % histogram_every == 0 else None
+        step = opt.num_steps - 1  # the run's, so a resumed run's rows continue its own
+        population = _population(opt) if step % histogram_every == 0 else None
         for name, value in values.items():
-            writer.add_scalar(name, value, steps[0])
+            writer.add_scalar(name, value, step)
         if population is not None:
-            writer.add_histogram(f"{prefix}/population", population, steps[0])
-        steps[0] += 1
+            writer.add_histogram(f"{prefix}/population", population, step)
 
     return hook
 
@@ -108,13 +108,13 @@ def csv(path: str | os.PathLike, *, prefix: str = "BFO") -> Hook:
     The file's columns stay: a value without one (a group added later, a file of another
     run) is left out, with one warning naming it.
     """
-    steps, warned = [0], [False]
+    warned = [False]
 
     def hook(opt: SwarmOptimizer, args: tuple, kwargs: dict) -> None:
         values = _step_values(opt, prefix)
         if not values:
             return
-        row = {"step": steps[0], **values}
+        row = {"step": opt.num_steps - 1, **values}  # the run's step (see tensorboard)
         with open(path, "a+", newline="") as f:
             f.seek(0)
             header = next(_csv.reader(f), None)
@@ -127,7 +127,6 @@ def csv(path: str | os.PathLike, *, prefix: str = "BFO") -> Hook:
                               "not logged; log to a new file to keep them.", RuntimeWarning,
                               stacklevel=2)
             writer.writerow(row)
-        steps[0] += 1
 
     return hook
 

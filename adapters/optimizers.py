@@ -362,6 +362,11 @@ class SwarmOptimizer(torch.optim.Optimizer):
         return self._stopping.reason
 
     @property
+    def num_steps(self) -> int:
+        """Steps that evaluated something, over the whole run (a state dict keeps them)."""
+        return self._stopping.steps
+
+    @property
     def num_evals(self) -> int:
         """Loss evaluations (closure or loss_fn calls per candidate) so far, all groups."""
         return sum(int(state.num_evals) for state in self._swarm_states().values())

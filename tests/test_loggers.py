@@ -186,7 +186,40 @@ def test_a_checkpoint_loaded_between_steps_does_not_fool_the_loggers(tmp_path):
     with pytest.warns(RuntimeWarning, match="paused"):
         step("closure")  # evaluates nothing, though num_evals moved since the last row
     with open(tmp_path / "bfo.csv") as f:
-        assert [float(r["BFO/num_evals"]) for r in csv_module.DictReader(f)] == [10, 20, 20]
+        rows = list(csv_module.DictReader(f))
+    assert [float(r["BFO/num_evals"]) for r in rows] == [10, 20, 20]
+    assert [int(r["step"]) for r in rows] == [0, 1, 1]  # the run's step, as the load set it
+
+
+class Writer:
+    """Records what the hook hands a SummaryWriter: (kind, name, step)."""
+
+    def __init__(self, seen):
+        self.seen = seen
+
+    def add_scalar(self, name, value, step):
+        self.seen.append(("scalar", name, step))
+
+    def add_histogram(self, name, values, step):
+        self.seen.append(("histogram", name, step))
+
+
+def test_a_resumed_run_logs_on_from_its_step(tmp_path):
+    """A fresh optimizer loading a checkpoint (a new process) logs at the run's next step,
+    not from 0 again (TensorBoard and CSV both), so its rows continue the first run's."""
+    opt, step = problem(BFO)
+    for _ in range(3):
+        step("closure")
+    resumed, step_resumed = problem(BFO)
+    resumed.load_state_dict(opt.state_dict())
+    resumed.register_step_post_hook(loggers.csv(tmp_path / "bfo.csv"))
+    seen = []
+    resumed.register_step_post_hook(loggers.tensorboard(Writer(seen), histogram_every=1))
+    for _ in range(2):
+        step_resumed("closure")
+    with open(tmp_path / "bfo.csv") as f:
+        assert [int(r["step"]) for r in csv_module.DictReader(f)] == [3, 4]
+    assert sorted({s for _, _, s in seen}) == [3, 4]
 
 
 def test_paused_steps_groups_of_other_sizes_and_late_groups_log_cleanly(tmp_path):
