@@ -38,8 +38,10 @@ class Regression(L.LightningModule):
             loss = self.loss(batch)
             self.log("train_loss", loss, on_step=not self.on_epoch, on_epoch=self.on_epoch)
             return loss
-        opt = self.optimizers()
+        self.manual_step(self.optimizers(), batch)
 
+    def manual_step(self, opt, batch):
+        """One manual-optimization step of ``opt``, its closure scoring ``batch``."""
         def closure():
             opt.zero_grad()
             loss = self.loss(batch)
@@ -116,13 +118,7 @@ class TwoOptimizers(Regression):
 
     def training_step(self, batch, batch_idx):
         for opt in self.optimizers():
-            def closure(opt=opt):
-                opt.zero_grad()
-                loss = self.loss(batch)
-                self.manual_backward(loss)
-                return loss
-
-            opt.step(closure=closure)
+            self.manual_step(opt, batch)
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         self.best.append([o.optimizer.num_evals for o in self.optimizers()])
